@@ -1,0 +1,3 @@
+from pgrecv.cli import main
+
+main()

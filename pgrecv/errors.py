@@ -1,0 +1,83 @@
+"""One exception hierarchy; :func:`exit_code_for` is the only place that maps it to exit codes.
+
+Every error a user can meet is a :class:`PgrecvError` with a one-line message that says what is
+wrong and what to do. Anything else escaping to the CLI is a bug and is reported with a traceback.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    INTERNAL = 1  # a bug: unexpected exception
+    USAGE = 2  # bad command line (Click's own code)
+    CONNECTION = 3  # cannot connect or authenticate, connection lost
+    SERVER_CONFIG = 4  # wal_level, privileges, missing plugin
+    SLOT = 5  # slot missing, exists, active
+    PUBLICATION = 6  # publication missing or ambiguous
+    DECODE = 7  # bytes or lines that the decoder cannot read
+    OUTPUT = 8  # cannot write or make durable the output
+    INPUT = 9  # bad input files (spark-apply and friends)
+    SERVER_ENV = 10  # no PostgreSQL binaries for a throwaway server
+    INTERRUPTED = 130  # stopped by SIGINT before finishing
+
+
+class PgrecvError(Exception):
+    """Base of every error that is the user's to fix; ``str()`` is the one-line message."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail  # shown with --verbose only
+
+
+class UsageError(PgrecvError):
+    exit_code = ExitCode.USAGE
+
+
+class ConnectionFailed(PgrecvError):
+    exit_code = ExitCode.CONNECTION
+
+
+class ServerConfigError(PgrecvError):
+    exit_code = ExitCode.SERVER_CONFIG
+
+
+class SlotError(PgrecvError):
+    exit_code = ExitCode.SLOT
+
+
+class PublicationError(PgrecvError):
+    exit_code = ExitCode.PUBLICATION
+
+
+class DecodeError(PgrecvError):
+    """Input the decoders cannot read: names the message type and the byte offset or line."""
+
+    exit_code = ExitCode.DECODE
+
+
+class OutputError(PgrecvError):
+    exit_code = ExitCode.OUTPUT
+
+
+class InputError(PgrecvError):
+    exit_code = ExitCode.INPUT
+
+
+class ServerEnvError(PgrecvError):
+    """No usable PostgreSQL binaries for a throwaway server."""
+
+    exit_code = ExitCode.SERVER_ENV
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    if isinstance(exc, PgrecvError):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    return ExitCode.INTERNAL
