@@ -1,0 +1,381 @@
+"""The command line: parse options, wire parts together, map errors to exit codes. Nothing more."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from pgrecv import __version__
+from pgrecv.conn import ConnOptions
+from pgrecv.errors import ExitCode, PgrecvError, UsageError
+from pgrecv.lsn import LSN
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class _State:
+    verbose: int = 0
+    quiet: bool = False
+
+
+STATE = _State()
+
+
+def log(message: str, level: int = 1) -> None:
+    """A diagnostic line on stderr, shown from verbosity ``level`` on (never with -q)."""
+    if not STATE.quiet and STATE.verbose >= level:
+        click.echo(f"pgrecv: {message}", err=True)
+
+
+def info(message: str) -> None:
+    if not STATE.quiet:
+        click.echo(message, err=True)
+
+
+class LSNType(click.ParamType):
+    name = "LSN"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> LSN:
+        if isinstance(value, LSN):
+            return value
+        try:
+            return LSN.parse(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _set_verbose(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    STATE.verbose = max(STATE.verbose, value)
+    return value
+
+
+def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    STATE.quiet = STATE.quiet or value
+    return value
+
+
+def common_options(f: F) -> F:
+    """-v/-q on every command, so they work before or after the command name."""
+    f = click.option(
+        "-q",
+        "--quiet",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_quiet,
+        help="Print no progress or notices.",
+    )(f)
+    f = click.option(
+        "-v",
+        "--verbose",
+        count=True,
+        expose_value=False,
+        callback=_set_verbose,
+        help="More detail on stderr (repeat for more).",
+    )(f)
+    return f
+
+
+def connection_options(f: F) -> F:
+    """pg_recvlogical's connection options; libpq's PG* variables, services and .pgpass still apply."""
+    options = [
+        click.option("-d", "--dbname", metavar="CONNSTR", help="Database name, conninfo string or URI."),
+        click.option("-h", "--host", metavar="HOST", help="Server host or socket directory."),
+        click.option("-p", "--port", metavar="PORT", help="Server port."),
+        click.option("-U", "--username", metavar="NAME", help="Connect as this role."),
+        click.option("-w", "--no-password", "no_password", is_flag=True, help="Never prompt for a password."),
+        click.option(
+            "-W", "--password", "ask_password", is_flag=True, help="Prompt for a password before connecting."
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def conn_opts(kw: dict[str, Any]) -> ConnOptions:
+    never = kw.pop("no_password")
+    ask = kw.pop("ask_password")
+    if never and ask:
+        raise UsageError("-w/--no-password and -W/--password contradict each other: pass one")
+    opts = ConnOptions(
+        dbname=kw.pop("dbname"),
+        host=kw.pop("host"),
+        port=kw.pop("port"),
+        user=kw.pop("username"),
+        prompt=True if ask else False if never else None,
+    )
+    from pgrecv.conn import describe
+
+    log(f"connecting with {describe(opts.conninfo())}")
+    return opts
+
+
+@click.group(context_settings={"max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="pgrecv", message="%(prog)s %(version)s")
+@common_options
+def cli() -> None:
+    """Consume PostgreSQL logical replication: slots, typed changes as JSONL or tables, raw output.
+
+    Connection options follow pg_recvlogical and libpq: PGHOST, PGPORT, PGUSER, PGDATABASE,
+    PGPASSWORD, service files and ~/.pgpass all work.
+    """
+
+
+# --- slots ------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("-S", "--slot", required=True, help="Name of the logical replication slot.")
+@click.option(
+    "-P",
+    "--plugin",
+    default="pgoutput",
+    show_default=True,
+    metavar="PLUGIN",
+    help="Output plugin: pgoutput, test_decoding or another installed plugin.",
+)
+@click.option("--if-not-exists", is_flag=True, help="Do not fail if the slot already exists.")
+@click.option("--two-phase", is_flag=True, help="Decode prepared transactions at PREPARE (PostgreSQL 14+).")
+@click.option("--failover", is_flag=True, help="Synchronise the slot to standbys (PostgreSQL 17+).")
+@click.option(
+    "--publication",
+    metavar="NAME",
+    help="pgoutput: create this publication if missing (FOR ALL TABLES, or the --table list).",
+)
+@click.option(
+    "--table",
+    "tables",
+    multiple=True,
+    metavar="[SCHEMA.]TABLE",
+    help="Table for a new publication (repeatable).",
+)
+@connection_options
+@common_options
+def create(
+    slot: str,
+    plugin: str,
+    if_not_exists: bool,
+    two_phase: bool,
+    failover: bool,
+    publication: str | None,
+    tables: tuple[str, ...],
+    **kw: Any,
+) -> None:
+    """Create a logical replication slot (and a publication for pgoutput)."""
+    from pgrecv.slots import create_slot
+
+    result = create_slot(
+        conn_opts(kw),
+        slot,
+        plugin,
+        if_not_exists=if_not_exists,
+        two_phase=two_phase,
+        failover=failover,
+        publication=publication,
+        tables=tables,
+    )
+    if result.publication_created:
+        info(f'created publication "{publication}"')
+    if result.created:
+        info(f'created slot "{result.name}" ({result.plugin}) at {result.consistent_point}')
+    else:
+        info(f'slot "{slot}" already exists')
+
+
+@cli.command()
+@click.option("-S", "--slot", required=True, help="Name of the slot to drop.")
+@click.option("--if-exists", is_flag=True, help="Do not fail if the slot does not exist.")
+@connection_options
+@common_options
+def drop(slot: str, if_exists: bool, **kw: Any) -> None:
+    """Drop a replication slot."""
+    from pgrecv.slots import drop_slot
+
+    if drop_slot(conn_opts(kw), slot, if_exists=if_exists):
+        info(f'dropped slot "{slot}"')
+    else:
+        info(f'slot "{slot}" does not exist, nothing to drop')
+
+
+@cli.command()
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "jsonl"]),
+    default="table",
+    show_default=True,
+    help="A table for people or one JSON object per slot.",
+)
+@connection_options
+@common_options
+def slots(fmt: str, **kw: Any) -> None:
+    """List replication slots with their positions, lag and retained WAL."""
+    from pgrecv.slots import list_slots
+
+    rows = list_slots(conn_opts(kw))
+    if fmt == "jsonl":
+        out = sys.stdout.buffer
+        for row in rows:
+            out.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        out.flush()
+        return
+    from pgrecv.slot_table import render_slots
+
+    render_slots(rows)
+
+
+# --- changes ----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("-S", "--slot", required=True, help="Name of the logical replication slot.")
+@click.option(
+    "--consume", is_flag=True, help="Consume the changes (…_get_changes) once the output is durable."
+)
+@click.option("--upto-lsn", type=LSNType(), help="Stop at this LSN.")
+@click.option("--upto-nchanges", type=click.IntRange(min=1), help="Stop after about this many changes.")
+@click.option(
+    "-o",
+    "--option",
+    "plugin_options",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="Option passed to the output plugin (repeatable).",
+)
+@click.option(
+    "--publication", metavar="NAME", help="pgoutput: the publication (default: the only one in the database)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "jsonl", "pretty", "raw"]),
+    default="auto",
+    show_default=True,
+    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote.",
+)
+@click.option("-f", "--file", "file", metavar="FILE", default="-", help="Write here instead of stdout ('-').")
+@connection_options
+@common_options
+def peek(
+    slot: str,
+    consume: bool,
+    upto_lsn: LSN | None,
+    upto_nchanges: int | None,
+    plugin_options: tuple[str, ...],
+    publication: str | None,
+    fmt: str,
+    file: str,
+    **kw: Any,
+) -> None:
+    """Read a slot's pending changes through the SQL interface, decoded."""
+    from pgrecv.output import Output
+    from pgrecv.peek import parse_options
+    from pgrecv.peek import peek as run_peek
+
+    opts = conn_opts(kw)
+    parsed = parse_options(plugin_options)
+    with Output(file) as out:
+        if fmt == "auto":
+            fmt = "pretty" if out.is_terminal else "jsonl"
+        sink, raw, close = _formatter(fmt, out)
+
+        def durable() -> None:
+            close()
+            out.finish()
+
+        result = run_peek(
+            opts,
+            slot,
+            sink=sink,
+            raw=raw,
+            durable=durable,
+            consume=consume,
+            upto_lsn=upto_lsn,
+            upto_nchanges=upto_nchanges,
+            options=parsed,
+            publication=publication,
+        )
+    what = "consumed" if consume else "peeked"
+    log(f"{what} {result.messages} messages from slot {slot} ({result.plugin}), last LSN {result.last_lsn}")
+
+
+def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], None]]:
+    """(event sink, raw sink, close) for the chosen format."""
+    if fmt == "raw":
+        write = out.write
+
+        def raw(data: bytes) -> None:
+            write(data)
+            write(b"\n")
+
+        return None, raw, lambda: None
+    if fmt == "jsonl":
+        from pgrecv.jsonl import JsonlEncoder
+
+        enc = JsonlEncoder(out.write)
+        return enc.feed, None, enc.close
+    from rich.console import Console
+
+    from pgrecv.pretty import PrettyRenderer
+
+    if out.is_terminal:
+        console = Console()
+    else:
+        text = io.TextIOWrapper(out.stream, encoding="utf-8", write_through=True)
+        console = Console(file=text, width=120, force_terminal=False, color_system=None)
+    renderer = PrettyRenderer(console)
+    return renderer.feed, None, renderer.close
+
+
+# --- demo -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option(
+    "--bindir", metavar="DIR", help="PostgreSQL binaries to use (default: the newest found on this machine)."
+)
+@common_options
+def demo(bindir: str | None) -> None:
+    """Show the whole path on a throwaway PostgreSQL: slot, changes, decoded output."""
+    from pgrecv.demo import run_demo
+
+    run_demo(bindir)
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="pgrecv", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("pgrecv: interrupted", err=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+    except PgrecvError as exc:
+        click.echo(f"pgrecv: error: {exc.message}", err=True)
+        if STATE.verbose and exc.detail and exc.detail != exc.message:
+            click.echo(f"pgrecv: detail: {exc.detail}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("pgrecv: interrupted", err=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): nothing was confirmed or consumed past what it got.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        click.echo("pgrecv: error: output pipe closed before all data was written", err=True)
+        sys.exit(ExitCode.OUTPUT)
+    sys.exit(ExitCode.OK)

@@ -1,0 +1,182 @@
+"""Connection options and connecting, with server errors translated in one place.
+
+Only what the user passed explicitly goes into the conninfo; everything else is left to libpq,
+so PG* environment variables, service files and ``.pgpass`` work unchanged. A password never
+leaves this module in any message: :func:`redact` is what ``--verbose`` shows.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgrecv.errors import (
+    ConnectionFailed,
+    PgrecvError,
+    PublicationError,
+    ServerConfigError,
+    SlotError,
+    UsageError,
+)
+
+APPLICATION_NAME = "pgrecv"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnOptions:
+    dbname: str | None = None  # a database name, a conninfo string or a URI
+    host: str | None = None
+    port: str | None = None
+    user: str | None = None
+    password: str | None = None  # only from -W's prompt; never printed
+    prompt: bool | None = None  # True: -W (always prompt); False: -w (never); None: prompt if needed
+
+    def conninfo(self, *, replication: bool = False, **extra: Any) -> str:
+        try:
+            base = self.dbname if self.dbname and ("=" in self.dbname or "://" in self.dbname) else ""
+            params: dict[str, Any] = {
+                "host": self.host,
+                "port": self.port,
+                "user": self.user,
+                "password": self.password,
+                **extra,
+            }
+            if base == "" and self.dbname:
+                params["dbname"] = self.dbname
+            if "application_name" not in conninfo_to_dict(base):
+                params.setdefault("application_name", APPLICATION_NAME)
+            if replication:
+                params["replication"] = "database"
+            return make_conninfo(base, **{k: v for k, v in params.items() if v is not None})
+        except psycopg.ProgrammingError as exc:
+            raise UsageError(
+                f"invalid connection string in --dbname: {_first_line(redact(str(exc)))}; "
+                "use key=value pairs or a postgresql:// URI"
+            ) from None
+
+
+_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_PASSWORD_URI = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
+
+
+def redact(text: str) -> str:
+    """Mask passwords in conninfo strings, URIs and messages that might quote them."""
+    text = _PASSWORD_KV.sub(r"\1********", text)
+    return _PASSWORD_URI.sub(r"\1********\3", text)
+
+
+def describe(conninfo: str) -> str:
+    """A password-free ``host:port/dbname as user`` summary for --verbose lines."""
+    try:
+        d = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "<invalid conninfo>"
+    d.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in sorted(d.items()))
+
+
+def connect(
+    opts: ConnOptions, *, replication: bool = False, autocommit: bool = True
+) -> psycopg.Connection[Any]:
+    """Connect like the PostgreSQL tools do: prompt for a password (-W, or when needed unless -w)."""
+    if opts.prompt is True and opts.password is None:
+        opts = replace(opts, password=_ask_password())
+    try:
+        return _connect(opts, replication, autocommit)
+    except psycopg.OperationalError as exc:
+        if opts.prompt is None and opts.password is None and _needs_password(exc) and _interactive():
+            return connect(
+                replace(opts, password=_ask_password()), replication=replication, autocommit=autocommit
+            )
+        raise translate(exc) from None
+
+
+def _connect(opts: ConnOptions, replication: bool, autocommit: bool) -> psycopg.Connection[Any]:
+    # prepare_threshold=None: a replication connection accepts the simple query protocol only.
+    return psycopg.connect(
+        opts.conninfo(replication=replication), autocommit=autocommit, prepare_threshold=None
+    )
+
+
+def _ask_password() -> str:
+    return getpass.getpass("Password: ")
+
+
+def _interactive() -> bool:
+    import sys
+
+    return sys.stdin.isatty()
+
+
+def _needs_password(exc: BaseException) -> bool:
+    return "no password supplied" in str(exc)
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else text.strip()
+
+
+def server_message(exc: BaseException) -> str:
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    return redact(primary or _first_line(str(exc)))
+
+
+def translate(exc: BaseException, *, slot: str | None = None, publication: str | None = None) -> PgrecvError:
+    """Map a psycopg error to the one-line user error that says what to do about it."""
+    msg = server_message(exc)
+    detail = redact(str(exc))
+    low = msg.lower()
+    if isinstance(exc, pgerr.InsufficientPrivilege) or "permission denied to start" in low:
+        if "replication" in low or "superuser" in low:
+            return ServerConfigError(
+                f"{msg}: the role needs the REPLICATION attribute (ALTER ROLE name REPLICATION)",
+                detail=detail,
+            )
+        return ServerConfigError(
+            f"{msg}: grant the needed privilege or connect as another role", detail=detail
+        )
+    if "wal_level" in low:
+        return ServerConfigError(
+            f"{msg}: set wal_level = logical in postgresql.conf and restart the server", detail=detail
+        )
+    if isinstance(exc, pgerr.DuplicateObject) and "replication slot" in low:
+        return SlotError(
+            f"{msg}: use --if-not-exists, or drop it with 'pgrecv drop --slot {slot}'", detail=detail
+        )
+    if isinstance(exc, pgerr.UndefinedObject) and "replication slot" in low:
+        return SlotError(
+            f"{msg}: create it with 'pgrecv create --slot {slot}' or check 'pgrecv slots'", detail=detail
+        )
+    if isinstance(exc, pgerr.ObjectInUse) and "slot" in low:
+        return SlotError(f"{msg}: another consumer is using it; stop it first", detail=detail)
+    if "publication" in low and ("does not exist" in low or isinstance(exc, pgerr.UndefinedObject)):
+        return PublicationError(
+            f"{msg}: create it with 'pgrecv create --slot S --publication {publication or 'NAME'}' "
+            "or CREATE PUBLICATION",
+            detail=detail,
+        )
+    if isinstance(exc, pgerr.UndefinedFile) or "could not access file" in low:
+        return ServerConfigError(
+            f"{msg}: the output plugin is not installed on the server; check --plugin", detail=detail
+        )
+    if "replication slots can only be used" in low or "max_replication_slots" in low:
+        return ServerConfigError(f"{msg}: raise max_replication_slots and restart the server", detail=detail)
+    if isinstance(exc, pgerr.TooManyConnections) or "number of requested standby connections" in low:
+        return ServerConfigError(f"{msg}: raise max_wal_senders or max_connections", detail=detail)
+    if isinstance(exc, psycopg.OperationalError):
+        if "pg_hba.conf" in low and "replication" in low:
+            return ConnectionFailed(
+                f"{msg}: allow replication connections for this role in pg_hba.conf", detail=detail
+            )
+        if "password authentication failed" in low or "no password supplied" in low:
+            return ConnectionFailed(f"{msg}: check the password (-W to be asked, or .pgpass)", detail=detail)
+        return ConnectionFailed(f"cannot connect: {msg}", detail=detail)
+    return PgrecvError(f"server error: {msg}", detail=detail)

@@ -1,0 +1,171 @@
+"""The SQL interface: read a slot's changes with pg_logical_slot_{peek,get}[_binary]_changes.
+
+The changes are decoded by the same decoders as the stream. With ``consume`` the slot only
+advances when the transaction that called ``…_get_changes`` commits, which happens after the
+output is durable: a failed write leaves the slot where it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql
+
+from pgrecv.conn import ConnOptions, connect, translate
+from pgrecv.errors import SlotError, UsageError
+from pgrecv.events import Event
+from pgrecv.lsn import LSN
+from pgrecv.slots import get_slot, resolve_publication, server_major
+
+FETCH_SIZE = 2000
+
+
+class Decoder(Protocol):
+    def decode(self, data: Any, lsn: int = 0) -> Event | None: ...
+
+
+class Formatter(Protocol):
+    def feed(self, event: Event) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PeekResult:
+    messages: int
+    last_lsn: LSN | None
+    plugin: str
+    consumed: bool
+
+
+def max_proto_version(major: int) -> int:
+    """The highest pgoutput protocol the server speaks (14: 2, 15: 3, 16+: 4)."""
+    return 4 if major >= 16 else 3 if major == 15 else 2 if major == 14 else 1
+
+
+def parse_options(pairs: Sequence[str]) -> list[tuple[str, str]]:
+    out = []
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not name:
+            raise UsageError(f"invalid plugin option {pair!r}: expected name=value or name")
+        out.append((name, value if eq else ""))
+    return out
+
+
+def plugin_options(
+    conn: psycopg.Connection[Any],
+    plugin: str,
+    slot_info: dict[str, Any],
+    user_options: Sequence[tuple[str, str]],
+    publication: str | None,
+) -> list[tuple[str, str]]:
+    """Defaults for the plugin, overridden by the user's ``-o name=value``."""
+    given = {name for name, _ in user_options}
+    defaults: list[tuple[str, str]] = []
+    if plugin == "pgoutput":
+        proto = max_proto_version(server_major(conn))
+        if "proto_version" not in given:
+            defaults.append(("proto_version", str(proto)))
+        if "publication_names" not in given:
+            defaults.append(("publication_names", _quote_name(resolve_publication(conn, publication))))
+        if "messages" not in given:
+            defaults.append(("messages", "true"))
+        if slot_info.get("two_phase") and proto >= 3 and "two_phase" not in given:
+            defaults.append(("two_phase", "on"))
+    return defaults + list(user_options)
+
+
+def _quote_name(name: str) -> str:
+    """publication_names is a list of identifiers: quote one that needs it."""
+    if name.isidentifier() and name == name.lower():
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def make_decoder(plugin: str, options: Sequence[tuple[str, str]]) -> Decoder:
+    if plugin == "pgoutput":
+        from pgrecv.decode.pgoutput import PgOutputDecoder
+
+        opts = dict(options)
+        return PgOutputDecoder(proto_version=int(opts.get("proto_version", "1")))
+    if plugin == "test_decoding":
+        from pgrecv.decode.test_decoding import TestDecodingParser
+
+        return TestDecodingParser()
+    raise UsageError(
+        f"pgrecv decodes pgoutput and test_decoding, not {plugin}: use --format raw for other plugins"
+    )
+
+
+def peek(
+    opts: ConnOptions,
+    slot: str,
+    *,
+    sink: Callable[[Event], None] | None,
+    raw: Callable[[bytes], None] | None = None,
+    durable: Callable[[], None] = lambda: None,
+    consume: bool = False,
+    upto_lsn: LSN | None = None,
+    upto_nchanges: int | None = None,
+    options: Sequence[tuple[str, str]] = (),
+    publication: str | None = None,
+) -> PeekResult:
+    """Read changes into ``sink`` (decoded events) or ``raw`` (the plugin's bytes, one per call).
+
+    ``durable`` is called once everything is handed over; with ``consume`` the slot advances
+    only after it returns.
+    """
+    with connect(opts, autocommit=False) as conn:
+        info = get_slot(conn, slot)
+        if info is None:
+            raise SlotError(
+                f"replication slot \"{slot}\" does not exist: create it with 'pgrecv create --slot {slot}'"
+            )
+        if info["slot_type"] != "logical":
+            raise SlotError(
+                f'replication slot "{slot}" is a physical slot: logical decoding needs a logical slot'
+            )
+        if info["database"] != conn.info.dbname:
+            raise SlotError(
+                f'replication slot "{slot}" belongs to database "{info["database"]}": connect to it with -d'
+            )
+        plugin = str(info["plugin"])
+        all_options = plugin_options(conn, plugin, info, options, publication)
+        decoder = make_decoder(plugin, all_options) if raw is None else None
+        binary = plugin != "test_decoding"
+        func = "pg_logical_slot_{}_{}changes".format(
+            "get" if consume else "peek", "binary_" if binary else ""
+        )
+        variadic: list[str] = [x for pair in all_options for x in pair]
+        query = sql.SQL(
+            "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM {}(%s, %s::pg_lsn, %s, VARIADIC %s::text[])"
+        ).format(sql.Identifier(func))
+        params = (slot, None if upto_lsn is None else str(upto_lsn), upto_nchanges, variadic)
+        count = 0
+        last: int | None = None
+        try:
+            with conn.cursor(name="pgrecv_peek", binary=True) as cur:
+                cur.itersize = FETCH_SIZE
+                cur.execute(query, params)
+                while rows := cur.fetchmany(FETCH_SIZE):
+                    for lsn, data in rows:
+                        if raw is not None:
+                            raw(data if isinstance(data, bytes) else data.encode())
+                        else:
+                            assert decoder is not None and sink is not None
+                            event = decoder.decode(data, lsn)
+                            if event is not None:
+                                sink(event)
+                        last = lsn
+                    count += len(rows)
+        except psycopg.Error as exc:
+            conn.rollback()
+            raise translate(exc, slot=slot, publication=publication) from None
+        durable()
+        if consume:
+            conn.commit()
+        else:
+            conn.rollback()
+        return PeekResult(count, None if last is None else LSN(last), plugin, consume)

@@ -1,0 +1,72 @@
+"""`pgrecv slots` for people: one rich table, readable at a glance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(size) < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console()
+    if not rows:
+        console.print("no replication slots")
+        return
+    table = Table(title="replication slots", title_justify="left")
+    for name in (
+        "slot",
+        "plugin",
+        "database",
+        "active",
+        "confirmed",
+        "restart",
+        "lag",
+        "retained",
+        "wal",
+        "flags",
+    ):
+        table.add_column(name, overflow="fold", justify="right" if name in ("lag", "retained") else "left")
+    for r in rows:
+        active = f"[green]pid {r['active_pid']}[/]" if r.get("active") else "[dim]no[/]"
+        wal = r.get("wal_status") or "-"
+        wal_style = {"reserved": "green", "extended": "yellow", "unreserved": "red", "lost": "bold red"}.get(
+            wal, ""
+        )
+        flags = [
+            name
+            for name, on in (
+                ("temporary", r.get("temporary")),
+                ("two-phase", r.get("two_phase")),
+                ("failover", r.get("failover")),
+                ("synced", r.get("synced")),
+                ("conflicting", r.get("conflicting")),
+            )
+            if on
+        ]
+        if r.get("invalidation_reason"):
+            flags.append(f"[red]invalidated: {r['invalidation_reason']}[/]")
+        table.add_row(
+            str(r["slot_name"]),
+            str(r.get("plugin") or r.get("slot_type") or "-"),
+            str(r.get("database") or "-"),
+            active,
+            str(r.get("confirmed_flush_lsn") or "-"),
+            str(r.get("restart_lsn") or "-"),
+            human_bytes(r.get("lag_bytes")),
+            human_bytes(r.get("retained_bytes")),
+            f"[{wal_style}]{wal}[/]" if wal_style else wal,
+            ", ".join(flags) or "-",
+        )
+    console.print(table)

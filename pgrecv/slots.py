@@ -1,0 +1,216 @@
+"""Replication slots and publications: create, drop, list.
+
+Slots are created over a replication connection (the protocol's CREATE_REPLICATION_SLOT), as
+pg_recvlogical does, so the same privileges and pg_hba.conf rules apply as for streaming later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgrecv.conn import ConnOptions, connect, translate
+from pgrecv.errors import PublicationError, ServerConfigError, SlotError, UsageError
+from pgrecv.lsn import LSN
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedSlot:
+    name: str
+    plugin: str
+    consistent_point: LSN | None  # None when it already existed (--if-not-exists)
+    created: bool
+    publication_created: bool = False
+
+
+def server_major(conn: psycopg.Connection[Any]) -> int:
+    return conn.info.server_version // 10000
+
+
+def get_slot(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any] | None:
+    cur = conn.execute("SELECT * FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip([d.name for d in cur.description or ()], row, strict=True))
+
+
+def create_slot(
+    opts: ConnOptions,
+    slot: str,
+    plugin: str = "pgoutput",
+    *,
+    if_not_exists: bool = False,
+    two_phase: bool = False,
+    failover: bool = False,
+    publication: str | None = None,
+    tables: Sequence[str] = (),
+) -> CreatedSlot:
+    if tables and not publication:
+        raise UsageError("--table needs --publication: tables are published through a publication")
+    if publication and plugin != "pgoutput":
+        raise UsageError(f"--publication applies to the pgoutput plugin only, not {plugin}")
+    with connect(opts, replication=True) as conn:
+        major = server_major(conn)
+        if failover and major < 17:
+            raise ServerConfigError(f"--failover needs PostgreSQL 17 or newer; this server is {major}")
+        if two_phase and major < 14:
+            raise ServerConfigError(f"--two-phase needs PostgreSQL 14 or newer; this server is {major}")
+        pub_created = ensure_publication(conn, publication, tables) if publication else False
+        existing = get_slot(conn, slot)
+        if existing is not None:
+            if not if_not_exists:
+                raise SlotError(
+                    f'replication slot "{slot}" already exists: use --if-not-exists, '
+                    f"or drop it with 'pgrecv drop --slot {slot}'"
+                )
+            if existing["plugin"] != plugin:
+                raise SlotError(
+                    f'replication slot "{slot}" exists with plugin {existing["plugin"]}, not {plugin}: '
+                    "pass the same --plugin or use another slot name"
+                )
+            return CreatedSlot(slot, plugin, None, created=False, publication_created=pub_created)
+        command = _create_command(slot, plugin, major, two_phase=two_phase, failover=failover)
+        try:
+            row = conn.execute(command).fetchone()
+        except psycopg.Error as exc:
+            raise translate(exc, slot=slot) from None
+        assert row is not None
+        return CreatedSlot(
+            str(row[0]), str(row[3]), LSN.parse(row[1]), created=True, publication_created=pub_created
+        )
+
+
+def _create_command(slot: str, plugin: str, major: int, *, two_phase: bool, failover: bool) -> sql.Composed:
+    ident = sql.Identifier(slot)
+    if major >= 15:
+        options = [sql.SQL("SNAPSHOT 'nothing'")]
+        if two_phase:
+            options.append(sql.SQL("TWO_PHASE true"))
+        if failover:
+            options.append(sql.SQL("FAILOVER true"))
+        return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} ({})").format(
+            ident, sql.Identifier(plugin), sql.SQL(", ").join(options)
+        )
+    tail = " TWO_PHASE" if two_phase else ""
+    return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} NOEXPORT_SNAPSHOT" + tail).format(
+        ident, sql.Identifier(plugin)
+    )
+
+
+def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: Sequence[str]) -> bool:
+    """Create the publication if missing (FOR ALL TABLES, or the listed ones); True if created."""
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone():
+        return False
+    if tables:
+        target = sql.SQL("FOR TABLE {}").format(sql.SQL(", ").join(_qualified(t) for t in tables))
+    else:
+        target = sql.SQL("FOR ALL TABLES")
+    try:
+        conn.execute(sql.SQL("CREATE PUBLICATION {} {}").format(sql.Identifier(name), target))
+    except psycopg.errors.UndefinedTable as exc:
+        raise PublicationError(
+            f"cannot create publication {name}: {exc.diag.message_primary}; check --table"
+        ) from None
+    except psycopg.Error as exc:
+        raise translate(exc, publication=name) from None
+    return True
+
+
+def _qualified(table: str) -> sql.Composable:
+    schema, dot, name = table.partition(".")
+    if not dot:
+        return sql.Identifier(table)
+    return sql.Identifier(schema, name)
+
+
+def drop_slot(opts: ConnOptions, slot: str, *, if_exists: bool = False) -> bool:
+    """Drop the slot; False if it did not exist and ``if_exists``."""
+    with connect(opts, replication=True) as conn:
+        if get_slot(conn, slot) is None:
+            if if_exists:
+                return False
+            raise SlotError(f"replication slot \"{slot}\" does not exist: check the name with 'pgrecv slots'")
+        try:
+            conn.execute(sql.SQL("DROP_REPLICATION_SLOT {}").format(sql.Identifier(slot)))
+        except psycopg.Error as exc:
+            raise translate(exc, slot=slot) from None
+        return True
+
+
+# Columns of pg_replication_slots shown by `pgrecv slots`, when the server has them.
+SLOT_COLUMNS = (
+    "slot_name",
+    "plugin",
+    "slot_type",
+    "database",
+    "temporary",
+    "active",
+    "active_pid",
+    "restart_lsn",
+    "confirmed_flush_lsn",
+    "wal_status",
+    "safe_wal_size",
+    "two_phase",
+    "failover",
+    "synced",
+    "conflicting",
+    "invalidation_reason",
+    "inactive_since",
+)
+
+
+def list_slots(opts: ConnOptions) -> list[dict[str, Any]]:
+    """Every slot, with lag (bytes the consumer has not confirmed) and retained WAL in bytes."""
+    with connect(opts) as conn:
+        cur = conn.execute(
+            """
+            SELECT s.*,
+                   pg_wal_lsn_diff(c.pos, s.confirmed_flush_lsn)::bigint AS lag_bytes,
+                   pg_wal_lsn_diff(c.pos, s.restart_lsn)::bigint AS retained_bytes
+              FROM pg_replication_slots s,
+                   (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                                ELSE pg_current_wal_lsn() END AS pos) c
+             ORDER BY s.slot_name
+            """
+        )
+        names = [d.name for d in cur.description or ()]
+        rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    wanted = [c for c in SLOT_COLUMNS if c in names] + ["lag_bytes", "retained_bytes"]
+    return [{k: _jsonable(r[k]) for k in wanted} for r in rows]
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def list_publications(conn: psycopg.Connection[Any]) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT pubname FROM pg_publication ORDER BY pubname").fetchall()]
+
+
+def resolve_publication(conn: psycopg.Connection[Any], publication: str | None) -> str:
+    """The named publication, or the only one in the database; a clear error otherwise."""
+    pubs = list_publications(conn)
+    if publication is not None:
+        if publication not in pubs:
+            raise PublicationError(
+                f'publication "{publication}" does not exist in this database: '
+                f"create it with 'pgrecv create --slot S --publication {publication}' or CREATE PUBLICATION"
+            )
+        return publication
+    if len(pubs) == 1:
+        return pubs[0]
+    if not pubs:
+        raise PublicationError(
+            "the pgoutput plugin needs a publication and this database has none: "
+            "create one with 'pgrecv create --slot S --publication NAME'"
+        )
+    raise PublicationError(f"several publications exist ({', '.join(pubs)}): choose one with --publication")
