@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 
 import click
 import orjson
+import psycopg
 
 from pgrecv import __version__
-from pgrecv.conn import ConnOptions
+from pgrecv.conn import ConnOptions, translate
 from pgrecv.errors import ExitCode, PgrecvError, UsageError
 from pgrecv.lsn import LSN
 
@@ -90,9 +91,7 @@ def connection_options(f: F) -> F:
         click.option("-p", "--port", metavar="PORT", help="Server port."),
         click.option("-U", "--username", metavar="NAME", help="Connect as this role."),
         click.option("-w", "--no-password", "no_password", is_flag=True, help="Never prompt for a password."),
-        click.option(
-            "-W", "--password", "ask_password", is_flag=True, help="Prompt for a password before connecting."
-        ),
+        click.option("-W", "--password", "ask_password", is_flag=True, help="Prompt for a password before connecting."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -236,9 +235,7 @@ def slots(fmt: str, **kw: Any) -> None:
 
 @cli.command()
 @click.option("-S", "--slot", required=True, help="Name of the logical replication slot.")
-@click.option(
-    "--consume", is_flag=True, help="Consume the changes (…_get_changes) once the output is durable."
-)
+@click.option("--consume", is_flag=True, help="Consume the changes (…_get_changes) once the output is durable.")
 @click.option("--upto-lsn", type=LSNType(), help="Stop at this LSN.")
 @click.option("--upto-nchanges", type=click.IntRange(min=1), help="Stop after about this many changes.")
 @click.option(
@@ -338,9 +335,7 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], None]]:
 
 
 @cli.command()
-@click.option(
-    "--bindir", metavar="DIR", help="PostgreSQL binaries to use (default: the newest found on this machine)."
-)
+@click.option("--bindir", metavar="DIR", help="PostgreSQL binaries to use (default: the newest found on this machine).")
 @common_options
 def demo(bindir: str | None) -> None:
     """Show the whole path on a throwaway PostgreSQL: slot, changes, decoded output."""
@@ -363,7 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
-    except PgrecvError as exc:
+    except (PgrecvError, psycopg.Error) as caught:
+        # A server error no command translated itself still gets the one-line treatment.
+        exc = caught if isinstance(caught, PgrecvError) else translate(caught)
         click.echo(f"pgrecv: error: {exc.message}", err=True)
         if STATE.verbose and exc.detail and exc.detail != exc.message:
             click.echo(f"pgrecv: detail: {exc.detail}", err=True)

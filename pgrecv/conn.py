@@ -81,9 +81,7 @@ def describe(conninfo: str) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(d.items()))
 
 
-def connect(
-    opts: ConnOptions, *, replication: bool = False, autocommit: bool = True
-) -> psycopg.Connection[Any]:
+def connect(opts: ConnOptions, *, replication: bool = False, autocommit: bool = True) -> psycopg.Connection[Any]:
     """Connect like the PostgreSQL tools do: prompt for a password (-W, or when needed unless -w)."""
     if opts.prompt is True and opts.password is None:
         opts = replace(opts, password=_ask_password())
@@ -91,17 +89,17 @@ def connect(
         return _connect(opts, replication, autocommit)
     except psycopg.OperationalError as exc:
         if opts.prompt is None and opts.password is None and _needs_password(exc) and _interactive():
-            return connect(
-                replace(opts, password=_ask_password()), replication=replication, autocommit=autocommit
-            )
+            return connect(replace(opts, password=_ask_password()), replication=replication, autocommit=autocommit)
         raise translate(exc) from None
 
 
 def _connect(opts: ConnOptions, replication: bool, autocommit: bool) -> psycopg.Connection[Any]:
-    # prepare_threshold=None: a replication connection accepts the simple query protocol only.
-    return psycopg.connect(
-        opts.conninfo(replication=replication), autocommit=autocommit, prepare_threshold=None
-    )
+    # A replication connection accepts the simple query protocol only: no prepared statements
+    # (prepare_threshold=None) and parameters bound on the client (ClientCursor).
+    conn = psycopg.connect(opts.conninfo(replication=replication), autocommit=autocommit, prepare_threshold=None)
+    if replication:
+        conn.cursor_factory = psycopg.ClientCursor
+    return conn
 
 
 def _ask_password() -> str:
@@ -140,21 +138,15 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
                 f"{msg}: the role needs the REPLICATION attribute (ALTER ROLE name REPLICATION)",
                 detail=detail,
             )
-        return ServerConfigError(
-            f"{msg}: grant the needed privilege or connect as another role", detail=detail
-        )
+        return ServerConfigError(f"{msg}: grant the needed privilege or connect as another role", detail=detail)
     if "wal_level" in low:
         return ServerConfigError(
             f"{msg}: set wal_level = logical in postgresql.conf and restart the server", detail=detail
         )
     if isinstance(exc, pgerr.DuplicateObject) and "replication slot" in low:
-        return SlotError(
-            f"{msg}: use --if-not-exists, or drop it with 'pgrecv drop --slot {slot}'", detail=detail
-        )
+        return SlotError(f"{msg}: use --if-not-exists, or drop it with 'pgrecv drop --slot {slot}'", detail=detail)
     if isinstance(exc, pgerr.UndefinedObject) and "replication slot" in low:
-        return SlotError(
-            f"{msg}: create it with 'pgrecv create --slot {slot}' or check 'pgrecv slots'", detail=detail
-        )
+        return SlotError(f"{msg}: create it with 'pgrecv create --slot {slot}' or check 'pgrecv slots'", detail=detail)
     if isinstance(exc, pgerr.ObjectInUse) and "slot" in low:
         return SlotError(f"{msg}: another consumer is using it; stop it first", detail=detail)
     if "publication" in low and ("does not exist" in low or isinstance(exc, pgerr.UndefinedObject)):
@@ -173,9 +165,7 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
         return ServerConfigError(f"{msg}: raise max_wal_senders or max_connections", detail=detail)
     if isinstance(exc, psycopg.OperationalError):
         if "pg_hba.conf" in low and "replication" in low:
-            return ConnectionFailed(
-                f"{msg}: allow replication connections for this role in pg_hba.conf", detail=detail
-            )
+            return ConnectionFailed(f"{msg}: allow replication connections for this role in pg_hba.conf", detail=detail)
         if "password authentication failed" in low or "no password supplied" in low:
             return ConnectionFailed(f"{msg}: check the password (-W to be asked, or .pgpass)", detail=detail)
         return ConnectionFailed(f"cannot connect: {msg}", detail=detail)

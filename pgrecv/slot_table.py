@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -20,30 +21,26 @@ def human_bytes(n: int | None) -> str:
 
 
 def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=160)
     if not rows:
         console.print("no replication slots")
         return
-    table = Table(title="replication slots", title_justify="left")
-    for name in (
-        "slot",
-        "plugin",
-        "database",
-        "active",
-        "confirmed",
-        "restart",
-        "lag",
-        "retained",
-        "wal",
-        "flags",
-    ):
-        table.add_column(name, overflow="fold", justify="right" if name in ("lag", "retained") else "left")
+    table = Table(title="replication slots", title_justify="left", box=box.SIMPLE_HEAD)
+    headers = ("slot", "active", "confirmed", "lag", "retained", "wal", "flags")
+    for name in headers:
+        table.add_column(
+            name,
+            no_wrap=name not in ("slot", "flags"),
+            overflow="fold",
+            justify="right" if name in ("lag", "retained") else "left",
+        )
     for r in rows:
         active = f"[green]pid {r['active_pid']}[/]" if r.get("active") else "[dim]no[/]"
         wal = r.get("wal_status") or "-"
-        wal_style = {"reserved": "green", "extended": "yellow", "unreserved": "red", "lost": "bold red"}.get(
-            wal, ""
-        )
+        wal_style = {"reserved": "green", "extended": "yellow", "unreserved": "red", "lost": "bold red"}.get(wal, "")
         flags = [
             name
             for name, on in (
@@ -57,13 +54,11 @@ def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> 
         ]
         if r.get("invalidation_reason"):
             flags.append(f"[red]invalidated: {r['invalidation_reason']}[/]")
+        plugin = r.get("plugin") or r.get("slot_type") or "-"
         table.add_row(
-            str(r["slot_name"]),
-            str(r.get("plugin") or r.get("slot_type") or "-"),
-            str(r.get("database") or "-"),
+            f"[bold]{r['slot_name']}[/]\n[dim]{plugin} · {r.get('database') or '-'}[/]",
             active,
             str(r.get("confirmed_flush_lsn") or "-"),
-            str(r.get("restart_lsn") or "-"),
             human_bytes(r.get("lag_bytes")),
             human_bytes(r.get("retained_bytes")),
             f"[{wal_style}]{wal}[/]" if wal_style else wal,
