@@ -273,8 +273,8 @@ def peek(
 ) -> None:
     """Read a slot's pending changes through the SQL interface, decoded."""
     from pgrecv.output import Output
-    from pgrecv.peek import parse_options
     from pgrecv.peek import peek as run_peek
+    from pgrecv.plugins import parse_options
 
     opts = conn_opts(kw)
     parsed = parse_options(plugin_options)

@@ -15,16 +15,19 @@ import psycopg
 from psycopg import sql
 
 from pgrecv.conn import ConnOptions, connect, translate
-from pgrecv.errors import SlotError, UsageError
+from pgrecv.errors import SlotError
 from pgrecv.events import Event
 from pgrecv.lsn import LSN
+from pgrecv.plugins import (
+    PgOutputSettings,
+    make_decoder,
+    max_proto_version,
+    merge_options,
+    pgoutput_options,
+)
 from pgrecv.slots import get_slot, resolve_publication, server_major
 
 FETCH_SIZE = 2000
-
-
-class Decoder(Protocol):
-    def decode(self, data: Any, lsn: int = 0) -> Event | None: ...
 
 
 class Formatter(Protocol):
@@ -39,21 +42,6 @@ class PeekResult:
     consumed: bool
 
 
-def max_proto_version(major: int) -> int:
-    """The highest pgoutput protocol the server speaks (14: 2, 15: 3, 16+: 4)."""
-    return 4 if major >= 16 else 3 if major == 15 else 2 if major == 14 else 1
-
-
-def parse_options(pairs: Sequence[str]) -> list[tuple[str, str]]:
-    out = []
-    for pair in pairs:
-        name, eq, value = pair.partition("=")
-        if not name:
-            raise UsageError(f"invalid plugin option {pair!r}: expected name=value or name")
-        out.append((name, value if eq else ""))
-    return out
-
-
 def plugin_options(
     conn: psycopg.Connection[Any],
     plugin: str,
@@ -62,41 +50,13 @@ def plugin_options(
     publication: str | None,
 ) -> list[tuple[str, str]]:
     """Defaults for the plugin, overridden by the user's ``-o name=value``."""
+    if plugin != "pgoutput":
+        return list(user_options)
+    major = server_major(conn)
     given = {name for name, _ in user_options}
-    defaults: list[tuple[str, str]] = []
-    if plugin == "pgoutput":
-        proto = max_proto_version(server_major(conn))
-        if "proto_version" not in given:
-            defaults.append(("proto_version", str(proto)))
-        if "publication_names" not in given:
-            defaults.append(("publication_names", _quote_name(resolve_publication(conn, publication))))
-        if "messages" not in given:
-            defaults.append(("messages", "true"))
-        if slot_info.get("two_phase") and proto >= 3 and "two_phase" not in given:
-            defaults.append(("two_phase", "on"))
-    return defaults + list(user_options)
-
-
-def _quote_name(name: str) -> str:
-    """publication_names is a list of identifiers: quote one that needs it."""
-    if name.isidentifier() and name == name.lower():
-        return name
-    return '"' + name.replace('"', '""') + '"'
-
-
-def make_decoder(plugin: str, options: Sequence[tuple[str, str]]) -> Decoder:
-    if plugin == "pgoutput":
-        from pgrecv.decode.pgoutput import PgOutputDecoder
-
-        opts = dict(options)
-        return PgOutputDecoder(proto_version=int(opts.get("proto_version", "1")))
-    if plugin == "test_decoding":
-        from pgrecv.decode.test_decoding import TestDecodingParser
-
-        return TestDecodingParser()
-    raise UsageError(
-        f"pgrecv decodes pgoutput and test_decoding, not {plugin}: use --format raw for other plugins"
-    )
+    pub = resolve_publication(conn, publication) if "publication_names" not in given else ""
+    settings = PgOutputSettings(two_phase=bool(slot_info.get("two_phase")) and max_proto_version(major) >= 3)
+    return merge_options(pgoutput_options(major, pub, settings, sql_interface=True), user_options)
 
 
 def peek(
@@ -120,13 +80,9 @@ def peek(
     with connect(opts, autocommit=False) as conn:
         info = get_slot(conn, slot)
         if info is None:
-            raise SlotError(
-                f"replication slot \"{slot}\" does not exist: create it with 'pgrecv create --slot {slot}'"
-            )
+            raise SlotError(f"replication slot \"{slot}\" does not exist: create it with 'pgrecv create --slot {slot}'")
         if info["slot_type"] != "logical":
-            raise SlotError(
-                f'replication slot "{slot}" is a physical slot: logical decoding needs a logical slot'
-            )
+            raise SlotError(f'replication slot "{slot}" is a physical slot: logical decoding needs a logical slot')
         if info["database"] != conn.info.dbname:
             raise SlotError(
                 f'replication slot "{slot}" belongs to database "{info["database"]}": connect to it with -d'
@@ -135,9 +91,7 @@ def peek(
         all_options = plugin_options(conn, plugin, info, options, publication)
         decoder = make_decoder(plugin, all_options) if raw is None else None
         binary = plugin != "test_decoding"
-        func = "pg_logical_slot_{}_{}changes".format(
-            "get" if consume else "peek", "binary_" if binary else ""
-        )
+        func = "pg_logical_slot_{}_{}changes".format("get" if consume else "peek", "binary_" if binary else "")
         variadic: list[str] = [x for pair in all_options for x in pair]
         query = sql.SQL(
             "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM {}(%s, %s::pg_lsn, %s, VARIADIC %s::text[])"
