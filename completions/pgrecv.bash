@@ -3,11 +3,11 @@ _pgrecv() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            create|demo|drop|peek|slots) cmd="${COMP_WORDS[i]}"; break ;;
+            create|demo|drop|peek|slots|start) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-        "") COMPREPLY=($(compgen -W "create demo drop peek slots --version -v --verbose -q --quiet --help" -- "$cur")); return ;;
+        "") COMPREPLY=($(compgen -W "create demo drop peek slots start --version -v --verbose -q --quiet --help" -- "$cur")); return ;;
         create)
             case "$prev" in
                 -S|--slot) return ;;
@@ -58,6 +58,33 @@ _pgrecv() {
                 -U|--username) return ;;
             esac
             COMPREPLY=($(compgen -W "--help --format -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+        start)
+            case "$prev" in
+                -S|--slot) return ;;
+                -f|--file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+                --output-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+                --rotate-size) return ;;
+                --rotate-interval) return ;;
+                --format) COMPREPLY=($(compgen -W "auto jsonl pretty raw" -- "$cur")); return ;;
+                -o|--option) return ;;
+                -P|--plugin) return ;;
+                --publication) return ;;
+                --proto-version) return ;;
+                --origin) COMPREPLY=($(compgen -W "any none" -- "$cur")); return ;;
+                --streaming) COMPREPLY=($(compgen -W "on off parallel" -- "$cur")); return ;;
+                -I|--startpos) return ;;
+                -E|--endpos) return ;;
+                -F|--fsync-interval) return ;;
+                -s|--status-interval) return ;;
+                --table) return ;;
+                --exclude-table) return ;;
+                --op) return ;;
+                -d|--dbname) return ;;
+                -h|--host) return ;;
+                -p|--port) return ;;
+                -U|--username) return ;;
+            esac
+            COMPREPLY=($(compgen -W "--help -S --slot -f --file --output-dir --rotate-size --rotate-interval --format -o --option --create -P --plugin --if-not-exists --publication --proto-version --binary --messages --origin --streaming --two-phase -I --startpos -E --endpos --until-caught-up -F --fsync-interval -s --status-interval -n --no-loop --table --exclude-table --op -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
     esac
 }
 complete -o default -F _pgrecv pgrecv

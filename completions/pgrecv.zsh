@@ -9,6 +9,7 @@ _pgrecv() {
         'drop:Drop a replication slot.'
         'peek:Read a slot'\''s pending changes through the SQL interface, decoded.'
         'slots:List replication slots with their positions, lag and retained WAL.'
+        'start:Stream a slot'\''s changes over the replication protocol, like pg_recvlogical --start.'
     )
     if (( CURRENT == 2 )); then
         _describe -t commands 'pgrecv command' commands
@@ -79,6 +80,43 @@ _pgrecv() {
             _arguments \
                 '--help[show help]' \
                 '--format[A table for people or one JSON object per slot.]:value:(table jsonl)' \
+                '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
+                '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
+                '(-p --port)'{-p,--port}'[Server port.]:port: ' \
+                '(-U --username)'{-U,--username}'[Connect as this role.]:name: ' \
+                '(-w --no-password)'{-w,--no-password}'[Never prompt for a password.]' \
+                '(-W --password)'{-W,--password}'[Prompt for a password before connecting.]' \
+                ''*{-v,--verbose}'[More detail on stderr (repeat for more).]' \
+                '(-q --quiet)'{-q,--quiet}'[Print no progress or notices.]' ;;
+        start)
+            _arguments \
+                '--help[show help]' \
+                '(-S --slot)'{-S,--slot}'[Name of the logical replication slot.]:slot: ' \
+                '(-f --file)'{-f,--file}'[Append to this file ('\''-'\'' for stdout, the default).]:file:_files' \
+                '--output-dir[Write rotated files here, named by LSN (batch consumers).]:directory:_files -/' \
+                '--rotate-size[--output-dir\: start a new file past this size (e.g. 64MB).]:rotate_size: ' \
+                '--rotate-interval[--output-dir\: start a new file after this long (e.g. 5m).]:rotate_interval: ' \
+                '--format[auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote.]:value:(auto jsonl pretty raw)' \
+                ''*{-o,--option}'[Option for the output plugin.]:name\[=value\]: ' \
+                '--create[Create the slot first (see pgrecv create).]' \
+                '(-P --plugin)'{-P,--plugin}'[With --create\: the output plugin (default pgoutput).]:plugin: ' \
+                '--if-not-exists[With --create\: do not fail if the slot exists.]' \
+                '--publication[pgoutput\: the publication (default\: the only one).]:name: ' \
+                '--proto-version[pgoutput protocol (default\: the newest the server speaks).]:proto_version: ' \
+                '--binary[pgoutput\: values in binary form (decoded by pgrecv).]' \
+                '--messages[pgoutput\: logical decoding messages.]' \
+                '--origin[pgoutput\: changes of any origin or only local (16+).]:value:(any none)' \
+                '--streaming[pgoutput\: stream large transactions as they happen (default on; pgrecv reassembles them).]:value:(on off parallel)' \
+                '--two-phase[Decode prepared transactions at PREPARE (slot must allow it).]' \
+                '(-I --startpos)'{-I,--startpos}'[Start streaming at this LSN (if the slot has not passed it).]:startpos: ' \
+                '(-E --endpos)'{-E,--endpos}'[Stop when this LSN is reached, like pg_recvlogical.]:endpos: ' \
+                '--until-caught-up[Stop at the first transaction boundary past the server'\''s WAL position at start.]' \
+                '(-F --fsync-interval)'{-F,--fsync-interval}'[How often to make output durable.]:fsync_interval: ' \
+                '(-s --status-interval)'{-s,--status-interval}'[How often to report to the server.]:status_interval: ' \
+                '(-n --no-loop)'{-n,--no-loop}'[Exit (code 11) when the connection is lost instead of reconnecting.]' \
+                '*--table[Only these tables (schema.table glob, repeatable).]:glob: ' \
+                '*--exclude-table[Not these tables (repeatable).]:glob: ' \
+                '--op[Only these operations\: insert,update,delete,truncate,message.]:ops: ' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
                 '(-p --port)'{-p,--port}'[Server port.]:port: ' \

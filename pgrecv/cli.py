@@ -331,6 +331,236 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], None]]:
     return renderer.feed, None, renderer.close
 
 
+# --- streaming -------------------------------------------------------------------------------
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+class _UnitType(click.ParamType):
+    def __init__(self, name: str, units: dict[str, Any], example: str) -> None:
+        self.name = name
+        self.units = units
+        self.example = example
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int | float):
+            return value
+        text = str(value).strip().lower()
+        number = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
+        unit = text[len(number) :].strip()
+        try:
+            amount = float(number)
+        except ValueError:
+            self.fail(f"{value!r} is not a {self.name}, e.g. {self.example}", param, ctx)
+        if unit not in self.units or amount < 0:
+            self.fail(f"{value!r} is not a {self.name}, e.g. {self.example}", param, ctx)
+        result = amount * self.units[unit]
+        return int(result) if self.name == "SIZE" else result
+
+
+SIZE = _UnitType("SIZE", _SIZE_UNITS, "64MB or 1GiB")
+DURATION = _UnitType("DURATION", _TIME_UNITS, "10, 10s, 500ms or 5m")
+
+
+@cli.command()
+@click.option("-S", "--slot", required=True, help="Name of the logical replication slot.")
+@click.option("-f", "--file", "file", metavar="FILE", help="Append to this file ('-' for stdout, the default).")
+@click.option("--output-dir", metavar="DIR", help="Write rotated files here, named by LSN (batch consumers).")
+@click.option("--rotate-size", type=SIZE, help="--output-dir: start a new file past this size (e.g. 64MB).")
+@click.option("--rotate-interval", type=DURATION, help="--output-dir: start a new file after this long (e.g. 5m).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "jsonl", "pretty", "raw"]),
+    default="auto",
+    show_default=True,
+    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote.",
+)
+@click.option(
+    "-o", "--option", "plugin_options", multiple=True, metavar="NAME[=VALUE]", help="Option for the output plugin."
+)
+@click.option("--create", "create_slot_first", is_flag=True, help="Create the slot first (see pgrecv create).")
+@click.option("-P", "--plugin", metavar="PLUGIN", help="With --create: the output plugin (default pgoutput).")
+@click.option("--if-not-exists", is_flag=True, help="With --create: do not fail if the slot exists.")
+@click.option("--publication", metavar="NAME", help="pgoutput: the publication (default: the only one).")
+@click.option(
+    "--proto-version", type=click.IntRange(1, 4), help="pgoutput protocol (default: the newest the server speaks)."
+)
+@click.option("--binary", is_flag=True, help="pgoutput: values in binary form (decoded by pgrecv).")
+@click.option("--messages/--no-messages", default=True, show_default=True, help="pgoutput: logical decoding messages.")
+@click.option(
+    "--origin", type=click.Choice(["any", "none"]), help="pgoutput: changes of any origin or only local (16+)."
+)
+@click.option(
+    "--streaming",
+    type=click.Choice(["on", "off", "parallel"]),
+    help="pgoutput: stream large transactions as they happen (default on; pgrecv reassembles them).",
+)
+@click.option("--two-phase", is_flag=True, help="Decode prepared transactions at PREPARE (slot must allow it).")
+@click.option("-I", "--startpos", type=LSNType(), help="Start streaming at this LSN (if the slot has not passed it).")
+@click.option("-E", "--endpos", type=LSNType(), help="Stop when this LSN is reached, like pg_recvlogical.")
+@click.option(
+    "--until-caught-up",
+    is_flag=True,
+    help="Stop at the first transaction boundary past the server's WAL position at start.",
+)
+@click.option(
+    "-F", "--fsync-interval", type=DURATION, default=10.0, show_default=True, help="How often to make output durable."
+)
+@click.option(
+    "-s", "--status-interval", type=DURATION, default=10.0, show_default=True, help="How often to report to the server."
+)
+@click.option(
+    "-n", "--no-loop", is_flag=True, help="Exit (code 11) when the connection is lost instead of reconnecting."
+)
+@click.option(
+    "--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob, repeatable)."
+)
+@click.option("--exclude-table", "exclude_tables", multiple=True, metavar="GLOB", help="Not these tables (repeatable).")
+@click.option("--op", "op_filter", metavar="OPS", help="Only these operations: insert,update,delete,truncate,message.")
+@connection_options
+@common_options
+def start(
+    slot: str,
+    file: str | None,
+    output_dir: str | None,
+    rotate_size: int | None,
+    rotate_interval: float | None,
+    fmt: str,
+    plugin_options: tuple[str, ...],
+    create_slot_first: bool,
+    plugin: str | None,
+    if_not_exists: bool,
+    publication: str | None,
+    proto_version: int | None,
+    binary: bool,
+    messages: bool,
+    origin: str | None,
+    streaming: str | None,
+    two_phase: bool,
+    startpos: LSN | None,
+    endpos: LSN | None,
+    until_caught_up: bool,
+    fsync_interval: float,
+    status_interval: float,
+    no_loop: bool,
+    tables: tuple[str, ...],
+    exclude_tables: tuple[str, ...],
+    op_filter: str | None,
+    **kw: Any,
+) -> None:
+    """Stream a slot's changes over the replication protocol, like pg_recvlogical --start.
+
+    Positions are confirmed to the server only once the output holding them is durable; a clean stop
+    (SIGINT, SIGTERM, --endpos, --until-caught-up) makes the output durable and confirms it. SIGHUP
+    reopens --file (rotation by rename).
+    """
+    from pgrecv.plugins import PgOutputSettings, parse_options
+    from pgrecv.sinks import make_sink
+    from pgrecv.slots import create_slot
+    from pgrecv.streamer import StartConfig, Streamer, parse_ops, plan_start
+
+    if file and output_dir:
+        raise UsageError("--file and --output-dir exclude each other: pick one")
+    if (rotate_size or rotate_interval) and not output_dir:
+        raise UsageError("--rotate-size and --rotate-interval need --output-dir")
+    if (plugin or if_not_exists) and not create_slot_first:
+        raise UsageError("-P/--plugin and --if-not-exists go with --create")
+    opts = conn_opts(kw)
+    ops = parse_ops(op_filter)
+    to_terminal = not output_dir and (file in (None, "-")) and sys.stdout.isatty()
+    if fmt == "auto":
+        fmt = "pretty" if to_terminal else "jsonl"
+    if output_dir and fmt == "pretty":
+        raise UsageError("--output-dir writes jsonl or raw files, not pretty tables")
+    if create_slot_first:
+        made = create_slot(
+            opts, slot, plugin or "pgoutput", if_not_exists=if_not_exists, two_phase=two_phase, publication=publication
+        )
+        if made.created:
+            info(f'created slot "{slot}" ({made.plugin}) at {made.consistent_point}')
+    settings = PgOutputSettings(
+        proto_version=proto_version,
+        binary=binary,
+        messages=messages,
+        origin=origin,
+        streaming=streaming,
+        two_phase=two_phase,
+    )
+    slot_plugin, options = plan_start(
+        opts,
+        slot,
+        fmt=fmt,
+        plugin=plugin,
+        publication=publication,
+        settings=settings,
+        user_options=parse_options(plugin_options),
+    )
+    if fmt != "raw" and slot_plugin not in ("pgoutput", "test_decoding"):
+        raise UsageError(f"pgrecv decodes pgoutput and test_decoding, not {slot_plugin}: use --format raw")
+    option_map = dict(options)
+    config = StartConfig(
+        slot=slot,
+        fmt=fmt,
+        options=options,
+        plugin=slot_plugin,
+        startpos=startpos,
+        endpos=endpos,
+        until_caught_up=until_caught_up,
+        status_interval=status_interval,
+        fsync_interval=fsync_interval,
+        no_loop=no_loop,
+        tables=tables,
+        exclude_tables=exclude_tables,
+        ops=ops,
+        assemble=slot_plugin == "pgoutput" and option_map.get("streaming", "off") in ("on", "parallel", "true"),
+    )
+    suffix = ".jsonl" if fmt == "jsonl" else ".raw"
+    sink = make_sink(file, output_dir, rotate_size, rotate_interval, suffix)
+    warning = getattr(sink, "warning", None)
+    if warning:
+        info(f"pgrecv: warning: {warning}")
+    streamer = Streamer(opts, config, sink, _stream_formatter(fmt, to_terminal), log)
+    stats = streamer.run()
+    log(f"{stats.messages} messages, {stats.transactions} transactions, {stats.rows} rows", 1)
+
+
+def _stream_formatter(fmt: str, to_terminal: bool) -> Callable[[Callable[[bytes], None]], Any] | None:
+    if fmt == "raw":
+        return None
+    if fmt == "jsonl":
+        from pgrecv.jsonl import JsonlEncoder
+
+        return JsonlEncoder
+
+    def pretty(write: Callable[[bytes], None]) -> Any:
+        from rich.console import Console
+
+        from pgrecv.pretty import PrettyRenderer
+        from pgrecv.streamer import SinkText
+
+        if to_terminal:
+            console = Console(file=SinkText(write), force_terminal=True)
+        else:
+            console = Console(file=SinkText(write), width=120, color_system=None)
+        return PrettyRenderer(console)
+
+    return pretty
+
+
 # --- demo -------------------------------------------------------------------------------------
 
 

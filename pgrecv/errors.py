@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     OUTPUT = 8  # cannot write or make durable the output
     INPUT = 9  # bad input files (spark-apply and friends)
     SERVER_ENV = 10  # no PostgreSQL binaries for a throwaway server
+    STREAM_LOST = 11  # the stream ended or broke and --no-loop forbids reconnecting
     INTERRUPTED = 130  # stopped by SIGINT before finishing
 
 
@@ -73,6 +74,12 @@ class ServerEnvError(PgrecvError):
     """No usable PostgreSQL binaries for a throwaway server."""
 
     exit_code = ExitCode.SERVER_ENV
+
+
+class StreamLost(PgrecvError):
+    """The stream ended (server shutdown, walsender terminated, network) and --no-loop was given."""
+
+    exit_code = ExitCode.STREAM_LOST
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:

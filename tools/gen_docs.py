@@ -34,6 +34,7 @@ EXIT_MEANING = {
     ExitCode.OUTPUT: "Cannot write the output or make it durable (nothing was consumed).",
     ExitCode.INPUT: "Bad input files.",
     ExitCode.SERVER_ENV: "No PostgreSQL binaries for a throwaway server (demo).",
+    ExitCode.STREAM_LOST: "The stream ended or the connection broke, and --no-loop forbids reconnecting.",
     ExitCode.INTERRUPTED: "Interrupted by SIGINT.",
 }
 

@@ -1,0 +1,65 @@
+"""What to tell the server, and when: the client's side of the replication protocol, without I/O.
+
+Three positions, as in the protocol's standby status update:
+
+* ``received``: the furthest WAL position the server said it sent (XLogData or keepalive).
+* ``written``: the end LSN of the last transaction handed to the output.
+* ``flushed``: the end LSN of the last transaction whose output is durable. Only this one moves
+  the slot's ``confirmed_flush_lsn``, so it is never ahead of what a crash would leave on disk.
+
+While idle (no transaction open, everything written is durable) a keepalive's WAL end is
+confirmed too, so that a slot whose tables see no changes does not hold WAL forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pgrecv.wire import Keepalive, status_update
+
+
+@dataclass(slots=True)
+class Feedback:
+    status_interval: float
+    received: int = 0
+    written: int = 0
+    flushed: int = 0
+    last_sent_flush: int = -1
+    next_status: float = 0.0  # monotonic deadline of the next periodic status update
+
+    def start(self, position: int, now: float) -> None:
+        """A new connection starts streaming at ``position`` (everything before is done)."""
+        self.received = max(self.received, position)
+        self.written = max(self.written, position)
+        self.flushed = max(self.flushed, position)
+        self.last_sent_flush = -1
+        self.next_status = now + self.status_interval
+
+    def on_data(self, wal_end: int) -> None:
+        if wal_end > self.received:
+            self.received = wal_end
+
+    def on_written(self, end_lsn: int) -> None:
+        if end_lsn > self.written:
+            self.written = end_lsn
+
+    def on_durable(self, end_lsn: int | None) -> None:
+        if end_lsn is not None and end_lsn > self.flushed:
+            self.flushed = end_lsn
+
+    def on_keepalive(self, ka: Keepalive, *, idle: bool) -> bool:
+        """Record a keepalive; True when the server wants an answer right away."""
+        if ka.wal_end > self.received:
+            self.received = ka.wal_end
+        if idle and self.written <= self.flushed and ka.wal_end > self.flushed:
+            self.written = self.flushed = ka.wal_end
+        return ka.reply_requested
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_status
+
+    def message(self, now: float) -> bytes:
+        """The status update to send now; resets the periodic deadline."""
+        self.next_status = now + self.status_interval
+        self.last_sent_flush = self.flushed
+        return status_update(self.written, self.flushed, self.flushed)

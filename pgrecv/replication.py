@@ -1,0 +1,138 @@
+"""The socket side of streaming: START_REPLICATION through psycopg's libpq wrapper, never blocking.
+
+psycopg 3 has no replication API: after START_REPLICATION the connection is in COPY_BOTH and is
+pumped with ``pgconn.get_copy_data(1)`` (non-blocking), ``consume_input()`` and ``put_copy_data``.
+Blocking in C would leave signals unhandled and status updates unsent, so every wait is a
+``selectors`` wait on the socket with a deadline, plus a wake-up pipe for signals.
+"""
+
+from __future__ import annotations
+
+import selectors
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import pq, sql
+
+from pgrecv.conn import ConnOptions, connect, server_message, translate
+from pgrecv.errors import ConnectionFailed
+from pgrecv.lsn import LSN, lsn_str
+
+
+class StreamEnded(ConnectionFailed):
+    """The server ended the stream or the connection broke: the runner may reconnect."""
+
+
+class ReplicationConnection:
+    def __init__(self, opts: ConnOptions, wakeup_fd: int | None = None) -> None:
+        self.conn: psycopg.Connection[Any] = connect(opts, replication=True)
+        self.pgconn: pq.abc.PGconn = self.conn.pgconn
+        self.major = self.conn.info.server_version // 10000
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.pgconn.socket, selectors.EVENT_READ)
+        if wakeup_fd is not None:
+            self._selector.register(wakeup_fd, selectors.EVENT_READ)
+        self._wakeup_fd = wakeup_fd
+        self.streaming = False
+
+    def identify_system(self) -> LSN:
+        """The server's current WAL flush position (what 'caught up' means when streaming starts)."""
+        row = self.conn.execute("IDENTIFY_SYSTEM").fetchone()
+        assert row is not None
+        return LSN.parse(str(row[2]))
+
+    def query(self, statement: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+
+    def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None:
+        opts = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(name), sql.Literal(value)) for name, value in options
+        )
+        command = sql.SQL("START_REPLICATION SLOT {} LOGICAL {}{}").format(
+            sql.Identifier(slot),
+            sql.SQL(lsn_str(start)),
+            sql.SQL(" ({})").format(opts) if options else sql.SQL(""),
+        )
+        try:
+            self.conn.execute(command)
+        except psycopg.Error as exc:
+            raise translate(exc, slot=slot) from None
+        self.streaming = True
+
+    def wait(self, timeout: float) -> None:
+        """Wait until the socket is readable (or a signal woke us, or the timeout passed), then read."""
+        if timeout > 0:
+            for key, _ in self._selector.select(timeout):
+                if key.fd == self._wakeup_fd:
+                    _drain(self._wakeup_fd)
+        try:
+            self.pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise StreamEnded(f"connection lost: {server_message(exc)}") from None
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.pgconn.put_copy_data(data)
+            while self.pgconn.flush() == 1:  # rarely: the kernel buffer is full
+                sel = selectors.DefaultSelector()
+                sel.register(self.pgconn.socket, selectors.EVENT_WRITE)
+                sel.select(1.0)
+        except psycopg.OperationalError as exc:
+            raise StreamEnded(f"connection lost: {server_message(exc)}") from None
+
+    def end_of_copy(self) -> str:
+        """The stream ended (get_copy_data returned -1): why, in one line."""
+        reason = "the server ended the stream"
+        try:
+            while (res := self.pgconn.get_result()) is not None:
+                if res.status == pq.ExecStatus.COPY_IN:  # server sent CopyDone: answer it
+                    self.pgconn.put_copy_end()
+                    self.pgconn.flush()
+                elif res.status == pq.ExecStatus.FATAL_ERROR:
+                    msg = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
+                    reason = f"the server ended the stream: {msg.decode(errors='replace') if msg else 'error'}"
+        except psycopg.OperationalError as exc:
+            reason = f"connection lost: {server_message(exc)}"
+        self.streaming = False
+        return reason
+
+    def finish(self, final_status: bytes | None) -> None:
+        """A clean stop: the last status update, CopyDone, and the rest of the server's data dropped
+        (it is beyond what was written and confirmed, so the next run gets it again)."""
+        if not self.streaming:
+            return
+        try:
+            if final_status is not None:
+                self.send(final_status)
+            self.pgconn.put_copy_end()
+            self.pgconn.flush()
+            deadline_waits = 0
+            while True:
+                n, _ = self.pgconn.get_copy_data(1)
+                if n == -1:
+                    break
+                if n == 0:
+                    deadline_waits += 1
+                    if deadline_waits > 100:  # 10 s: the server did not acknowledge; give up
+                        break
+                    self.wait(0.1)
+            while self.pgconn.get_result() is not None:
+                pass
+        except (psycopg.OperationalError, StreamEnded):
+            pass
+        self.streaming = False
+
+    def close(self) -> None:
+        self._selector.close()
+        self.conn.close()
+
+
+def _drain(fd: int) -> None:
+    import os
+
+    try:
+        while os.read(fd, 512):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass

@@ -1,0 +1,553 @@
+"""`pgrecv start`: stream a slot into a sink, confirming to the server only what is durable.
+
+The pieces: :class:`~pgrecv.replication.ReplicationConnection` (socket), :class:`~pgrecv.feedback.Feedback`
+(what to confirm), an optional :class:`~pgrecv.assemble.StreamAssembler` (streamed transactions
+made whole), a decoder, a formatter and a sink. This module only drives them: the reconnect loop,
+deadlines, signals, start and end positions.
+
+Duplicates: the server resends every transaction whose commit it has not been told is flushed.
+On each (re)connect streaming starts at the end of the last transaction already in the output
+(from the sink's state, or from this run), and the server skips what lies before that position;
+transactions whose Begin says they commit at or before it are dropped here as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import io
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Protocol
+
+from pgrecv import events as ev
+from pgrecv.conn import ConnOptions
+from pgrecv.errors import ConnectionFailed, StreamLost, UsageError
+from pgrecv.feedback import Feedback
+from pgrecv.lsn import LSN, lsn_str
+from pgrecv.plugins import Decoder, make_decoder
+from pgrecv.replication import ReplicationConnection
+from pgrecv.wire import XLOGDATA_HEADER, parse_keepalive
+
+OPS = ("insert", "update", "delete", "truncate", "message")
+BACKOFF_MAX = 30.0
+
+
+class Sink(Protocol):
+    def open(self) -> Any: ...
+    def write(self, data: bytes) -> None: ...
+    def boundary(self, commit_lsn: int, end_lsn: int) -> None: ...
+    def durable(self) -> int | None: ...
+    def tick(self, now: float) -> None: ...
+    def reopen(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Formatter(Protocol):
+    def feed(self, event: ev.Event) -> None: ...
+
+
+@dataclass
+class StartConfig:
+    slot: str
+    fmt: str  # jsonl | pretty | raw
+    options: Sequence[tuple[str, str]]  # final plugin options
+    plugin: str
+    startpos: int | None = None
+    endpos: int | None = None
+    until_caught_up: bool = False
+    status_interval: float = 10.0
+    fsync_interval: float = 10.0
+    no_loop: bool = False
+    tables: Sequence[str] = ()
+    exclude_tables: Sequence[str] = ()
+    ops: frozenset[str] | None = None
+    assemble: bool = False  # pgoutput streaming is on: make streamed transactions whole
+    memory_limit: int = 64 << 20
+
+
+@dataclass
+class RunStats:
+    messages: int = 0
+    transactions: int = 0
+    rows: int = 0
+    reconnects: int = 0
+    stop_reason: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+
+class _Stop(Exception):
+    """Leave the message loop: the reason is in ``RunStats.stop_reason``."""
+
+
+def table_filter(include: Sequence[str], exclude: Sequence[str]) -> Callable[[str, str], bool] | None:
+    """A predicate on (schema, table) from ``--table``/``--exclude-table`` globs (schema-qualified;
+    a pattern without a dot matches the table name in any schema)."""
+    if not include and not exclude:
+        return None
+
+    def matches(patterns: Sequence[str], schema: str, table: str) -> bool:
+        qualified = f"{schema}.{table}"
+        return any(fnmatch.fnmatchcase(qualified if "." in p else table, p) for p in patterns)
+
+    cache: dict[tuple[str, str], bool] = {}
+
+    def keep(schema: str, table: str) -> bool:
+        key = (schema, table)
+        hit = cache.get(key)
+        if hit is None:
+            hit = (not include or matches(include, schema, table)) and not matches(exclude, schema, table)
+            cache[key] = hit
+        return hit
+
+    return keep
+
+
+class Streamer:
+    def __init__(
+        self,
+        opts: ConnOptions,
+        config: StartConfig,
+        sink: Sink,
+        make_formatter: Callable[[Callable[[bytes], None]], Formatter] | None,
+        log: Callable[..., None],
+    ) -> None:
+        self.opts = opts
+        self.cfg = config
+        self.sink = sink
+        self.make_formatter = make_formatter
+        self.log = log
+        self.feedback = Feedback(config.status_interval)
+        self.stats = RunStats()
+        self.keep_table = table_filter(config.tables, config.exclude_tables)
+        self.ops = config.ops
+        self.decode_needed = config.fmt != "raw" or self.keep_table is not None or self.ops is not None
+        self.stop_requested = False
+        self.reopen_requested = False
+        self.target: int | None = None  # --until-caught-up: the server's WAL position at start
+        self.resume_end = 0  # end LSN of the last transaction already in the output
+        self._in_txn = False
+        self._skipping = False
+        self._next_fsync = 0.0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    # --- signals -----------------------------------------------------------------------------
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = True
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self.reopen_requested = True
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        old_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        try:
+            yield
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            signal.set_wakeup_fd(old_fd)
+
+    # --- the reconnect loop ------------------------------------------------------------------
+
+    def run(self) -> RunStats:
+        with self._signals():
+            try:
+                resume = self.sink.open()
+                last_end = getattr(resume, "last_end_lsn", None)
+                if last_end:
+                    self.resume_end = last_end
+                    self.log(f"output already holds transactions up to {lsn_str(last_end)}: resuming after it")
+                self._loop()
+            finally:
+                with contextlib.suppress(Exception):
+                    self.sink.close()
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+        return self.stats
+
+    def _loop(self) -> None:
+        attempt = 0
+        while not self.stop_requested:
+            rc: ReplicationConnection | None = None
+            try:
+                rc = ReplicationConnection(self.opts, self._wake_r)
+                self._stream(rc, first=attempt == 0 and self.stats.reconnects == 0)
+                return
+            except _Stop:
+                assert rc is not None
+                self._finish(rc)
+                return
+            except ConnectionFailed as exc:
+                if rc is not None and rc.streaming is False and self.stats.messages == 0 and attempt == 0:
+                    raise  # never got going: a configuration problem, not a broken stream
+                self._after_loss(rc)
+                if self.cfg.no_loop:
+                    raise StreamLost(f"{exc.message}; not reconnecting (--no-loop)") from None
+                attempt += 1
+                self.stats.reconnects += 1
+                delay = min(BACKOFF_MAX, 2 ** min(attempt - 1, 5))
+                self.log(f"{exc.message}; reconnecting in {delay:.0f} s (attempt {attempt})")
+                self._sleep(delay)
+            finally:
+                if rc is not None:
+                    with contextlib.suppress(Exception):
+                        rc.close()
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stop_requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.2))
+
+    def _after_loss(self, rc: ReplicationConnection | None) -> None:
+        """Keep what is complete; a transaction cut by the loss will come again in full."""
+        discard = getattr(self.sink, "discard_partial", None)
+        if discard is not None:
+            discard()
+        self.feedback.on_durable(self.sink.durable())
+        self._in_txn = False
+
+    # --- one connection ----------------------------------------------------------------------
+
+    def _stream(self, rc: ReplicationConnection, *, first: bool) -> None:
+        cfg = self.cfg
+        if cfg.until_caught_up and self.target is None:
+            self.target = rc.identify_system()
+            self.log(f"streaming until caught up with {lsn_str(self.target)}")
+        start = max(cfg.startpos or 0, self.resume_end, self.feedback.written)
+        rc.start(cfg.slot, start, cfg.options)
+        now = time.monotonic()
+        self.feedback.start(start, now)
+        self._next_fsync = now + cfg.fsync_interval
+        self.log(f"streaming from slot {cfg.slot} at {lsn_str(start)}")
+        decoder = make_decoder(cfg.plugin, cfg.options) if self.decode_needed else None
+        formatter = self.make_formatter(self.sink.write) if self.make_formatter else None
+        assembler = self._assembler()
+        handle = self._make_handler(decoder, formatter)
+        try:
+            self._pump(rc, handle, assembler)
+        finally:
+            if assembler is not None:
+                assembler.close()
+
+    def _assembler(self) -> Any:
+        if not self.cfg.assemble:
+            return None
+        from pgrecv.assemble import StreamAssembler
+
+        return StreamAssembler(memory_limit=self.cfg.memory_limit)
+
+    def _pump(self, rc: ReplicationConnection, handle: Callable[[Any, int], None], assembler: Any) -> None:
+        get = rc.pgconn.get_copy_data
+        unpack = XLOGDATA_HEADER.unpack_from
+        endpos = self.cfg.endpos
+        feedback = self.feedback
+        stats = self.stats
+        feed = assembler.feed if assembler is not None else None
+        countdown = 256
+        while True:
+            n, buf = get(1)
+            if n > 0:
+                stats.messages += 1
+                if buf[0] == 0x77:  # 'w' XLogData
+                    _, start, wal_end, _ = unpack(buf)
+                    if endpos is not None and start > endpos:
+                        self.stats.stop_reason = f"reached end position {lsn_str(endpos)}"
+                        raise _Stop
+                    if wal_end > feedback.received:
+                        feedback.received = wal_end
+                    if feed is None:
+                        handle(buf[25:], start)
+                    else:
+                        for msg, lsn in feed(buf[25:], start):
+                            handle(msg, lsn)
+                    if endpos is not None and start == endpos:
+                        self.stats.stop_reason = f"reached end position {lsn_str(endpos)}"
+                        raise _Stop
+                elif buf[0] == 0x6B:  # 'k' keepalive
+                    self._keepalive(rc, buf, assembler)
+                countdown -= 1
+                if countdown:
+                    continue
+                countdown = 256
+                self._periodic(rc)
+                continue
+            if n == 0:
+                self._periodic(rc)
+                rc.wait(max(0.0, min(self._next_fsync, feedback.next_status) - time.monotonic()))
+                continue
+            raise_stream_ended(rc.end_of_copy())
+
+    def _keepalive(self, rc: ReplicationConnection, buf: Any, assembler: Any) -> None:
+        ka = parse_keepalive(buf)
+        idle = not self._in_txn and (assembler is None or assembler.open_transactions == 0)
+        if idle and ka.wal_end > self.feedback.flushed and self.feedback.written <= self.feedback.flushed:
+            # everything received is complete: make the output durable so the position can move
+            self.feedback.on_durable(self.sink.durable())
+        reply = self.feedback.on_keepalive(ka, idle=idle)
+        if self.cfg.endpos is not None and ka.wal_end >= self.cfg.endpos:
+            self.stats.stop_reason = f"reached end position {lsn_str(self.cfg.endpos)}"
+            raise _Stop
+        if self.target is not None and idle and ka.wal_end >= self.target:
+            self.stats.stop_reason = f"caught up with {lsn_str(self.target)}"
+            raise _Stop
+        if reply:
+            rc.send(self.feedback.message(time.monotonic()))
+
+    def _periodic(self, rc: ReplicationConnection) -> None:
+        now = time.monotonic()
+        if self.stop_requested:
+            self.stats.stop_reason = "stopped by signal"
+            raise _Stop
+        if self.reopen_requested:
+            self.reopen_requested = False
+            self.feedback.on_durable(self.sink.durable())
+            self.sink.reopen()
+            self.log("reopened the output file (SIGHUP)")
+        if now >= self._next_fsync:
+            self._next_fsync = now + self.cfg.fsync_interval
+            before = self.feedback.flushed
+            self.feedback.on_durable(self.sink.durable())
+            if self.feedback.flushed != before:
+                self.log(f"output durable up to {lsn_str(self.feedback.flushed)}", 2)
+        self.sink.tick(now)
+        if self.feedback.due(now):
+            rc.send(self.feedback.message(now))
+            self.log(
+                f"confirmed write {lsn_str(self.feedback.written)} flush {lsn_str(self.feedback.flushed)}",
+                2,
+            )
+
+    def _finish(self, rc: ReplicationConnection) -> None:
+        """A clean stop: the output made durable, then the final status update with its position."""
+        discard = getattr(self.sink, "discard_partial", None)
+        if discard is not None and self._in_txn:
+            discard()
+        self.feedback.on_durable(self.sink.durable())
+        rc.finish(self.feedback.message(time.monotonic()))
+        self.log(
+            f"{self.stats.stop_reason or 'stopped'}: confirmed {lsn_str(self.feedback.flushed)} "
+            f"after {self.stats.transactions} transactions"
+        )
+
+    # --- per message ------------------------------------------------------------------------
+
+    def _boundary(self, commit_lsn: int, end_lsn: int) -> None:
+        self.sink.boundary(commit_lsn, end_lsn)
+        self.feedback.on_written(end_lsn)
+        self.stats.transactions += 1
+        if self.target is not None and end_lsn >= self.target:
+            self.stats.stop_reason = f"caught up with {lsn_str(self.target)}"
+            raise _Stop
+
+    def _make_handler(self, decoder: Decoder | None, formatter: Formatter | None) -> Callable[[Any, int], None]:
+        if decoder is None:
+            return self._raw_handler()
+        return self._event_handler(decoder, formatter)
+
+    def _raw_handler(self) -> Callable[[Any, int], None]:
+        write = self.sink.write
+        pgoutput = self.cfg.plugin == "pgoutput"
+        boundary = self._boundary
+
+        def handle(msg: Any, lsn: int) -> None:
+            write(msg)
+            write(b"\n")
+            if pgoutput:
+                kind = msg[0]
+                if kind == 0x42 or kind == 0x62:  # B, b
+                    self._in_txn = True
+                elif kind in (0x43, 0x50):  # C, P: commit/prepare, end LSN is where the message is
+                    self._in_txn = False
+                    boundary(int.from_bytes(msg[2:10], "big"), lsn)
+                elif kind in (0x4B, 0x72):  # K commit prepared, r rollback prepared (top level)
+                    boundary(int.from_bytes(msg[2:10], "big"), lsn)
+                elif kind == 0x4D and not self._in_txn and not (msg[1] & 1):  # non-transactional message
+                    boundary(lsn, lsn)
+            else:
+                head = bytes(msg[:20])
+                if head.startswith(b"BEGIN"):
+                    self._in_txn = True
+                elif head.startswith((b"COMMIT", b"PREPARE TRANSACTION", b"ROLLBACK PREPARED")):
+                    self._in_txn = False
+                    boundary(lsn, lsn)
+                elif not self._in_txn and head.startswith(b"message: transactional: 0"):
+                    boundary(lsn, lsn)
+
+        return handle
+
+    def _event_handler(self, decoder: Decoder, formatter: Formatter | None) -> Callable[[Any, int], None]:
+        decode = decoder.decode
+        feed = formatter.feed if formatter is not None else None
+        raw_write = self.sink.write if self.cfg.fmt == "raw" else None
+        keep = self.keep_table
+        ops = self.ops
+        stats = self.stats
+        row_types = {ev.Insert: "insert", ev.Update: "update", ev.Delete: "delete"}
+        skip_until = self.resume_end
+
+        def emit(event: ev.Event, msg: Any) -> None:
+            if feed is not None:
+                feed(event)
+            elif raw_write is not None:
+                raw_write(msg)
+                raw_write(b"\n")
+
+        def handle(msg: Any, lsn: int) -> None:
+            event = decode(msg, lsn)
+            if event is None:
+                return
+            cls = type(event)
+            op = row_types.get(cls)
+            if op is not None:
+                if self._skipping:
+                    return
+                if ops is not None and op not in ops:
+                    return
+                if keep is not None:
+                    rel = event.relation  # type: ignore[union-attr]
+                    if not keep(rel.namespace, rel.name):
+                        return
+                stats.rows += 1
+                emit(event, msg)
+                return
+            if cls is ev.Begin:
+                self._in_txn = True
+                self._skipping = 0 < event.final_lsn <= skip_until  # type: ignore[union-attr]
+                if not self._skipping:
+                    emit(event, msg)
+            elif cls is ev.Commit:
+                self._in_txn = False
+                if self._skipping:
+                    self._skipping = False
+                    return
+                emit(event, msg)
+                self._boundary(event.commit_lsn, event.end_lsn or lsn)  # type: ignore[union-attr]
+            elif cls is ev.Truncate:
+                if self._skipping or (ops is not None and "truncate" not in ops):
+                    return
+                if keep is not None:
+                    kept = tuple(r for r in event.relations if keep(r.namespace, r.name))  # type: ignore[union-attr]
+                    if not kept:
+                        return
+                    if len(kept) != len(event.relations):  # type: ignore[union-attr]
+                        event = ev.Truncate(kept, event.cascade, event.restart_identity, event.xid, event.lsn)  # type: ignore[union-attr]
+                emit(event, msg)
+            elif cls is ev.Message:
+                if self._skipping or (ops is not None and "message" not in ops):
+                    if not event.transactional and not self._in_txn:  # type: ignore[union-attr]
+                        self._boundary(lsn, lsn)
+                    return
+                emit(event, msg)
+                if not event.transactional and not self._in_txn:  # type: ignore[union-attr]
+                    self._boundary(lsn, lsn)
+            elif cls is ev.Relation:
+                if keep is None or keep(event.namespace, event.name):  # type: ignore[union-attr]
+                    emit(event, msg)
+            elif cls is ev.BeginPrepare:
+                self._in_txn = True
+                emit(event, msg)
+            elif cls is ev.Prepare:
+                self._in_txn = False
+                emit(event, msg)
+                self._boundary(event.prepare_lsn, event.end_lsn)  # type: ignore[union-attr]
+            elif cls is ev.CommitPrepared:
+                emit(event, msg)
+                self._boundary(event.commit_lsn, event.end_lsn)  # type: ignore[union-attr]
+            elif cls is ev.RollbackPrepared:
+                emit(event, msg)
+                self._boundary(event.prepare_end_lsn, event.rollback_end_lsn)  # type: ignore[union-attr]
+            else:  # Origin, TypeInfo, and stream records when not assembling
+                emit(event, msg)
+
+        return handle
+
+
+def raise_stream_ended(reason: str) -> None:
+    from pgrecv.replication import StreamEnded
+
+    raise StreamEnded(reason)
+
+
+class SinkText(io.TextIOBase):
+    """A text stream over a sink, for rich's Console (pretty output)."""
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self._write = write
+
+    def write(self, s: str) -> int:
+        self._write(s.encode())
+        return len(s)
+
+    def writable(self) -> bool:
+        return True
+
+
+def parse_ops(value: str | None) -> frozenset[str] | None:
+    if not value:
+        return None
+    ops = frozenset(o.strip() for o in value.split(",") if o.strip())
+    unknown = sorted(ops - set(OPS))
+    if unknown:
+        raise UsageError(f"unknown --op {', '.join(unknown)}: choose from {', '.join(OPS)}")
+    return ops
+
+
+def lsn_or_none(value: LSN | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def plan_start(
+    opts: ConnOptions,
+    slot: str,
+    *,
+    fmt: str,
+    plugin: str | None,
+    publication: str | None,
+    settings: Any,
+    user_options: Sequence[tuple[str, str]],
+) -> tuple[str, list[tuple[str, str]]]:
+    """The slot's plugin and the options to stream it with (checked before anything is written)."""
+    from pgrecv.conn import connect
+    from pgrecv.errors import SlotError
+    from pgrecv.plugins import merge_options, pgoutput_options
+    from pgrecv.slots import get_slot, resolve_publication
+
+    with connect(opts) as conn:
+        info = get_slot(conn, slot)
+        if info is None:
+            raise SlotError(
+                f"replication slot \"{slot}\" does not exist: create it with --create or 'pgrecv create --slot {slot}'"
+            )
+        if info["slot_type"] != "logical":
+            raise SlotError(f'replication slot "{slot}" is a physical slot: logical decoding needs a logical slot')
+        if info["database"] != conn.info.dbname:
+            raise SlotError(
+                f'replication slot "{slot}" belongs to database "{info["database"]}": connect to it with -d'
+            )
+        slot_plugin = str(info["plugin"])
+        if plugin is not None and plugin != slot_plugin:
+            raise SlotError(
+                f'replication slot "{slot}" uses plugin {slot_plugin}, not {plugin}: drop -P or use another slot'
+            )
+        if slot_plugin != "pgoutput":
+            return slot_plugin, list(user_options)
+        major = conn.info.server_version // 10000
+        given = {name for name, _ in user_options}
+        pub = resolve_publication(conn, publication) if "publication_names" not in given else ""
+        if fmt == "raw" and settings.streaming is None:
+            from dataclasses import replace
+
+            settings = replace(settings, streaming="off")  # raw output stays what the plugin wrote
+        return slot_plugin, merge_options(pgoutput_options(major, pub, settings), user_options)
