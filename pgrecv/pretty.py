@@ -208,8 +208,9 @@ class PrettyRenderer:
             expand=True,
         )
         table.add_column("op", no_wrap=True)
-        table.add_column("table", overflow="fold", max_width=28)
-        table.add_column("key", overflow="fold", max_width=24)
+        width = self.console.width  # most of it goes to the changes: narrow table and key columns
+        table.add_column("table", overflow="fold", max_width=max(12, min(32, width // 5)))
+        table.add_column("key", overflow="fold", max_width=max(10, min(28, width // 6)))
         table.add_column("changes", overflow="fold", ratio=1)
         for r in txn.rows:
             table.add_row(Text(r.op, style=OP_STYLE.get(r.op, "")), r.table, r.key, r.changes)
