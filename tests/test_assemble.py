@@ -311,8 +311,10 @@ def test_empty_stream_prepare_still_frames_the_transaction() -> None:
 # --- restarts ----------------------------------------------------------------------------
 
 
-def test_first_segment_again_restarts_the_buffer() -> None:
-    asm = StreamAssembler()
+@pytest.mark.parametrize("limit", [0, 1 << 20])
+def test_first_segment_again_restarts_the_buffer(limit: int) -> None:
+    fds = _open_fds()
+    asm = StreamAssembler(memory_limit=limit)
     seq = [
         stream_start(10, True), insert(1, b"old", 10), STOP,
         stream_start(10, True), insert(1, b"new", 10), STOP,
@@ -320,6 +322,8 @@ def test_first_segment_again_restarts_the_buffer() -> None:
     ]  # fmt: skip
     out = [m for m, _ in run(asm, numbered(seq))]
     assert out == [begin(5, 7, 10), insert(1, b"new"), commit(5, 6, 7)]
+    assert asm.memory_bytes == 0 and asm.pending_bytes == 0
+    assert _open_fds() == fds
 
 
 @pytest.mark.parametrize("limit", [0, 1 << 20])
