@@ -31,7 +31,7 @@ import struct
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from pgrecv.errors import DecodeError, UsageError
 from pgrecv.events import (
@@ -285,7 +285,7 @@ def tuple_reader(ncols: int) -> TupleReader:
                 "        raise _BadColumnKind(kind, pos)",
             ]
         lines.append(f"    return ({''.join(f'c{i}, ' for i in range(ncols))}), pos")
-        namespace = {"_U32": _U32, "UNCHANGED": UNCHANGED, "_BadColumnKind": _BadColumnKind}
+        namespace: dict[str, Any] = {"_U32": _U32, "UNCHANGED": UNCHANGED, "_BadColumnKind": _BadColumnKind}
         exec(compile("\n".join(lines), f"<pgoutput tuple reader, {ncols} columns>", "exec"), namespace)
         reader = namespace["read"]
     _readers[ncols] = reader
@@ -407,7 +407,11 @@ class PgOutputDecoder:
         except _BadColumnKind as exc:
             raise _error(kind, exc.pos, f"unknown column kind {_show(exc.kind)} in TupleData") from None
         except UnicodeDecodeError as exc:
-            start = data.find(exc.object) if isinstance(exc.object, bytes) else -1
+            text = exc.object if isinstance(exc.object, bytes) else b""
+            if exc.reason == "unexpected end of data" and text and data.endswith(text):
+                # a value cut by the end of the message, inside a multi-byte character
+                raise _truncated(kind, data, str(exc)) from None
+            start = data.find(text) if text else -1
             where = f" at offset {start + exc.start}" if start >= 0 else ""
             raise DecodeError(
                 f"pgoutput: invalid UTF-8 in {_name(kind)} message{where} (pgrecv reads text from UTF8 databases only)",
@@ -415,11 +419,7 @@ class PgOutputDecoder:
             ) from None
         except (struct.error, IndexError, ValueError) as exc:
             # unpack_from past the end, data[pos] past the end, bytes.index without a NUL
-            raise DecodeError(
-                f"pgoutput: truncated {_name(kind)} message at offset {len(data)}: "
-                "a field or string runs past the end of the message",
-                detail=str(exc),
-            ) from None
+            raise _truncated(kind, data, str(exc)) from None
 
     # --- row messages ---------------------------------------------------------------------
 
@@ -681,6 +681,14 @@ def _show(byte: int) -> str:
 def _error(kind: int, pos: int, what: str, *, unknown: bool = False) -> DecodeError:
     name = "pgoutput: message" if unknown else f"pgoutput: {_name(kind)} message"
     return DecodeError(f"{name} at offset {pos}: {what}")
+
+
+def _truncated(kind: int, data: bytes, detail: str) -> DecodeError:
+    return DecodeError(
+        f"pgoutput: truncated {_name(kind)} message at offset {len(data)}: "
+        "a field or string runs past the end of the message",
+        detail=detail,
+    )
 
 
 def _length_error(kind: int, data: bytes, pos: int) -> DecodeError:
