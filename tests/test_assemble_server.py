@@ -93,35 +93,51 @@ def _rows_and_frames(events: list[ev.Event]) -> list[ev.Event]:
     return [e for e in events if not isinstance(e, ev.Relation | ev.TypeInfo)]
 
 
-def _workload(dsn: str) -> None:
-    """A large transaction with a rolled-back savepoint whose streamed chunk holds the first Relation
-    message of `sub_only`, a released savepoint, a rolled-back DDL, small transactions committed
-    meanwhile, a large aborted transaction and logical messages."""
+def _workload(dsn: str, step: Callable[[str], None] = lambda what: None) -> None:
+    """A large transaction with a rolled-back savepoint (the first rows of `sub_only`), a rolled-back
+    DDL, a released savepoint, small transactions committed meanwhile, a large aborted transaction and
+    logical messages. ``step`` runs after each statement of the large transaction (live capture)."""
     with _conn(dsn, autocommit=False) as a, _conn(dsn) as b:
         a.execute("INSERT INTO big SELECT g, repeat('x', 200) FROM generate_series(1, 1500) g")
+        step("")
         b.execute("INSERT INTO small VALUES (1, 'committed during the big one')")
         a.execute("SAVEPOINT s1")
-        # > 64kB inside the subtransaction: streamed before the rollback, Relation included
+        # > 64kB inside the subtransaction: live, it is streamed before the rollback, Relation included
         a.execute("INSERT INTO sub_only SELECT g, repeat('r', 100) FROM generate_series(1, 1500) g")
+        step("subxact streamed")
         a.execute("UPDATE big SET payload = 'in rolled back subxact' WHERE id <= 300")
+        step("")
         a.execute("ROLLBACK TO SAVEPOINT s1")
+        step("")
         a.execute("INSERT INTO sub_only SELECT g, 'kept' FROM generate_series(1, 200) g")
+        step("")
         a.execute("SAVEPOINT s2")
         a.execute("ALTER TABLE sub_only ADD COLUMN extra int DEFAULT 7")
+        step("")
         a.execute("INSERT INTO sub_only SELECT g, repeat('d', 100), g FROM generate_series(10001, 11000) g")
+        step("")
         a.execute("ROLLBACK TO SAVEPOINT s2")
+        step("")
         a.execute("SAVEPOINT s3")
         a.execute("UPDATE big SET payload = 'released' WHERE id % 10 = 0")
+        step("")
         a.execute("RELEASE SAVEPOINT s3")
         b.execute("INSERT INTO small VALUES (2, 'again during')")
         a.execute("SELECT pg_logical_emit_message(true, 'asm', 'transactional')")
+        step("")
         a.execute("SELECT pg_logical_emit_message(false, 'asm', 'not transactional')")
+        step("")
         a.execute("DELETE FROM big WHERE id > 1400")
+        step("")
         a.execute("INSERT INTO sub_only SELECT g, 'tail' FROM generate_series(201, 400) g")
+        step("")
         a.commit()
+        step("")
         b.execute("INSERT INTO small VALUES (3, 'after')")
         a.execute("INSERT INTO big SELECT g, repeat('z', 200) FROM generate_series(5001, 7000) g")
+        step("")
         a.rollback()
+        step("")
         b.execute("INSERT INTO small VALUES (4, 'after the aborted one')")
 
 
@@ -233,6 +249,24 @@ class _Live:
             select.select([pg.socket], [], [], min(left, 0.2))
             pg.consume_input()
 
+    def pump_quiet(self, quiet: float = 0.2, timeout: float = 10.0) -> None:
+        """Receive until the server has sent nothing for ``quiet`` seconds."""
+        pg = self.conn.pgconn
+        deadline = time.monotonic() + timeout
+        last = time.monotonic()
+        while time.monotonic() < deadline:
+            n, buf = pg.get_copy_data(1)
+            if n > 0:
+                if buf[0] == 0x77:
+                    self.got.append((bytes(buf[25:]), int.from_bytes(buf[1:9], "big")))
+                    last = time.monotonic()
+                continue
+            assert n == 0, "the server ended the stream"
+            if time.monotonic() - last >= quiet:
+                return
+            select.select([pg.socket], [], [], quiet / 3)
+            pg.consume_input()
+
     def close(self) -> None:
         pg = self.conn.pgconn
         pg.put_copy_end()
@@ -316,6 +350,45 @@ def test_relation_sent_inside_a_rolled_back_subtransaction(
     want = _rows_and_frames(_decode(plain, proto))
     assert [e.new[1] for e in want if isinstance(e, ev.Insert) and e.relation.name == "sub_only"] == ["kept"] * 300
     for limit in (64 << 20, 0):
+        assembled, asm = _assemble(streamed, limit)
+        assert asm.idle
+        assert _rows_and_frames(_decode(assembled, proto)) == want
+
+
+@pytest.mark.parametrize(("proto", "streaming"), [(2, "on"), (4, "parallel")])
+def test_live_workload_assembles_into_the_unstreamed_output(
+    pg_server: Any, db_dsn: str, slot: str, proto: int, streaming: str
+) -> None:
+    """The main workload decoded while it runs, as `pgrecv start` sees it."""
+    if proto == 4 and _major(pg_server) < 16:
+        pytest.skip("streaming=parallel needs PostgreSQL 16+")
+    _setup(db_dsn, slot)
+    options = {"proto_version": str(proto), "publication_names": "p", "streaming": streaming, "messages": "true"}
+    live = _Live(db_dsn, slot, options)
+    try:
+        with _conn(db_dsn) as flusher:
+
+            def step(what: str) -> None:
+                flusher.execute("SELECT txid_current()")  # a commit record: the WAL so far is flushed
+                if what == "subxact streamed":
+                    live.pump_until(_in_aborted_sub)
+                else:
+                    live.pump_quiet()
+
+            _workload(db_dsn, step)
+            flusher.execute("SELECT txid_current()")
+            live.pump_quiet()
+    finally:
+        live.close()
+    streamed = live.got
+    kinds = {m[:1] for m, _ in streamed}
+    assert {b"S", b"E", b"A", b"c"} <= kinds
+    aborted = {int.from_bytes(m[5:9], "big") for m, _ in streamed if m[:1] == b"A"}
+    in_chunks = {x for _, x, _ in _relations_in_chunks(streamed)}
+    assert aborted & in_chunks, "a Relation message went out inside a subtransaction rolled back later"
+    plain = _capture(db_dsn, slot, proto_version=str(proto), publication_names="p", messages="true")
+    want = _rows_and_frames(_decode(plain, proto))
+    for limit in (64 << 20, 0, 10_000):
         assembled, asm = _assemble(streamed, limit)
         assert asm.idle
         assert _rows_and_frames(_decode(assembled, proto)) == want
