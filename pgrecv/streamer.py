@@ -129,7 +129,10 @@ class Streamer:
         self.stop_requested = False
         self.reopen_requested = False
         self.target: int | None = None  # --until-caught-up: the server's WAL position at start
-        self.resume_end = 0  # end LSN of the last transaction already in the output
+        self.resume_start = 0  # where the output's durable record says to start
+        self.skip_until = 0  # transactions committing at or before this are in the output already
+        self._file_seen = 0  # sink.file_started when the formatter was made
+        self._feed: Callable[[ev.Event], None] | None = None
         self._in_txn = False
         self._skipping = False
         self._next_fsync = 0.0
@@ -165,10 +168,12 @@ class Streamer:
         with self._signals():
             try:
                 resume = self.sink.open()
-                last_end = getattr(resume, "last_end_lsn", None)
-                if last_end:
-                    self.resume_end = last_end
-                    self.log(f"output already holds transactions up to {lsn_str(last_end)}: resuming after it")
+                if self.sink.warning:
+                    self.log(f"warning: {self.sink.warning}", 0)
+                self.resume_start = resume.start_lsn
+                self.skip_until = resume.last_commit_lsn or 0
+                if self.resume_start:
+                    self.log(f"output already holds transactions up to {lsn_str(self.resume_start)}: resuming there")
                 self._loop()
             finally:
                 with contextlib.suppress(Exception):
@@ -225,21 +230,28 @@ class Streamer:
         if cfg.until_caught_up and self.target is None:
             self.target = rc.identify_system()
             self.log(f"streaming until caught up with {lsn_str(self.target)}")
-        start = max(cfg.startpos or 0, self.resume_end, self.feedback.written)
+        start = max(cfg.startpos or 0, self.resume_start, self.feedback.written)
         rc.start(cfg.slot, start, cfg.options)
         now = time.monotonic()
         self.feedback.start(start, now)
         self._next_fsync = now + cfg.fsync_interval
         self.log(f"streaming from slot {cfg.slot} at {lsn_str(start)}")
         decoder = make_decoder(cfg.plugin, cfg.options) if self.decode_needed else None
-        formatter = self.make_formatter(self.sink.write) if self.make_formatter else None
+        self._new_formatter()
         assembler = self._assembler()
-        handle = self._make_handler(decoder, formatter)
+        self._assembler_ref = assembler
+        handle = self._make_handler(decoder)
         try:
             self._pump(rc, handle, assembler)
         finally:
             if assembler is not None:
                 assembler.close()
+
+    def _new_formatter(self) -> None:
+        """A fresh formatter per connection and per output file: a new file repeats the relation
+        records its rows need, and nothing of an interrupted transaction carries over."""
+        self._file_seen = self.sink.file_started
+        self._feed = self.make_formatter(self.sink.write).feed if self.make_formatter else None
 
     def _assembler(self) -> Any:
         if not self.cfg.assemble:
@@ -291,7 +303,7 @@ class Streamer:
 
     def _keepalive(self, rc: ReplicationConnection, buf: Any, assembler: Any) -> None:
         ka = parse_keepalive(buf)
-        idle = not self._in_txn and (assembler is None or assembler.open_transactions == 0)
+        idle = not self._in_txn and (assembler is None or assembler.idle)
         if idle and ka.wal_end > self.feedback.flushed and self.feedback.written <= self.feedback.flushed:
             # everything received is complete: make the output durable so the position can move
             self.feedback.on_durable(self.sink.durable())
@@ -322,6 +334,8 @@ class Streamer:
             if self.feedback.flushed != before:
                 self.log(f"output durable up to {lsn_str(self.feedback.flushed)}", 2)
         self.sink.tick(now)
+        if self.sink.file_started != self._file_seen and not self._in_txn:
+            self._new_formatter()
         if self.feedback.due(now):
             rc.send(self.feedback.message(now))
             self.log(
@@ -346,15 +360,17 @@ class Streamer:
     def _boundary(self, commit_lsn: int, end_lsn: int) -> None:
         self.sink.boundary(commit_lsn, end_lsn)
         self.feedback.on_written(end_lsn)
+        if self.sink.file_started != self._file_seen:
+            self._new_formatter()
         self.stats.transactions += 1
         if self.target is not None and end_lsn >= self.target:
             self.stats.stop_reason = f"caught up with {lsn_str(self.target)}"
             raise _Stop
 
-    def _make_handler(self, decoder: Decoder | None, formatter: Formatter | None) -> Callable[[Any, int], None]:
+    def _make_handler(self, decoder: Decoder | None) -> Callable[[Any, int], None]:
         if decoder is None:
             return self._raw_handler()
-        return self._event_handler(decoder, formatter)
+        return self._event_handler(decoder)
 
     def _raw_handler(self) -> Callable[[Any, int], None]:
         write = self.sink.write
@@ -387,17 +403,17 @@ class Streamer:
 
         return handle
 
-    def _event_handler(self, decoder: Decoder, formatter: Formatter | None) -> Callable[[Any, int], None]:
+    def _event_handler(self, decoder: Decoder) -> Callable[[Any, int], None]:
         decode = decoder.decode
-        feed = formatter.feed if formatter is not None else None
         raw_write = self.sink.write if self.cfg.fmt == "raw" else None
         keep = self.keep_table
         ops = self.ops
         stats = self.stats
         row_types = {ev.Insert: "insert", ev.Update: "update", ev.Delete: "delete"}
-        skip_until = self.resume_end
+        skip_until = self.skip_until
 
         def emit(event: ev.Event, msg: Any) -> None:
+            feed = self._feed
             if feed is not None:
                 feed(event)
             elif raw_write is not None:
