@@ -145,6 +145,13 @@ class _FdRaw(_Raw):
     def attach(self, fd: int, pos: int, label: str) -> None:
         self.fd, self.pos, self.label = fd, pos, label
 
+    def close(self) -> None:
+        """Only ever called by the garbage collector (through the BufferedWriter): the sinks
+        close their descriptors themselves."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
     def write(self, b: ReadableBuffer) -> int:
         if self.failure is not None:
             return len(memoryview(b))
