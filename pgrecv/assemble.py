@@ -46,12 +46,13 @@ change, with ``first=1``. A Stream Start with ``first=1`` for an xid already buf
 discards the old buffer and starts over; so does a plain Begin (``B``/``b``) for a buffered xid (the
 new session did not need to stream it). :meth:`StreamAssembler.reset` drops everything at once.
 
-Memory: buffers are bytearrays of records (Int32 length, Int32 subxid, Int64 lsn, message without
-its xid prefix) - no Python object per message. When the total exceeds ``memory_limit`` the largest
-in-memory buffer is written to an anonymous temporary file (created in ``spill_dir`` and unlinked at
-once, so nothing is left behind even after ``kill -9``); a spilled transaction keeps only a small
-tail in memory. Replay reads the file back in blocks. Peak memory is about ``memory_limit`` plus a
-few MiB whatever the transaction size (plus, unavoidably, the largest single message).
+Memory: buffers are bytearrays of records (Int32 length, Int64 lsn, the message exactly as received)
+- no Python object per message; the xid prefix is cut at replay, in place, so buffering is two
+appends. When the total exceeds ``memory_limit`` the largest in-memory buffer is written to an
+anonymous temporary file (created in ``spill_dir`` and unlinked at once, so nothing is left behind
+even after ``kill -9``); a spilled transaction keeps only a small tail in memory. Replay reads the
+file back in blocks. Peak memory is about ``memory_limit`` plus a few MiB whatever the transaction
+size (plus, unavoidably, the largest single message).
 """
 
 from __future__ import annotations
@@ -70,8 +71,11 @@ Payload = bytes | memoryview
 
 Item = tuple[Payload, int]
 
-_REC: Final = struct.Struct(">IIQ")  # record header: message length, subxid, lsn
+_REC: Final = struct.Struct(">IQ")  # record header: message length (| _NO_XID), lsn; then the message
 _REC_SIZE: Final = _REC.size
+_NO_XID: Final = 0x8000_0000  # length flag: the message has no xid prefix (Origin)
+_LEN_MASK: Final = 0x7FFF_FFFF
+_NEVER: Final = 1 << 62
 _XID: Final = struct.Struct(">I")
 _STREAM_START: Final = struct.Struct(">IB")  # xid, first segment
 _STREAM_ABORT: Final = struct.Struct(">II")  # xid, subxid (+ abort lsn, abort time: proto 4, parallel)
@@ -86,6 +90,7 @@ _READ_BLOCK: Final = 1 << 20  # replay reads spill files in blocks of this size
 
 # First bytes (as ints, like payload[0]) the assembler must look at, by state.
 _XID_PREFIXED: Final = frozenset(b"RYIUDTM")  # carry an xid prefix inside a chunk
+_BUFFERED: Final = frozenset(b"RYIUDT")  # ... and are always buffered (M may be non-transactional)
 _CONTROL: Final = frozenset(b"SEcAp")  # stream control
 _CONTROL_OPEN: Final = _CONTROL | frozenset(b"Bb")  # ... plus plain begins that may restart a buffered xid
 _EVERYTHING: Final = frozenset(range(256))  # inside a chunk every message is buffered
@@ -98,7 +103,7 @@ def _err(what: str) -> DecodeError:
 class _Txn:
     """One buffered top-level transaction."""
 
-    __slots__ = ("aborted", "buf", "fd", "first_lsn", "path", "spilled", "xid")
+    __slots__ = ("aborted", "buf", "fd", "first_lsn", "flush_at", "path", "spilled", "xid")
 
     def __init__(self, xid: int, first_lsn: int) -> None:
         self.xid = xid
@@ -108,6 +113,7 @@ class _Txn:
         self.fd = -1  # anonymous spill file, -1 until the first spill
         self.path: str | None = None  # set only if the file could not be unlinked at once
         self.spilled = 0  # bytes in the spill file
+        self.flush_at = _NEVER  # tail size at which a spilled transaction writes out its tail
 
     def discard(self) -> None:
         self.buf = bytearray()
@@ -191,6 +197,17 @@ class StreamAssembler:
             return ((payload, lsn),)
         chunk = self._chunk
         if chunk is not None:
+            if kind in _BUFFERED:  # the bulk of a chunk: inlined
+                size = len(payload)
+                if size < 5:
+                    raise _err(f"message {chr(kind)!r} of {size} bytes inside a chunk has no xid")
+                buf = chunk.buf
+                buf += _REC.pack(size, lsn)
+                buf += payload
+                self._memory += size + _REC_SIZE
+                if self._memory > self.memory_limit or len(buf) >= chunk.flush_at:
+                    self._relieve(chunk)
+                return ()
             return self._in_chunk(chunk, kind, payload, lsn)
         if kind == 0x53:  # 'S' Stream Start
             self._stream_start(payload, lsn)
@@ -213,34 +230,34 @@ class StreamAssembler:
         return ((payload, lsn),)
 
     def _in_chunk(self, txn: _Txn, kind: int, payload: Payload, lsn: int) -> Iterable[Item]:
-        if kind in _XID_PREFIXED:
-            if len(payload) < 5:
-                raise _err(f"message {chr(kind)!r} of {len(payload)} bytes inside a chunk has no xid")
-            (subxid,) = _XID.unpack_from(payload, 1)
-            if kind == 0x4D and len(payload) >= 6 and not payload[5] & 1:
-                # a non-transactional logical message belongs to no transaction: out at once
+        if kind == 0x4D:  # 'M' logical message
+            if len(payload) < 6:
+                raise _err(f"message 'M' of {len(payload)} bytes inside a chunk is truncated")
+            if not payload[5] & 1:  # non-transactional: belongs to no transaction, out at once
                 return ((bytes(payload[:1]) + bytes(payload[5:]), lsn),)
-            self._append(txn, subxid, lsn, payload, 5)
+            self._append(txn, payload, lsn, 0)
             return ()
         if kind == 0x45:  # 'E' Stream Stop
             self._chunk = None
             self._watch = _CONTROL_OPEN
             return ()
         if kind == 0x4F:  # 'O' Origin, right after the first Stream Start: no xid prefix
-            self._append(txn, txn.xid, lsn, payload, 1)
+            self._append(txn, payload, lsn, _NO_XID)
             return ()
         raise _err(f"unexpected message {chr(kind)!r} inside the streamed chunk of transaction {txn.xid}")
 
-    def _append(self, txn: _Txn, subxid: int, lsn: int, payload: Payload, skip: int) -> None:
-        buf = txn.buf
-        before = len(buf)
-        buf += _REC.pack(len(payload) - skip + 1, subxid, lsn)
-        buf.append(payload[0])
-        buf += memoryview(payload)[skip:]
-        self._memory += len(buf) - before
-        if txn.fd >= 0 and len(buf) >= _SPILL_TAIL:
+    def _append(self, txn: _Txn, payload: Payload, lsn: int, flag: int) -> None:
+        txn.buf += _REC.pack(len(payload) | flag, lsn)
+        txn.buf += payload
+        self._memory += len(payload) + _REC_SIZE
+        if self._memory > self.memory_limit or len(txn.buf) >= txn.flush_at:
+            self._relieve(txn)
+
+    def _relieve(self, txn: _Txn) -> None:
+        """Over the memory limit: spill the largest buffer; or write out a spilled one's tail."""
+        if len(txn.buf) >= txn.flush_at:
             self._spill(txn)
-        elif self._memory > self.memory_limit:
+        if self._memory > self.memory_limit:
             self._spill(max(self._txns.values(), key=lambda t: len(t.buf)))
 
     # --- control messages ----------------------------------------------------------------
@@ -316,12 +333,13 @@ class StreamAssembler:
         aborted = txn.aborted
         new = bytearray()
         unpack = _REC.unpack_from
+        xid_at = _XID.unpack_from
         off, end = 0, len(old)
         with memoryview(old) as view:
             while off < end:
-                n, subxid, _ = unpack(old, off)
-                stop = off + _REC_SIZE + n
-                if subxid not in aborted:
+                word, _ = unpack(old, off)
+                stop = off + _REC_SIZE + (word & _LEN_MASK)
+                if word & _NO_XID or xid_at(old, off + _REC_SIZE + 1)[0] not in aborted:
                     new += view[off:stop]
                 off = stop
         txn.buf = new
@@ -351,63 +369,64 @@ class StreamAssembler:
         txn.spilled += len(txn.buf)
         self._memory -= len(txn.buf)
         txn.buf = bytearray()
+        txn.flush_at = _SPILL_TAIL
 
     # --- replay --------------------------------------------------------------------------
 
     def _replay(self, txn: _Txn, begin: bytes, end: bytes, end_lsn: int, *, skip_empty: bool) -> Iterator[Item]:
         self._replaying.add(txn)
-        records = self._records(txn)
+        batches = self._batches(txn)
         try:
-            first = next(records, None)
-            if first is None and skip_empty:
+            items: list[Item] = []
+            for items in batches:
+                if items:
+                    break
+            if not items and skip_empty:
                 return
             yield begin, txn.first_lsn
-            if first is not None:
-                yield first
-                yield from records
+            yield from items
+            for items in batches:
+                yield from items
             yield end, end_lsn
         finally:
-            records.close()
+            batches.close()
             txn.discard()
             self._replaying.discard(txn)
 
-    def _records(self, txn: _Txn) -> Generator[Item, None, None]:
+    def _batches(self, txn: _Txn) -> Generator[list[Item], None, None]:
+        """The transaction's messages in order, in lists of about a read block's worth: the spill
+        file first, read back in blocks into one reused buffer, then the in-memory tail."""
         aborted = txn.aborted
-        unpack = _REC.unpack_from
         if txn.fd >= 0:
             fd = txn.fd
             os.lseek(fd, 0, os.SEEK_SET)
-            data = os.read(fd, _READ_BLOCK)
-            off = 0
+            data = bytearray(_READ_BLOCK)
+            size = 0  # valid bytes in data
             while True:
-                size = len(data)
-                if size - off >= _REC_SIZE:
-                    n, subxid, lsn = unpack(data, off)
-                    stop = off + _REC_SIZE + n
-                    if stop <= size:
-                        if subxid not in aborted:
-                            yield data[off + _REC_SIZE : stop], lsn
-                        off = stop
-                        continue
-                    want = max(_READ_BLOCK, stop - size)
-                else:
-                    want = _READ_BLOCK
-                more = os.read(fd, want)
-                if not more:
-                    if off != size:
+                with memoryview(data) as view:
+                    got = os.readv(fd, [view[size:]])
+                    size += got
+                    items, end = _batch(data, view, 0, size, aborted, size)
+                yield items
+                rest = size - end
+                if got == 0:
+                    if rest:
                         raise OutputError(f"spill file of transaction {txn.xid} is truncated; was it modified?")
                     break
-                data = data[off:] + more
-                off = 0
+                need = _REC_SIZE + (_REC.unpack_from(data, end)[0] & _LEN_MASK) if rest >= _REC_SIZE else 0
+                if need > len(data):  # one record larger than the buffer: grow it
+                    bigger = bytearray(need)
+                    bigger[:rest] = data[end:size]
+                    data = bigger
+                else:
+                    data[:rest] = data[end:size]
+                size = rest
         buf = txn.buf
         off, size = 0, len(buf)
-        with memoryview(buf) as view:
-            while off < size:
-                n, subxid, lsn = unpack(buf, off)
-                stop = off + _REC_SIZE + n
-                if subxid not in aborted:
-                    yield view[off + _REC_SIZE : stop].tobytes(), lsn
-                off = stop
+        while off < size:
+            with memoryview(buf) as view:
+                items, off = _batch(buf, view, off, size, aborted, _READ_BLOCK)
+            yield items
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -432,3 +451,29 @@ class StreamAssembler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _batch(
+    buf: bytearray, view: memoryview, off: int, size: int, aborted: set[int], budget: int
+) -> tuple[list[Item], int]:
+    """The complete records in ``buf[off:size]``, about ``budget`` bytes of them, as messages without
+    their xid prefix; and the offset where parsing stopped. The prefix is cut in place (the type byte
+    moves 4 bytes forward), so each message costs one copy."""
+    unpack = _REC.unpack_from
+    xid_at = _XID.unpack_from
+    items: list[Item] = []
+    append = items.append
+    limit = min(size, off + budget)
+    while off < limit and size - off >= _REC_SIZE:
+        word, lsn = unpack(buf, off)
+        start = off + _REC_SIZE
+        stop = start + (word & _LEN_MASK)
+        if stop > size:
+            break
+        if word & _NO_XID:
+            append((view[start:stop].tobytes(), lsn))
+        elif not aborted or xid_at(buf, start + 1)[0] not in aborted:
+            buf[start + 4] = buf[start]
+            append((view[start + 4 : stop].tobytes(), lsn))
+        off = stop
+    return items, off
