@@ -29,6 +29,7 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -313,6 +314,9 @@ class FileSink(_BufferedSink):
     SIGHUP (:meth:`reopen`) reopens the path, like pg_recvlogical, for rotation by rename; if a
     unit is half-written it waits for that unit's boundary, so no unit is split across files.
     An advisory lock on the file keeps a second pgrecv from appending to it.
+
+    A path that is not a regular file (``/dev/null``, a FIFO, ``/dev/stdout``) is treated like
+    standard output: durable means written; no state file, no fsync, no truncation.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -327,10 +331,14 @@ class FileSink(_BufferedSink):
         self._durable_end: int | None = None
         self._reopen_wanted = False
         self._ident: tuple[int, int] | None = None
+        self._regular = True
 
     def open(self) -> Resume:
         existed = self.path.exists()
         fd, size = self._open_file()
+        if not self._regular:
+            self._fdraw.attach(fd, 0, str(self.path))
+            return Resume()
         commit: int | None = None
         end: int | None = None
         try:
@@ -376,13 +384,15 @@ class FileSink(_BufferedSink):
         except OSError as exc:
             raise output_error(exc, self.path, "open") from None
         try:
-            _lock(fd, self.path)
             st = os.fstat(fd)
+            self._regular = stat.S_ISREG(st.st_mode)
+            if self._regular:
+                _lock(fd, self.path)
         except BaseException:
             os.close(fd)
             raise
         self._ident = (st.st_dev, st.st_ino)
-        return fd, st.st_size
+        return fd, st.st_size if self._regular else 0
 
     def _write_state(self) -> None:
         doc = {
@@ -404,7 +414,10 @@ class FileSink(_BufferedSink):
 
     def durable(self) -> int | None:
         self._raw.check()
-        if self._dirty:
+        if not self._regular:
+            self._flush()
+            self._durable_end = self._b_end
+        elif self._dirty:
             self._flush()
             try:
                 os.fsync(self._fdraw.fd)
@@ -420,7 +433,7 @@ class FileSink(_BufferedSink):
 
     def discard_partial(self) -> None:
         self._flush()
-        if self._fdraw.pos > self._b_off:
+        if self._regular and self._fdraw.pos > self._b_off:
             try:
                 os.ftruncate(self._fdraw.fd, self._b_off)
             except OSError as exc:
@@ -441,7 +454,8 @@ class FileSink(_BufferedSink):
         fd, size = self._open_file()
         self._fdraw.attach(fd, size, str(self.path))
         self._b_off = size
-        self._write_state()  # now about the new file: a crash must not truncate it to the old offset
+        if self._regular:
+            self._write_state()  # now about the new file: a crash must not truncate it to the old offset
         if self._ident != old:
             self.file_started += 1
 

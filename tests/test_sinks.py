@@ -568,6 +568,31 @@ def test_file_write_failure_is_an_output_error(tmp_path: Path) -> None:
     sink.close()
 
 
+def test_file_that_is_not_regular_is_written_like_standard_output(tmp_path: Path) -> None:
+    sink = FileSink("/dev/null")
+    assert sink.open() == Resume()
+    feed(sink, 1)
+    assert sink.durable() == lsns(1)[1]
+    sink.close()
+    assert not Path("/dev/.null.pgrecv-state").exists()
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    sink = FileSink(fifo)
+    assert sink.open() == Resume()
+    data = feed(sink, 1) + feed(sink, 2)
+    assert sink.durable() == lsns(2)[1]
+    sink.write(b"T3 0/3 cannot be taken back from a pipe\n")
+    sink.discard_partial()
+    sink.close()
+    reader.join()
+    assert got[0].startswith(data)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
 # --- a directory of rotated files ------------------------------------------------------------
 
 
@@ -761,6 +786,81 @@ def test_dir_crash_in_a_child_then_resume(tmp_path: Path) -> None:
     feed(sink, 20)  # sent again by the server
     sink.close()
     assert whole_transactions(read_all(tmp_path)) == list(range(1, 21))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("txn"), st.integers(0, 4), st.integers(0, 400)),
+            st.just(("durable",)),
+            st.just(("lost",)),
+            st.tuples(st.just("wait"), st.floats(0, 40)),
+            st.just(("split",)),
+            st.just(("hup",)),
+        ),
+        max_size=30,
+    ),
+    rotate_size=st.one_of(st.none(), st.integers(1, 2000)),
+    tail=st.booleans(),
+)
+def test_dir_after_any_crash_final_files_hold_a_gapless_prefix(
+    ops: list[tuple[Any, ...]], rotate_size: int | None, tail: bool
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        now = [0.0]
+        sink = DirSink(d, rotate_size=rotate_size, rotate_interval=30, clock=lambda: now[0])
+        sink.open()
+        n = 0
+        confirmed = 0  # highest transaction whose end durable() returned
+        nonempty: set[int] = set()
+        for op in ops:
+            if op[0] == "txn":
+                n += 1
+                feed(sink, n, rows=op[1], size=op[2])  # 0 rows: a unit that wrote nothing
+                if op[1]:
+                    nonempty.add(n)
+            elif op[0] == "durable":
+                end = sink.durable()
+                if end is not None:
+                    confirmed = next(k for k in range(n, 0, -1) if lsns(k)[1] == end)
+                    assert confirmed >= max(0, n - 1)
+            elif op[0] == "lost":
+                sink.write(f"T{n + 1} 0/9 cut\n".encode())
+                sink.discard_partial()
+            elif op[0] == "wait":
+                now[0] += op[1]
+                sink.tick(now[0])
+            elif op[0] == "split":  # fsync interval, SIGHUP, tick inside a transaction
+                n += 1
+                nonempty.add(n)
+                recs = txn(n, rows=3)
+                sink.write(recs[0])
+                sink.durable()
+                sink.reopen()
+                now[0] += 31
+                sink.tick(now[0])
+                for rec in recs[1:]:
+                    sink.write(rec)
+                sink.boundary(*lsns(n))
+            else:
+                sink.reopen()
+        if tail:
+            sink.write(f"T{n + 1} 0/9 tail\n".encode())
+        crash(sink)
+        again = DirSink(d)
+        resume = again.open()
+        got = whole_transactions(read_all(d))
+        k = 0
+        if resume.last_commit_lsn is not None:
+            k = next(k for k in range(n, 0, -1) if lsns(k)[0] == resume.last_commit_lsn)
+            assert resume.last_end_lsn in (None, lsns(k)[1])
+        assert k >= confirmed, "a confirmed transaction must never be lost"
+        assert got == [j for j in range(1, k + 1) if j in nonempty], "each transaction up to the resume point once"
+        temps = [p for p in d.iterdir() if p.name.startswith(".tmp-")]
+        assert temps == [again._tmp] and temps[0].stat().st_size == 0, "the crash's temporary file is gone"
+        again.close()
 
 
 def test_dir_resume_from_names_when_state_lags_and_from_state_when_files_are_taken(tmp_path: Path) -> None:
