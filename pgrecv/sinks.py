@@ -86,6 +86,7 @@ _HINTS = {
     errno.ENOENT: "the directory does not exist: create it or fix the path",
     errno.ENOTDIR: "a component of the path is not a directory: fix the path",
     errno.EISDIR: "it is a directory: give a file name, or use --output-dir",
+    errno.EEXIST: "something that is not a directory has that name: choose another path",
     errno.EROFS: "the file system is read-only: choose another path",
     errno.EPIPE: "the reader of the output went away",
     errno.EIO: "I/O error: check the disk and its kernel log",
@@ -549,9 +550,12 @@ class DirSink(_BufferedSink):
             if not d.is_dir():
                 d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
                 _fsync_dir(d.parent)
-            self._lock_fd = os.open(d / self.LOCK_NAME, _OPEN_FLAGS, FILE_MODE)
         except OSError as exc:
             raise output_error(exc, d, "create the output directory") from None
+        try:
+            self._lock_fd = os.open(d / self.LOCK_NAME, _OPEN_FLAGS, FILE_MODE)
+        except OSError as exc:
+            raise output_error(exc, d, "write in the output directory") from None
         try:
             _lock(self._lock_fd, d)
             resume = self._recover()

@@ -716,6 +716,47 @@ def test_dir_durable_publishes_complete_units_only(tmp_path: Path) -> None:
     assert [whole_transactions((tmp_path / n).read_bytes()) for n in finals(tmp_path)] == [[1], [2, 3]]
 
 
+def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
+
+    def fsync(fd: int) -> None:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        events.append("fsync " + ("DIR" if name == tmp_path.name else "TMP" if name.startswith(".tmp-") else name))
+        real_fsync(fd)
+
+    def rename(src: Any, dst: Any) -> None:
+        events.append(
+            f"rename {'TMP' if Path(src).name.startswith('.tmp-') else src} {'FINAL' * bool(FINAL.fullmatch(Path(dst).name))}"
+        )
+        real_rename(src, dst)
+
+    def replace(src: Any, dst: Any) -> None:
+        events.append("replace " + Path(dst).name)
+        real_replace(src, dst)
+
+    sink = DirSink(tmp_path)
+    sink.open()
+    feed(sink, 1)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", replace)
+    assert sink.durable() == lsns(1)[1]
+    assert events == [
+        "fsync TMP",
+        "rename TMP FINAL",
+        "fsync DIR",
+        "fsync .pgrecv-state.tmp",
+        "replace .pgrecv-state",
+        "fsync DIR",
+    ]
+    events.clear()
+    assert sink.durable() == lsns(1)[1]
+    assert events == []
+    monkeypatch.undo()
+    sink.close()
+
+
 def test_dir_partial_unit_never_reaches_a_final_file(tmp_path: Path) -> None:
     sink = DirSink(tmp_path, rotate_size=1)
     sink.open()
@@ -949,8 +990,13 @@ def test_dir_errors_name_the_path(tmp_path: Path) -> None:
     regular.write_text("")
     with pytest.raises(OutputError, match=r"cannot create the output directory .*/plain/out: .*Not a directory"):
         DirSink(regular / "out").open()
-    with pytest.raises(OutputError, match=r"cannot create the output directory .*/plain: "):
+    with pytest.raises(OutputError, match=r"cannot create the output directory .*/plain: .*not a directory has that"):
         DirSink(regular).open()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / DirSink.LOCK_NAME).mkdir()  # root ignores permissions: make the lock file unopenable instead
+    with pytest.raises(OutputError, match=r"cannot write in the output directory .*/ro: Is a directory"):
+        DirSink(ro).open()
 
 
 def test_dir_reopen_finishes_the_current_file(tmp_path: Path) -> None:
