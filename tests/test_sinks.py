@@ -726,9 +726,9 @@ def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monke
         real_fsync(fd)
 
     def rename(src: Any, dst: Any) -> None:
-        events.append(
-            f"rename {'TMP' if Path(src).name.startswith('.tmp-') else src} {'FINAL' * bool(FINAL.fullmatch(Path(dst).name))}"
-        )
+        src_kind = "TMP" if Path(src).name.startswith(".tmp-") else str(src)
+        dst_kind = "FINAL" if FINAL.fullmatch(Path(dst).name) else str(dst)
+        events.append(f"rename {src_kind} {dst_kind}")
         real_rename(src, dst)
 
     def replace(src: Any, dst: Any) -> None:
