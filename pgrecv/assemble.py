@@ -46,8 +46,17 @@ change, with ``first=1``. A Stream Start with ``first=1`` for an xid already buf
 discards the old buffer and starts over; so does a plain Begin (``B``/``b``) for a buffered xid (the
 new session did not need to stream it). :meth:`StreamAssembler.reset` drops everything at once.
 
-Memory: buffers are bytearrays of records (Int32 length, Int64 lsn, the message exactly as received)
-- no Python object per message; the xid prefix is cut at replay, in place, so buffering is two
+Errors: :class:`~pgrecv.errors.DecodeError` for what cannot be assembled: a Stream Stop outside a
+chunk, a non-first Stream Start or a Stream Commit/Prepare for an xid not buffered (its beginning was
+lost), a plain-transaction or control message inside a chunk, truncated control messages. A Stream
+Abort for an xid or subxid never seen is not an error: PostgreSQL sends aborts for subtransactions
+whose changes were never sent (observed on 15), and there is nothing to drop.
+
+Confirming positions: while :attr:`StreamAssembler.idle` is false a streamed transaction is open, so
+a keepalive's position must not be confirmed as if everything before it were in the output.
+
+Memory: buffers are bytearrays of records (Int32 length, Int64 lsn, the message exactly as received),
+with no Python object per message; the xid prefix is cut at replay, in place, so buffering is two
 appends. When the total exceeds ``memory_limit`` the largest in-memory buffer is written to an
 anonymous temporary file (created in ``spill_dir`` and unlinked at once, so nothing is left behind
 even after ``kill -9``); a spilled transaction keeps only a small tail in memory. Replay reads the
@@ -89,8 +98,7 @@ _SPILL_TAIL: Final = 1 << 20  # a spilled transaction writes its in-memory tail 
 _READ_BLOCK: Final = 1 << 20  # replay reads spill files in blocks of this size
 
 # First bytes (as ints, like payload[0]) the assembler must look at, by state.
-_XID_PREFIXED: Final = frozenset(b"RYIUDTM")  # carry an xid prefix inside a chunk
-_BUFFERED: Final = frozenset(b"RYIUDT")  # ... and are always buffered (M may be non-transactional)
+_BUFFERED: Final = frozenset(b"RYIUDT")  # xid-prefixed inside a chunk, always buffered (M: see _in_chunk)
 _CONTROL: Final = frozenset(b"SEcAp")  # stream control
 _CONTROL_OPEN: Final = _CONTROL | frozenset(b"Bb")  # ... plus plain begins that may restart a buffered xid
 _EVERYTHING: Final = frozenset(range(256))  # inside a chunk every message is buffered

@@ -196,6 +196,25 @@ def test_streamed_two_phase_assembles_like_unstreamed(db_dsn: str, slot: str) ->
     assert outcome.count(ev.CommitPrepared) == outcome.count(ev.RollbackPrepared) == 1
 
 
+def test_lone_streamed_transaction_is_byte_identical_to_unstreamed(db_dsn: str, slot: str) -> None:
+    """Synthesised Begin/Commit equal the server's own, LSNs included, and so does everything else."""
+    _setup(db_dsn, slot)
+    with _conn(db_dsn, autocommit=False) as a:
+        a.execute("INSERT INTO big SELECT g, repeat('p', 200) FROM generate_series(1, 2000) g")
+        a.execute("SAVEPOINT s")
+        a.execute("INSERT INTO sub_only SELECT g, 'released' FROM generate_series(1, 500) g")
+        a.execute("RELEASE SAVEPOINT s")
+        a.execute("UPDATE big SET payload = 'u' WHERE id % 3 = 0")
+        a.execute("DELETE FROM big WHERE id % 7 = 0")
+        a.execute("TRUNCATE small")
+        a.commit()
+    streamed = _capture(db_dsn, slot, proto_version="2", publication_names="p", streaming="on")
+    plain = _capture(db_dsn, slot, proto_version="2", publication_names="p")
+    assert [m[:1] for m, _ in streamed].count(b"S") > 3
+    for limit in (64 << 20, 0):
+        assert _assemble(streamed, limit)[0] == plain
+
+
 def test_large_aborted_transaction_leaves_nothing(db_dsn: str, slot: str) -> None:
     _setup(db_dsn, slot)
     with _conn(db_dsn, autocommit=False) as a, _conn(db_dsn) as b:
