@@ -76,6 +76,7 @@ from pgrecv.events import (
     Update,
     Value,
 )
+from pgrecv.pgtypes import oid_for_name
 
 __all__ = ["TestDecodingParser", "parse_timestamptz"]
 
@@ -87,7 +88,12 @@ _WORDS: Final[dict[str, object]] = {
     "true": "t",
     "false": "f",
 }
-_BARE_START: Final = frozenset("0123456789-+.NIB")  # numbers, NaN, Infinity, B'bits'
+# bare values are numbers (int, float, numeric: also NaN, Infinity, 1e+100) and bit strings
+_BARE: Final = "[-+.0-9A-Za-z]+"
+_BARE_RE: Final = re.compile(_BARE)
+_BITS_RE: Final = re.compile("B'[01]*'")
+# one column's value in a compiled signature regex: quoted text, bit string or bare word
+_VALUE: Final = "('[^']*(?:''[^']*)*'|B'[01]*'|" + _BARE + ")"
 _NEW_TUPLE: Final = " new-tuple:"
 _NO_TUPLE: Final = " (no-tuple-data)"
 _SNIPPET: Final = 120
@@ -174,16 +180,30 @@ class _Scan(Exception):
         self.pos = pos
 
 
+class _Table:
+    """What the parser remembers per table: its unquoted name and, per tuple kind, the last column
+    signature with its compiled regex and relation (the fast path)."""
+
+    __slots__ = ("fast", "pending", "schema", "table")
+
+    def __init__(self, schema: str, table: str) -> None:
+        self.schema = schema
+        self.table = table
+        # per kind (_NEW, _DEL, _OLD): (regex, headers, relation or None)
+        self.fast: list[tuple[re.Pattern[str], tuple[str, ...], Relation | None] | None] = [None, None, None]
+        self.pending: list[tuple[str, ...] | None] = [None, None, None]
+
+
+_NEW, _DEL, _OLD = 0, 1, 2  # tuple kinds: new tuple (INSERT/UPDATE), DELETE old, UPDATE old-key
+
+
 class TestDecodingParser:
     """One test_decoding line in, one event (or ``None``) out; keeps the synthesised relations."""
 
     __test__ = False  # not a pytest test class despite the name
 
     def __init__(self) -> None:
-        self._type_oids: dict[str, int] | None = None
-        self._names: dict[str, tuple[str, str]] = {}  # raw "schema.table" text -> unquoted parts
-        # last header sequence per (schema, table, section): the fast path compares against it
-        self._known: dict[tuple[str, str, int], tuple[str, ...]] = {}
+        self._tables: dict[str, _Table] = {}  # raw "schema.table" text -> state
         self._rels: dict[tuple[object, ...], Relation] = {}
         self._aligned: dict[tuple[object, ...], tuple[Relation, tuple[int, ...]]] = {}
         self._streamed: set[int] = set()  # xids whose streamed block was opened and not yet ended
@@ -260,60 +280,82 @@ class TestDecodingParser:
     def _table(self, line: str, lsn: int) -> Event:
         colon = line.find(":", 6)
         raw = line[6:colon]
-        names = self._names.get(raw) if colon > 0 else None
-        if names is None:
+        st = self._tables.get(raw) if colon > 0 else None
+        if st is None:
             # a quoted name may hold ':'; only names that end at the first ':' are cached
             schema, table, end = self._qualified_name(line, 6)
             if line.startswith(", ", end) or line.startswith(": TRUNCATE:", end):
                 return self._truncate(line, lsn)
             if not line.startswith(":", end):
                 raise _Scan("expected ':' after the table name", end)
+            st = _Table(schema, table)
             if end == colon:
-                self._names[raw] = (schema, table)
+                self._tables[raw] = st
             pos = end + 1
         else:
-            schema, table = names
             pos = colon + 1
         if line.startswith(" INSERT:", pos):
             pos += 8
+            fast = st.fast[_NEW]
+            if fast is not None:
+                m = fast[0].fullmatch(line, pos)
+                if m is not None:
+                    return Insert(fast[2], _values(m.groups()), None, lsn)  # type: ignore[arg-type]
             if line.startswith(_NO_TUPLE, pos) and pos + len(_NO_TUPLE) == len(line):
-                return Insert(self._relation(schema, table, (), ()), (), None, lsn)
-            hdrs, vals, _ = self._tuple(line, pos, schema, table, 0, False)
-            return Insert(self._relation(schema, table, hdrs, ()), tuple(vals), None, lsn)
+                return Insert(self._relation(st, (), ()), (), None, lsn)
+            hdrs, vals, _ = self._tuple(line, pos, st, _NEW)
+            return Insert(self._relation(st, hdrs, ()), vals, None, lsn)
         if line.startswith(" UPDATE:", pos):
-            return self._update(line, pos + 8, schema, table, lsn)
+            return self._update(line, pos + 8, st, lsn)
         if line.startswith(" DELETE:", pos):
             pos += 8
+            fast = st.fast[_DEL]
+            if fast is not None:
+                m = fast[0].fullmatch(line, pos)
+                if m is not None:
+                    return Delete(fast[2], _values(m.groups()), "K", None, lsn)  # type: ignore[arg-type]
             if line.startswith(_NO_TUPLE, pos) and pos + len(_NO_TUPLE) == len(line):
-                return Delete(self._relation(schema, table, (), ()), None, None, None, lsn)
-            hdrs, vals, _ = self._tuple(line, pos, schema, table, 1, False)
-            rel = self._relation(schema, table, hdrs, hdrs)
-            return Delete(rel, tuple(vals), "K", None, lsn)
+                return Delete(self._relation(st, (), ()), None, None, None, lsn)
+            hdrs, vals, _ = self._tuple(line, pos, st, _DEL)
+            return Delete(self._relation(st, hdrs, hdrs), vals, "K", None, lsn)
         if line.startswith(" TRUNCATE:", pos):
             return self._truncate(line, lsn)
         raise _Scan("expected INSERT:, UPDATE:, DELETE: or TRUNCATE:", pos)
 
-    def _update(self, line: str, pos: int, schema: str, table: str, lsn: int) -> Update:
+    def _update(self, line: str, pos: int, st: _Table, lsn: int) -> Update:
         n = len(line)
         old_hdrs: tuple[str, ...] = ()
-        old_vals: list[Value] = []
+        old_vals: tuple[Value, ...] = ()
         has_old = line.startswith(" old-key:", pos)
         if has_old:
-            old_hdrs, old_vals, pos = self._tuple(line, pos + 9, schema, table, 1, True)
+            pos += 9
+            fast = st.fast[_OLD]
+            m = None if fast is None else fast[0].match(line, pos)
+            if fast is not None and m is not None:
+                old_hdrs, old_vals, pos = fast[1], _values(m.groups()), m.end()
+            else:
+                old_hdrs, old_vals, pos = self._tuple(line, pos, st, _OLD)
             if not line.startswith(_NEW_TUPLE, pos):
                 raise _Scan("expected 'new-tuple:' after the old key", pos)
             pos += len(_NEW_TUPLE)
-        if line.startswith(_NO_TUPLE, pos) and pos + len(_NO_TUPLE) == n:
+        fast = st.fast[_NEW]
+        m = None if fast is None else fast[0].fullmatch(line, pos)
+        if fast is not None and m is not None:
+            hdrs, vals = fast[1], _values(m.groups())
+            if not has_old:
+                return Update(fast[2], vals, None, None, None, lsn)  # type: ignore[arg-type]
+        elif line.startswith(_NO_TUPLE, pos) and pos + len(_NO_TUPLE) == n:
             # the server sent no new tuple (not seen in practice): every new value is "not sent"
-            rel = self._relation(schema, table, old_hdrs, old_hdrs)
-            new_vals: tuple[Value, ...] = (UNCHANGED,) * len(old_hdrs)
+            rel = self._relation(st, old_hdrs, old_hdrs)
+            unsent: tuple[Value, ...] = (UNCHANGED,) * len(old_hdrs)
             if has_old:
-                return Update(rel, new_vals, tuple(old_vals), "K", None, lsn)
-            return Update(rel, new_vals, None, None, None, lsn)
-        hdrs, vals, _ = self._tuple(line, pos, schema, table, 0, False)
-        if not has_old:
-            return Update(self._relation(schema, table, hdrs, ()), tuple(vals), None, None, None, lsn)
-        key = (schema, table, hdrs, old_hdrs)
+                return Update(rel, unsent, old_vals, "K", None, lsn)
+            return Update(rel, unsent, None, None, None, lsn)
+        else:
+            hdrs, vals, _ = self._tuple(line, pos, st, _NEW)
+            if not has_old:
+                return Update(self._relation(st, hdrs, ()), vals, None, None, None, lsn)
+        key = (st.schema, st.table, hdrs, old_hdrs)
         hit = self._aligned.get(key)
         if hit is None:
             index = {h: i for i, h in enumerate(hdrs)}
@@ -323,49 +365,35 @@ class TestDecodingParser:
                     name, typ = _split_header(h)
                     raise _Scan(f"old-key column {name} [{typ}] is not in the new tuple", pos)
                 where.append(index[h])
-            hit = self._aligned[key] = (self._relation(schema, table, hdrs, old_hdrs), tuple(where))
+            hit = self._aligned[key] = (self._relation(st, hdrs, old_hdrs), tuple(where))
         rel, slots = hit
         old: list[Value] = [None] * len(hdrs)
         for slot, value in zip(slots, old_vals, strict=True):
             old[slot] = value
-        return Update(rel, tuple(vals), tuple(old), "K", None, lsn)
+        return Update(rel, vals, tuple(old), "K", None, lsn)
 
-    def _tuple(
-        self, line: str, pos: int, schema: str, table: str, section: int, stop_at_new: bool
-    ) -> tuple[tuple[str, ...], list[Value], int]:
-        """Columns `` name[type]:value`` from ``pos`` to the end (or to `` new-tuple:``).
+    def _tuple(self, line: str, pos: int, st: _Table, kind: int) -> tuple[tuple[str, ...], tuple[Value, ...], int]:
+        """Columns `` name[type]:value`` from ``pos`` to the end (or to `` new-tuple:`` for an old key).
 
         Returns the raw column headers (`` name[type]:``, the relation's signature), the values
-        and the end position. Headers are compared against the last ones seen for this table
-        with one ``startswith`` each, so a steady stream of rows never re-scans names and types.
+        and the end position. When a table shows the same signature twice in a row, a regex for
+        it is compiled: later rows are matched by it in one call (see :func:`_values`).
         """
         n = len(line)
         find = line.find
         startswith = line.startswith
         words = _WORDS
-        known = self._known.get((schema, table, section), ())
-        nknown = len(known)
+        stop_at_new = kind == _OLD
         hdrs: list[str] = []
         vals: list[Value] = []
-        k = 0
-        same = True
         while pos < n:
             if line[pos] != " ":
                 raise _Scan("expected a space before the next column", pos)
             if stop_at_new and startswith(_NEW_TUPLE, pos):
                 break
-            # header " name[type]:"
-            if k < nknown and startswith(known[k], pos):
-                h = known[k]
-                pos += len(h)
-            else:
-                end = self._header_end(line, pos)
-                h = line[pos:end]
-                pos = end
-                same = False
-            hdrs.append(h)
-            k += 1
-            # value
+            end = self._header_end(line, pos)
+            hdrs.append(line[pos:end])
+            pos = end
             if startswith("'", pos):
                 q = find("'", pos + 1)
                 if q < 0:
@@ -387,21 +415,21 @@ class TestDecodingParser:
                     sp = n
                 tok = line[pos:sp]
                 v = words.get(tok, _MISSING)
-                if v is _MISSING:
-                    if not tok or tok[0] not in _BARE_START:
-                        raise _Scan("expected a value (quoted text, number, true/false, null)", pos)
-                    if tok[0] == "B":
-                        if len(tok) < 3 or tok[1] != "'" or tok[-1] != "'":
-                            raise _Scan("expected a bit string B'...'", pos)
-                        tok = tok[2:-1]
+                if v is not _MISSING:
+                    vals.append(v)  # type: ignore[arg-type]  # None, UNCHANGED or 't'/'f'
+                elif _BITS_RE.fullmatch(tok):
+                    vals.append(tok[2:-1])
+                elif _BARE_RE.fullmatch(tok):
                     vals.append(tok)
                 else:
-                    vals.append(v)  # type: ignore[arg-type]  # None, UNCHANGED or 't'/'f'
+                    raise _Scan("expected a value (quoted text, number, true/false, null)", pos)
                 pos = sp
         sig = tuple(hdrs)
-        if not same or k != nknown:
-            self._known[(schema, table, section)] = sig
-        return sig, vals, pos
+        if st.pending[kind] == sig:
+            rel = None if kind == _OLD else self._relation(st, sig, () if kind == _NEW else sig)
+            st.fast[kind] = (_signature_regex(sig, kind), sig, rel)
+        st.pending[kind] = sig
+        return sig, tuple(vals), pos
 
     @staticmethod
     def _header_end(line: str, pos: int) -> int:
@@ -466,18 +494,15 @@ class TestDecodingParser:
             raise _Scan("empty type name", bracket)
         return close + 2
 
-    def _relation(self, schema: str, table: str, hdrs: tuple[str, ...], keys: tuple[str, ...]) -> Relation:
-        key = (schema, table, hdrs, keys)
+    def _relation(self, st: _Table, hdrs: tuple[str, ...], keys: tuple[str, ...]) -> Relation:
+        key = (st.schema, st.table, hdrs, keys)
         rel = self._rels.get(key)
         if rel is None:
-            oids = self._type_oids
-            if oids is None:
-                oids = self._type_oids = _type_oid_map()
             cols = []
             for h in hdrs:
                 name, typ = _split_header(h)
-                cols.append(Column(name, oids.get(typ, 0), -1, typ, h in keys))
-            rel = self._rels[key] = Relation(0, schema, table, "?", tuple(cols))
+                cols.append(Column(name, oid_for_name(typ), -1, typ, h in keys))
+            rel = self._rels[key] = Relation(0, st.schema, st.table, "?", tuple(cols))
         return rel
 
     def _truncate(self, line: str, lsn: int) -> Truncate:
@@ -485,7 +510,7 @@ class TestDecodingParser:
         rels = []
         while True:
             schema, table, pos = self._qualified_name(line, pos)
-            rels.append(self._relation(schema, table, (), ()))
+            rels.append(self._relation(_Table(schema, table), (), ()))
             if line.startswith(", ", pos):
                 pos += 2
                 continue
@@ -646,15 +671,27 @@ class TestDecodingParser:
         raise _Scan("expected ', sz: <size> content:'", start)
 
 
+def _signature_regex(hdrs: tuple[str, ...], kind: int) -> re.Pattern[str]:
+    """A regex matching one tuple with exactly these column headers, one group per value."""
+    body = "".join(re.escape(h) + _VALUE for h in hdrs)
+    return re.compile(body + "(?= new-tuple:)" if kind == _OLD else body)
+
+
+def _values(groups: tuple[str, ...]) -> tuple[Value, ...]:
+    """Values captured by a signature regex to their text form (same rules as the scanner)."""
+    words = _WORDS
+    out: list[Value] = []
+    for v in groups:
+        c = v[0]
+        if c == "'":
+            v = v[1:-1]
+            out.append(v.replace("''", "'") if "''" in v else v)
+        elif c == "B" and v[1:2] == "'":
+            out.append(v[2:-1])
+        else:
+            out.append(words.get(v, v))  # type: ignore[arg-type]
+    return tuple(out)
+
+
 def _int(text: str | None) -> int | None:
     return None if text is None else int(text)
-
-
-def _type_oid_map() -> dict[str, int]:
-    """format_type() name -> built-in OID (the first OID for a name wins)."""
-    from pgrecv.pgtypes import TYPE_NAMES
-
-    out: dict[str, int] = {}
-    for oid in sorted(TYPE_NAMES):
-        out.setdefault(TYPE_NAMES[oid], oid)
-    return out
