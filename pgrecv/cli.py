@@ -530,9 +530,6 @@ def start(
     )
     suffix = ".jsonl" if fmt == "jsonl" else ".raw"
     sink = make_sink(file, output_dir, rotate_size, rotate_interval, suffix)
-    warning = getattr(sink, "warning", None)
-    if warning:
-        info(f"pgrecv: warning: {warning}")
     streamer = Streamer(opts, config, sink, _stream_formatter(fmt, to_terminal), log)
     stats = streamer.run()
     log(f"{stats.messages} messages, {stats.transactions} transactions, {stats.rows} rows", 1)

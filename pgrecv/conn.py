@@ -124,7 +124,10 @@ def _first_line(text: str) -> str:
 def server_message(exc: BaseException) -> str:
     diag = getattr(exc, "diag", None)
     primary = getattr(diag, "message_primary", None) if diag is not None else None
-    return redact(primary or _first_line(str(exc)))
+    text = primary or _first_line(str(exc))
+    # libpq's connection errors wrap the server's words: keep the server's FATAL message
+    _, fatal, rest = text.partition("FATAL:")
+    return redact(rest.strip() if fatal else text)
 
 
 def translate(exc: BaseException, *, slot: str | None = None, publication: str | None = None) -> PgrecvError:
@@ -132,8 +135,12 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
     msg = server_message(exc)
     detail = redact(str(exc))
     low = msg.lower()
-    if isinstance(exc, pgerr.InsufficientPrivilege) or "permission denied to start" in low:
-        if "replication" in low or "superuser" in low:
+    if (
+        isinstance(exc, pgerr.InsufficientPrivilege)
+        or "permission denied to start" in low
+        or "must be superuser or replication role" in low
+    ):
+        if "replication" in low or "superuser" in low or "wal sender" in low or "walsender" in low:
             return ServerConfigError(
                 f"{msg}: the role needs the REPLICATION attribute (ALTER ROLE name REPLICATION)",
                 detail=detail,
