@@ -134,21 +134,21 @@ class _Compiled:
             )
         try:
             for i, (name, conv, v) in enumerate(zip(self.names, self.convs, tup, strict=True)):
+                value: object
                 if v is None:
                     out[name] = None
                     continue
-                if v is UNCHANGED:
+                if isinstance(v, str):
+                    value = v if conv is None else conv(v)
+                elif isinstance(v, bytes):
+                    value = self.bconvs[i](v)
+                else:  # UNCHANGED
                     toast.append(name)
                     continue
-                if v.__class__ is str:
-                    if conv is not None:
-                        v = conv(v)  # type: ignore[arg-type]
-                else:
-                    v = self.bconvs[i](v)  # type: ignore[arg-type]
-                if v is JSON_NULL:
-                    v = None
+                if value is JSON_NULL:
+                    value = None
                     jnull.append(name)
-                out[name] = v
+                out[name] = value
         except _CONVERSION_ERRORS as exc:
             raise self.value_error(tup, exc) from None
         return out, toast, jnull
@@ -220,11 +220,11 @@ class JsonlEncoder:
         held = self._held
         if held is not None and event.__class__ not in _PASS_THROUGH:
             if event.__class__ is ev.Commit or event.__class__ is ev.Prepare:
-                self._release(event)  # type: ignore[arg-type]
+                self._release(event)
                 return
             if event.__class__ is ev.Begin:
                 self._drop()  # the held transaction never finished: a new one starts
-            elif event.__class__ is not ev.Message or event.transactional:  # type: ignore[union-attr]
+            elif event.__class__ is not ev.Message or event.transactional:
                 held.append(event)
                 return
         try:

@@ -422,7 +422,7 @@ def test_stream_chunks() -> None:
 
 
 def _valid(rec: dict[str, Any]) -> bool:
-    return VALIDATOR.is_valid(rec)
+    return bool(VALIDATOR.is_valid(rec))
 
 
 def test_schema_rejects_what_the_format_forbids() -> None:

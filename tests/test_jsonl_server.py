@@ -343,6 +343,7 @@ def test_golden_files_encode_to_valid_records(path: Path) -> None:
     lines = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
     meta = lines[0].get("meta", {}) if lines else {}
     messages = [m for m in lines if "data" in m]
+    events: Iterator[Any]
     if path.name.endswith(".pgoutput.jsonl"):
         decoder = PgOutputDecoder(int(meta.get("proto_version", 1)))
         events = (decoder.decode(bytes.fromhex(m["data"]), lsn_of(m["lsn"])) for m in messages)
