@@ -404,8 +404,11 @@ def _float4_from_binary(data: bytes) -> float | str:
     pack = _F4.pack
     for digits in range(1, 10):
         shortest = float(f"{v:.{digits}g}")
-        if pack(shortest) == data:
-            return shortest
+        try:
+            if pack(shortest) == data:
+                return shortest
+        except OverflowError:  # rounded up past the largest float4
+            continue
     return float(v)  # unreachable: 9 significant digits always read back
 
 
