@@ -203,7 +203,7 @@ class Streamer:
                 attempt += 1
                 self.stats.reconnects += 1
                 delay = min(BACKOFF_MAX, 2 ** min(attempt - 1, 5))
-                self.log(f"{exc.message}; reconnecting in {delay:.0f} s (attempt {attempt})")
+                self.log(f"{exc.message}; reconnecting in {delay:.0f} s (attempt {attempt})", 0)
                 self._sleep(delay)
             finally:
                 if rc is not None:

@@ -126,12 +126,15 @@ def test_upto_nchanges_stops_at_transaction_boundary(db_dsn: str) -> None:
     setup_pgoutput(db_dsn)
     for i in range(5):
         sql(db_dsn, f"INSERT INTO t (id) SELECT g FROM generate_series({i * 3 + 1}, {i * 3 + 3}) g")
-    proc = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--format", "jsonl", "--upto-nchanges", "4")
+    # the limit counts messages and is checked after each transaction: never a cut transaction
+    proc = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--format", "jsonl", "--upto-nchanges", "2")
     recs = records(proc.stdout)
     ops = [r["op"] for r in recs]
     assert ops[-1] == "commit"
-    assert ops.count("begin") == ops.count("commit") == 2
-    assert len(rows(recs)) == 6
+    assert ops.count("begin") == ops.count("commit") == 1
+    assert [r["new"]["id"] for r in rows(recs)] == [1, 2, 3]
+    proc = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--format", "jsonl", "--upto-nchanges", "7")
+    assert [r["op"] for r in records(proc.stdout)].count("commit") == 2
 
 
 def test_upto_lsn(db_dsn: str) -> None:

@@ -182,6 +182,7 @@ def test_reconnects_after_server_restart(pg_server: Any, tmp_path: Path) -> None
         out, log = tmp_path / "out.jsonl", tmp_path / "log"
         proc = spawn("start", "-d", dsn, "--slot", "s", "-f", str(out), "-F", "100ms", "-s", "100ms", stderr_path=log)
         try:
+            wait_for(lambda: slot_info(dsn, "s")["active_pid"] is not None, what="streaming")
             insert_txns(dsn, 1, 2)
             wait_for(lambda: out.exists() and out.read_bytes().count(b'"op":"commit"') == 2, what="first output")
             server.restart()
@@ -200,6 +201,7 @@ def test_sighup_reopens_file(table: str, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     proc = spawn("start", "-d", table, "--slot", "s", "-f", str(out), "-F", "100ms")
     try:
+        wait_for(lambda: slot_info(table, "s")["active_pid"] is not None, what="streaming")
         insert_txns(table, 1, 1)
         wait_for(lambda: out.exists() and b'"op":"commit"' in out.read_bytes(), what="first output")
         out.rename(tmp_path / "out.jsonl.1")
@@ -325,6 +327,7 @@ def test_rotated_files_never_seen_half_written(table: str, tmp_path: Path) -> No
     )
     seen: dict[str, bytes] = {}
     try:
+        wait_for(lambda: slot_info(table, "s")["active_pid"] is not None, what="streaming")
         for i in range(1, 41):
             insert_txns(table, i, 1, rows=30)
             for f in sorted(outdir.glob("*.jsonl")) if outdir.exists() else []:
@@ -334,6 +337,12 @@ def test_rotated_files_never_seen_half_written(table: str, tmp_path: Path) -> No
                 recs = records(data)
                 assert recs[-1]["op"] == "commit", f"{f.name} ends inside a transaction"
                 assert recs[0]["op"] in ("relation", "begin")
+
+        def all_final() -> bool:
+            data = b"".join(f.read_bytes() for f in outdir.glob("*.jsonl"))
+            return data.count(b'"op":"commit"') == 40
+
+        wait_for(all_final, what="every transaction in a final file")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
@@ -342,7 +351,8 @@ def test_rotated_files_never_seen_half_written(table: str, tmp_path: Path) -> No
     assert files == sorted(files, key=lambda p: int(p.name.split("-")[0], 16))
     ids = [r["new"]["id"] for f in files for t in committed(records(f.read_bytes())) for r in t]
     assert ids == [i * 1000 + g for i in range(1, 41) for g in range(1, 31)]
-    assert not [p for p in outdir.iterdir() if not p.name.endswith(".jsonl")]
+    leftovers = [p.name for p in outdir.iterdir() if not p.name.endswith(".jsonl")]
+    assert sorted(leftovers) == [".pgrecv-state", ".pgrecv.lock"]  # no temporary file left behind
     for f in files:  # self-describing: each file has the relation records its rows need
         assert records(f.read_bytes())[0]["op"] == "relation"
 
