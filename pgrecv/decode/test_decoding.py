@@ -658,7 +658,10 @@ class TestDecodingParser:
                 if sz.end() == len(line) and streaming and transactional:
                     return None  # content withheld until the streamed transaction commits
                 continue
-            content = line[sz.end() :].encode("utf-8", "surrogateescape")
+            try:
+                content = line[sz.end() :].encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError as exc:
+                raise _Scan("message content is not text", sz.end() + exc.start) from None
             prefix = line[start : sz.start()]
             if len(content) == size:
                 return Message(transactional, lsn, prefix, content, None)

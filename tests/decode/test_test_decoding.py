@@ -546,3 +546,8 @@ def test_invalid_utf8_bytes() -> None:
     # a message's content is arbitrary bytes
     msg = TestDecodingParser().decode(b"message: transactional: 0 prefix: p, sz: 2 content:\xff\x00", 7)
     assert msg == Message(False, 7, "p", b"\xff\x00", None)
+
+
+def test_text_that_cannot_be_message_bytes() -> None:
+    with pytest.raises(DecodeError, match="message content is not text"):
+        TestDecodingParser().decode("message: transactional: 1 prefix: p, sz: 1 content:\ud800")
