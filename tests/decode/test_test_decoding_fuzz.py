@@ -71,7 +71,7 @@ BUILTIN_TYPES = {
 }
 
 # server text: no NUL, no lone surrogates
-chars = st.characters(exclude_characters="\x00", exclude_categories=("Cs",))
+chars = st.characters(exclude_characters="\x00", exclude_categories=["Cs"])
 names = st.text(chars, min_size=1, max_size=8)
 idents = st.one_of(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), names)
 
