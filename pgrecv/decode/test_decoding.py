@@ -97,6 +97,9 @@ _VALUE: Final = "('[^']*(?:''[^']*)*'|B'[01]*'|" + _BARE + ")"
 _NEW_TUPLE: Final = " new-tuple:"
 _NO_TUPLE: Final = " (no-tuple-data)"
 _SNIPPET: Final = 120
+# relations kept per parser; REPLICA IDENTITY FULL tables make one per NULL pattern of the old row,
+# so the cache is bounded (a dropped relation is rebuilt equal, as a new object)
+_MAX_RELATIONS: Final = 4096
 
 _TS_RE: Final = re.compile(
     r"(\d{4,})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?( BC)?\Z", re.ASCII
@@ -365,7 +368,8 @@ class TestDecodingParser:
                     name, typ = _split_header(h)
                     raise _Scan(f"old-key column {name} [{typ}] is not in the new tuple", pos)
                 where.append(index[h])
-            hit = self._aligned[key] = (self._relation(st, hdrs, old_hdrs), tuple(where))
+            rel = self._relation(st, hdrs, old_hdrs)
+            hit = self._aligned[key] = (rel, tuple(where))
         rel, slots = hit
         old: list[Value] = [None] * len(hdrs)
         for slot, value in zip(slots, old_vals, strict=True):
@@ -502,6 +506,9 @@ class TestDecodingParser:
             for h in hdrs:
                 name, typ = _split_header(h)
                 cols.append(Column(name, oid_for_name(typ), -1, typ, h in keys))
+            if len(self._rels) >= _MAX_RELATIONS:
+                self._rels.clear()
+                self._aligned.clear()
             rel = self._rels[key] = Relation(0, st.schema, st.table, "?", tuple(cols))
         return rel
 

@@ -551,3 +551,18 @@ def test_invalid_utf8_bytes() -> None:
 def test_text_that_cannot_be_message_bytes() -> None:
     with pytest.raises(DecodeError, match="message content is not text"):
         TestDecodingParser().decode("message: transactional: 1 prefix: p, sz: 1 content:\ud800")
+
+
+def test_relation_cache_is_bounded() -> None:
+    """REPLICA IDENTITY FULL old rows make one relation per NULL pattern: the cache must not grow
+    without bound, and relations rebuilt after it is dropped are equal to the first ones."""
+    from pgrecv.decode import test_decoding as td
+
+    p = TestDecodingParser()
+    first = p.decode("table public.t: DELETE: c0[integer]:1")
+    for i in range(td._MAX_RELATIONS + 10):
+        e = p.decode(f"table public.t: DELETE: c{i}[integer]:1")
+        assert isinstance(e, Delete) and e.relation.columns[0].name == f"c{i}"
+    assert len(p._rels) <= td._MAX_RELATIONS
+    again = p.decode("table public.t: DELETE: c0[integer]:1")
+    assert again == first
