@@ -6,7 +6,7 @@ import io
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 
 import click
 import orjson
@@ -40,7 +40,7 @@ def info(message: str) -> None:
         click.echo(message, err=True)
 
 
-class LSNType(click.ParamType):
+class LSNType(click.ParamType):  # type: ignore[type-arg]
     name = "LSN"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> LSN:
@@ -303,7 +303,7 @@ def peek(
     log(f"{what} {result.messages} messages from slot {slot} ({result.plugin}), last LSN {result.last_lsn}")
 
 
-def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], None]]:
+def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
     """(event sink, raw sink, close) for the chosen format."""
     if fmt == "raw":
         write = out.write
@@ -349,7 +349,7 @@ _SIZE_UNITS = {
 _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
-class _UnitType(click.ParamType):
+class _UnitType(click.ParamType):  # type: ignore[type-arg]
     def __init__(self, name: str, units: dict[str, Any], example: str) -> None:
         self.name = name
         self.units = units
@@ -550,9 +550,9 @@ def _stream_formatter(fmt: str, to_terminal: bool) -> Callable[[Callable[[bytes]
         from pgrecv.streamer import SinkText
 
         if to_terminal:
-            console = Console(file=SinkText(write), force_terminal=True)
+            console = Console(file=cast(TextIO, SinkText(write)), force_terminal=True)
         else:
-            console = Console(file=SinkText(write), width=120, color_system=None)
+            console = Console(file=cast(TextIO, SinkText(write)), width=120, color_system=None)
         return PrettyRenderer(console)
 
     return pretty
@@ -587,11 +587,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
     except (PgrecvError, psycopg.Error) as caught:
         # A server error no command translated itself still gets the one-line treatment.
-        exc = caught if isinstance(caught, PgrecvError) else translate(caught)
-        click.echo(f"pgrecv: error: {exc.message}", err=True)
-        if STATE.verbose and exc.detail and exc.detail != exc.message:
-            click.echo(f"pgrecv: detail: {exc.detail}", err=True)
-        sys.exit(exc.exit_code)
+        error = caught if isinstance(caught, PgrecvError) else translate(caught)
+        click.echo(f"pgrecv: error: {error.message}", err=True)
+        if STATE.verbose and error.detail and error.detail != error.message:
+            click.echo(f"pgrecv: detail: {error.detail}", err=True)
+        sys.exit(error.exit_code)
     except KeyboardInterrupt:
         click.echo("pgrecv: interrupted", err=True)
         sys.exit(ExitCode.INTERRUPTED)

@@ -90,7 +90,7 @@ def run_demo(bindir: str | None = None, console: Console | None = None) -> None:
                 console.print(f"[dim]-- {what}[/]")
                 with conn.transaction():
                     for stmt in statements:
-                        conn.execute(stmt)  # type: ignore[arg-type]
+                        conn.execute(stmt)
         console.print("\n[bold]$ pgrecv peek --slot pgrecv_demo --format pretty[/]")
         _show(opts, console)
         console.print("[bold]$ pgrecv peek --slot pgrecv_demo --format jsonl --upto-nchanges 3[/]")
@@ -115,5 +115,8 @@ def _show(opts: ConnOptions, console: Console) -> None:
 def _jsonl(opts: ConnOptions, buf: io.BytesIO) -> None:
     from pgrecv.jsonl import JsonlEncoder
 
-    enc = JsonlEncoder(buf.write)
+    def write(data: bytes) -> None:
+        buf.write(data)
+
+    enc = JsonlEncoder(write)
     peek(opts, SLOT, sink=enc.feed, durable=enc.close, upto_nchanges=3)

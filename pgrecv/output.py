@@ -26,7 +26,7 @@ class Output:
     """A binary destination: a path, or ``-``/None for standard output."""
 
     def __init__(self, path: str | None) -> None:
-        self.path = None if path in (None, "-") else Path(path)  # type: ignore[arg-type]
+        self.path = None if path is None or path == "-" else Path(path)
         self._tmp: Path | None = None
         self.stream: BinaryIO
         if self.path is None:
@@ -75,9 +75,7 @@ class Output:
     def __enter__(self) -> Output:
         return self
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         if et is not None:
             self.abort()
 

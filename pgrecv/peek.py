@@ -65,7 +65,7 @@ def peek(
     *,
     sink: Callable[[Event], None] | None,
     raw: Callable[[bytes], None] | None = None,
-    durable: Callable[[], None] = lambda: None,
+    durable: Callable[[], object] = lambda: None,
     consume: bool = False,
     upto_lsn: LSN | None = None,
     upto_nchanges: int | None = None,

@@ -43,7 +43,7 @@ class ReplicationConnection:
         return LSN.parse(str(row[2]))
 
     def query(self, statement: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+        return self.conn.execute(statement, params).fetchall()
 
     def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None:
         opts = sql.SQL(", ").join(

@@ -80,9 +80,7 @@ def create_slot(
         except psycopg.Error as exc:
             raise translate(exc, slot=slot) from None
         assert row is not None
-        return CreatedSlot(
-            str(row[0]), str(row[3]), LSN.parse(row[1]), created=True, publication_created=pub_created
-        )
+        return CreatedSlot(str(row[0]), str(row[3]), LSN.parse(row[1]), created=True, publication_created=pub_created)
 
 
 def _create_command(slot: str, plugin: str, major: int, *, two_phase: bool, failover: bool) -> sql.Composed:
@@ -106,6 +104,7 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: Sequenc
     """Create the publication if missing (FOR ALL TABLES, or the listed ones); True if created."""
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone():
         return False
+    target: sql.Composable
     if tables:
         target = sql.SQL("FOR TABLE {}").format(sql.SQL(", ").join(_qualified(t) for t in tables))
     else:
@@ -113,9 +112,7 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: Sequenc
     try:
         conn.execute(sql.SQL("CREATE PUBLICATION {} {}").format(sql.Identifier(name), target))
     except psycopg.errors.UndefinedTable as exc:
-        raise PublicationError(
-            f"cannot create publication {name}: {exc.diag.message_primary}; check --table"
-        ) from None
+        raise PublicationError(f"cannot create publication {name}: {exc.diag.message_primary}; check --table") from None
     except psycopg.Error as exc:
         raise translate(exc, publication=name) from None
     return True
