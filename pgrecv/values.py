@@ -233,16 +233,15 @@ def _parse_nested(text: str, i: int, conv: TextConverter | None, delim: str) -> 
                 if next_close < 0:
                     next_close = n
             j = next_delim if next_delim < next_close else next_close
-            s = text[i:j]
-            i = j
-            if not s or '"' in s or "{" in s:
-                raise ValueFormatError(f"malformed array element at offset {i - len(s)}: {text[:40]!r}")
-            if s in _NULLS:
-                value = None
-            else:
-                if "\\" in s:
-                    s = _unescape(s)
+            if text.find("\\", i, j) >= 0:  # array_in's escapes in an unquoted element (array_out quotes)
+                s, j = _unquoted_escaped(text, i, delim)
                 value = s if conv is None else conv(s)
+            else:
+                s = text[i:j]
+                if not s or '"' in s or "{" in s:
+                    raise ValueFormatError(f"malformed array element at offset {i}: {text[:40]!r}")
+                value = None if s in _NULLS else (s if conv is None else conv(s))
+            i = j
         cur.append(value)
         # after an element: a delimiter, or closing braces (each closing a list that is itself an element)
         while True:
@@ -263,18 +262,24 @@ def _parse_nested(text: str, i: int, conv: TextConverter | None, delim: str) -> 
             raise ValueFormatError(f"expected {delim!r} or '}}' at offset {i} of array literal: {text[:40]!r}")
 
 
-def _unescape(s: str) -> str:
-    """Backslash escapes in an unquoted element (array_in accepts them; array_out quotes instead)."""
+def _unquoted_escaped(text: str, i: int, delim: str) -> tuple[str, int]:
+    """An unquoted element holding backslash escapes, from ``i``: (its value, the end offset)."""
     out: list[str] = []
-    i = 0
-    while True:
-        b = s.find("\\", i)
-        if b < 0:
-            out.append(s[i:])
-            return "".join(out)
-        out.append(s[i:b])
-        out.append(s[b + 1 : b + 2])
-        i = b + 2
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == delim or c == "}":
+            return "".join(out), i
+        if c == "\\":
+            i += 1
+            if i == n:
+                break
+            c = text[i]
+        elif c == '"' or c == "{":
+            raise ValueFormatError(f"malformed array element at offset {i}: {text[:40]!r}")
+        out.append(c)
+        i += 1
+    raise ValueFormatError(f"unterminated array literal: {text[:40]!r}")
 
 
 # --- text converters by type ------------------------------------------------------------------
