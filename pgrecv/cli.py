@@ -530,7 +530,12 @@ def start(
     )
     suffix = ".jsonl" if fmt == "jsonl" else ".raw"
     sink = make_sink(file, output_dir, rotate_size, rotate_interval, suffix)
-    streamer = Streamer(opts, config, sink, _stream_formatter(fmt, to_terminal), log)
+    status = None
+    if fmt == "pretty" and to_terminal and sys.stderr.isatty() and not STATE.quiet:
+        from pgrecv.status import StatusLine
+
+        status = StatusLine(sys.stderr)
+    streamer = Streamer(opts, config, sink, _stream_formatter(fmt, to_terminal), log, status)
     stats = streamer.run()
     log(f"{stats.messages} messages, {stats.transactions} transactions, {stats.rows} rows", 1)
 

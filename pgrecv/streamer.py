@@ -32,6 +32,7 @@ from pgrecv.lsn import LSN, lsn_str
 from pgrecv.plugins import Decoder, make_decoder
 from pgrecv.replication import ReplicationConnection
 from pgrecv.sinks import Sink
+from pgrecv.status import StatusLine
 from pgrecv.wire import XLOGDATA_HEADER, parse_keepalive
 
 OPS = ("insert", "update", "delete", "truncate", "message")
@@ -106,12 +107,15 @@ class Streamer:
         sink: Sink,
         make_formatter: Callable[[Callable[[bytes], None]], Formatter] | None,
         log: Callable[..., None],
+        status: StatusLine | None = None,
     ) -> None:
         self.opts = opts
         self.cfg = config
         self.sink = sink
         self.make_formatter = make_formatter
         self.log = log
+        self.status = status
+        self._messages_at_tick = 0
         self.feedback = Feedback(config.status_interval)
         self.stats = RunStats()
         self.keep_table = table_filter(config.tables, config.exclude_tables)
@@ -324,15 +328,36 @@ class Streamer:
             self.feedback.on_durable(self.sink.durable())
             if self.feedback.flushed != before:
                 self.log(f"output durable up to {lsn_str(self.feedback.flushed)}", 2)
-        self.sink.tick(now)
+        status = self.status
+        if status is None:
+            self.sink.tick(now)
+        else:
+            self._tick_with_status(status, now)
         if self.sink.file_started != self._file_seen and not self._in_txn:
             self._new_formatter()
         if self.feedback.due(now):
             rc.send(self.feedback.message(now))
             self.log(
                 f"confirmed write {lsn_str(self.feedback.written)} flush {lsn_str(self.feedback.flushed)}",
-                2,
             )
+
+    def _tick_with_status(self, status: StatusLine, now: float) -> None:
+        """Flush the tables to the terminal without tearing the status line, then redraw it."""
+        fresh = self.stats.messages != self._messages_at_tick
+        self._messages_at_tick = self.stats.messages
+        if fresh:
+            status.clear()
+        self.sink.tick(now)
+        if fresh or status.due(now):
+            fb = self.feedback
+            text = status.text(
+                received=fb.received,
+                flushed=fb.flushed,
+                rows=self.stats.rows,
+                transactions=self.stats.transactions,
+                now=now,
+            )
+            status.show(text, now)
 
     def _finish(self, rc: ReplicationConnection) -> None:
         """A clean stop: the output made durable, then the final status update with its position."""
@@ -341,6 +366,8 @@ class Streamer:
             discard()
         self.feedback.on_durable(self.sink.durable())
         rc.finish(self.feedback.message(time.monotonic()))
+        if self.status is not None:
+            self.status.clear()
         self.log(
             f"{self.stats.stop_reason or 'stopped'}: confirmed {lsn_str(self.feedback.flushed)} "
             f"after {self.stats.transactions} transactions"
