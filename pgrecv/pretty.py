@@ -33,6 +33,14 @@ OP_STYLE: Final[dict[str, str]] = {
 }
 
 
+# Control characters would move the cursor or drive the terminal: show them as escapes.
+_VISIBLE: Final[dict[int, str]] = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))},
+    ord("\n"): "↵",
+    ord("\t"): "\\t",
+}
+
+
 @dataclass
 class _Row:
     op: str
@@ -66,10 +74,15 @@ def compact(value: ev.Value, limit: int = MAX_VALUE) -> str:
         if len(value) > limit // 2:
             text += "…"
         return text
-    text = str(value).replace("\n", "↵")
+    text = str(value).translate(_VISIBLE)
     if len(text) > limit:
         return text[: limit - 1] + "…"
     return text
+
+
+def _safe(name: str) -> str:
+    """A name (table, prefix, gid) with its control characters made visible."""
+    return name.translate(_VISIBLE)
 
 
 def _plural(n: int, word: str) -> str:
@@ -103,7 +116,7 @@ class PrettyRenderer:
                 self._txn = _Txn(event.xid, event.final_lsn, event.commit_time)
             case ev.Origin():
                 if self._txn is not None:
-                    self._txn.origin = event.name
+                    self._txn.origin = _safe(event.name)
             case ev.Commit():
                 txn = self._txn or _Txn(event.xid)
                 self._txn = None
@@ -221,7 +234,7 @@ class PrettyRenderer:
     def _print_prepared(self, txn: _Txn, gid: str) -> None:
         self._prepared[gid] = txn.changes
         title = (
-            f"prepared '{gid}' · xid {txn.xid} · prepare {lsn_str(txn.commit_lsn)}"
+            f"prepared '{_safe(gid)}' · xid {txn.xid} · prepare {lsn_str(txn.commit_lsn)}"
             f"{_when(txn.commit_time)} · {_plural(txn.changes, 'change')}"
         )
         caption = "PREPARED: not committed yet; applies only if COMMIT PREPARED follows"
@@ -230,13 +243,11 @@ class PrettyRenderer:
     def _outcome(self, gid: str, committed: bool, lsn: int, when: int | None) -> None:
         n = self._prepared.pop(gid, None)
         what = f"the {_plural(n, 'change')} shown above" if n is not None else "its changes (prepared earlier)"
+        where = f"'{_safe(gid)}' at {lsn_str(lsn)}{_when(when)}"
         if committed:
-            text = Text(f"COMMIT PREPARED '{gid}' at {lsn_str(lsn)}{_when(when)}: committed, {what}", style="green")
+            text = Text(f"COMMIT PREPARED {where}: committed, {what}", style="green")
         else:
-            text = Text(
-                f"ROLLBACK PREPARED '{gid}' at {lsn_str(lsn)}{_when(when)}: rolled back, discard {what}",
-                style="bold red",
-            )
+            text = Text(f"ROLLBACK PREPARED {where}: rolled back, discard {what}", style="bold red")
         self.console.print(text)
 
     def _stream_abort(self, event: ev.StreamAbort) -> None:
@@ -251,7 +262,7 @@ class PrettyRenderer:
 
     def _print_message(self, m: ev.Message) -> None:
         body = Text.assemble(
-            (f"message {m.prefix!r}", "bold cyan"),
+            (f"message '{_safe(m.prefix)}'", "bold cyan"),
             (f" at {lsn_str(m.lsn)}: ", "dim"),
             _content(m.content, 200),
         )
@@ -285,7 +296,7 @@ def _pairs(names: list[str], values: list[ev.Value]) -> Text:
     for i, (name, value) in enumerate(zip(names, values, strict=True)):
         if i:
             out.append(", ")
-        out.append(f"{name}=", style="dim")
+        out.append(f"{_safe(name)}=", style="dim")
         if value is UNCHANGED:
             out.append("‹unchanged toast›", style="dim italic")
         elif value is None:
@@ -307,11 +318,11 @@ def _key(rel: ev.Relation, image: ev.Tuple | None) -> Text:
 
 def _row(e: ev.Change) -> _Row:
     if isinstance(e, ev.Truncate):
-        tables = ", ".join(f"{r.namespace}.{r.name}" for r in e.relations)
+        tables = ", ".join(_safe(f"{r.namespace}.{r.name}") for r in e.relations)
         flags = [f for f, on in (("cascade", e.cascade), ("restart identity", e.restart_identity)) if on]
         return _Row("truncate", tables, Text(""), Text(", ".join(flags), style="dim"))
     rel = e.relation
-    table = f"{rel.namespace}.{rel.name}"
+    table = _safe(f"{rel.namespace}.{rel.name}")
     names = [c.name for c in rel.columns]
     is_key = [c.key for c in rel.columns]
     if isinstance(e, ev.Insert):
@@ -340,4 +351,4 @@ def _image(names: list[str], is_key: list[bool], tup: ev.Tuple | None, old: ev.T
 
 
 def _message_row(m: ev.Message) -> _Row:
-    return _Row("message", m.prefix, Text(""), _content(m.content, MAX_VALUE * 2))
+    return _Row("message", _safe(m.prefix), Text(""), _content(m.content, MAX_VALUE * 2))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import orjson
+import pytest
 from rich.console import Console
 
 from pgrecv import events as ev
+from pgrecv.decode.pgoutput import PgOutputDecoder
 from pgrecv.events import UNCHANGED, pg_time_iso
 from pgrecv.pretty import PrettyRenderer, compact
 
@@ -163,3 +168,38 @@ def test_fits_in_80_columns() -> None:
     out = render(txn(ev.Insert(wide, tuple("v" * 30 for _ in range(8)))), width=80)
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "insert" in out and "column_7" in out
+
+
+# --- captured server output ----------------------------------------------------------------------
+
+GOLDEN = sorted((Path(__file__).parent / "golden").glob("pg*/*.pgoutput.jsonl"))
+
+
+@pytest.mark.skipif(not GOLDEN, reason="no golden files captured yet")
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_golden_pgoutput_renders_in_80_columns(path: Path) -> None:
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    decoder = PgOutputDecoder(int(lines[0]["meta"].get("proto_version", 1)))
+    events = [decoder.decode(bytes.fromhex(m["data"])) for m in lines if "data" in m]
+    out = render(events, width=80)
+    assert max((len(line) for line in out.splitlines()), default=0) <= 80
+    assert "incomplete" not in out
+    commits = sum(isinstance(e, ev.Commit | ev.StreamCommit) for e in events)
+    assert sum(1 for line in out.splitlines() if line.startswith("xid ")) == commits
+    prepares = sum(isinstance(e, ev.Prepare | ev.StreamPrepare) for e in events)
+    assert out.count("PREPARED: not committed yet") == prepares
+
+
+def test_control_characters_are_shown_escaped() -> None:
+    rel = ev.Relation(4, "public", "we\x1bird", "d", (col("id", 23, "integer", key=True), col("v", 25, "text")))
+    out = render(
+        [
+            *txn(ev.Insert(rel, ("1", "red\x1b[31m\x00 and\nnext"))),
+            ev.Message(False, 0x10, "p\x07", b"bell\x07"),
+            ev.BeginPrepare(0x20, 0x30, None, 5, "g\x1b"),
+            ev.Prepare(0, 0x20, 0x30, None, 5, "g\x1b"),
+        ]
+    )
+    assert not any(ch in out for ch in "\x1b\x00\x07")
+    assert "red\\x1b[31m\\x00 and↵next" in out and "we\\x1bird" in out and "bell\\x07" in out
+    assert "prepared 'g\\x1b'" in out
