@@ -36,6 +36,7 @@ from __future__ import annotations
 import binascii
 import struct
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Final
 
 import orjson
@@ -382,6 +383,7 @@ _int8_from_binary: Final = _fixed(">q", "bigint")
 _uint4_from_binary: Final = _fixed(">I", "oid/xid/cid")
 _uint8_from_binary: Final = _fixed(">Q", "xid8")
 _F4: Final = struct.Struct(">f")
+_U4: Final = struct.Struct(">I")
 _F8: Final = struct.Struct(">d")
 
 
@@ -406,15 +408,39 @@ def _float4_from_binary(data: bytes) -> float | str:
         raise ValueFormatError(f"binary real must be 4 bytes, got {len(data)}") from None
     if v - v != 0.0:
         return _float_special(v)
+    if v == 0.0:
+        return float(v)  # keeps -0.0
+    a = abs(v)
+    bits = int.from_bytes(data, "big") & 0x7FFFFFFF
     pack = _F4.pack
-    for digits in range(1, 10):
-        shortest = float(f"{v:.{digits}g}")
+    for digits in range(9):  # the first length that reads back (cheap), then the exact rule
         try:
-            if pack(shortest) == data:
-                return shortest
+            if pack(float(f"{a:.{digits}e}")) == pack(a):
+                break
         except OverflowError:  # rounded up past the largest float4
             continue
-    return float(v)  # unreachable: 9 significant digits always read back
+    shortest = _float4_shortest(a, bits, digits)
+    return shortest if v > 0 else -shortest
+
+
+def _float4_shortest(a: float, bits: int, start: int) -> float:
+    """Ryu as PostgreSQL builds it (f2s.c): the shortest decimal strictly between the midpoints to
+    the neighbouring float4s (a decimal exactly on a midpoint does not count), the nearest one
+    when two of that length qualify."""
+    x = Fraction(a)
+    below = Fraction(_F4.unpack(_U4.pack(bits - 1))[0])
+    above = Fraction(_F4.unpack(_U4.pack(bits + 1))[0]) if bits < 0x7F7FFFFF else 2 * x - below
+    low, high = (below + x) / 2, (x + above) / 2
+    for digits in range(start, 10):
+        text = f"{a:.{digits}e}"
+        d = Fraction(text)
+        if low < d < high:
+            return float(text)
+        step = Fraction(10) ** (int(text.partition("e")[2]) - digits)
+        other = d + step if d < x else d - step
+        if low < other < high:
+            return float(other)
+    return a  # unreachable: 9 significant digits always qualify
 
 
 def _utf8(data: bytes) -> str:
