@@ -7,14 +7,18 @@ step, so what the demo shows is what pgrecv does.
 from __future__ import annotations
 
 import io
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO, cast
 
 from rich.console import Console
 from rich.rule import Rule
 
 from pgrecv.conn import ConnOptions, connect
 from pgrecv.errors import ServerEnvError
+from pgrecv.lsn import lsn_str
 from pgrecv.peek import peek
 from pgrecv.slots import create_slot, drop_slot
 
@@ -99,6 +103,13 @@ def run_demo(bindir: str | None = None, console: Console | None = None) -> None:
         for line in buf.getvalue().decode().splitlines()[:4]:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         console.print("[dim]...[/]\n")
+        console.print("[bold]$ pgrecv peek --slot pgrecv_demo --consume -f /dev/null[/]  [dim]# take them[/]")
+        peek(opts, SLOT, sink=lambda event: None, consume=True)
+        console.print(
+            "\n[bold]$ pgrecv start --slot pgrecv_demo --format pretty[/]  "
+            "[dim]# stream changes as they happen; a workload runs meanwhile[/]"
+        )
+        _stream(opts, console)
         console.print("[bold]$ pgrecv drop --slot pgrecv_demo[/]")
         drop_slot(opts, SLOT)
     console.print(f"removed the server and its data. Done in {time.monotonic() - started:.1f} s.")
@@ -120,3 +131,59 @@ def _jsonl(opts: ConnOptions, buf: io.BytesIO) -> None:
 
     enc = JsonlEncoder(write)
     peek(opts, SLOT, sink=enc.feed, durable=enc.close, upto_nchanges=3)
+
+
+LIVE_WORKLOAD = [
+    "INSERT INTO customers (name, email) VALUES ('Alan Turing', 'alan@example.com')",
+    "UPDATE customers SET balance = balance - 5.25 WHERE name = 'Ada Lovelace'",
+    "INSERT INTO customers (name, email, tags) SELECT 'Customer ' || g, NULL, '{batch}' FROM generate_series(1, 3) g",
+    "DELETE FROM customers WHERE name = 'Customer 2'",
+]
+
+
+def _stream(opts: ConnOptions, console: Console) -> None:
+    """`pgrecv start` for real, while another thread writes; stopped like SIGINT would."""
+    from pgrecv.plugins import PgOutputSettings, pgoutput_options
+    from pgrecv.pretty import PrettyRenderer
+    from pgrecv.sinks import StdoutSink
+    from pgrecv.streamer import SinkText, StartConfig, Streamer
+
+    with connect(opts) as conn:
+        major = conn.info.server_version // 10000
+    config = StartConfig(
+        slot=SLOT,
+        fmt="pretty",
+        options=pgoutput_options(major, PUBLICATION, PgOutputSettings()),
+        plugin="pgoutput",
+        status_interval=1.0,
+        fsync_interval=1.0,
+        assemble=True,
+    )
+
+    def formatter(write: Callable[[bytes], None]) -> PrettyRenderer:
+        text = cast(TextIO, SinkText(write))
+        return PrettyRenderer(Console(file=text, force_terminal=console.is_terminal, width=console.width))
+
+    def log(message: str, level: int = 1) -> None:
+        if level <= 0:
+            console.print(f"[dim]{message}[/]")
+
+    streamer = Streamer(opts, config, StdoutSink(), formatter, log)
+
+    def workload() -> None:
+        time.sleep(0.5)
+        with connect(opts) as conn:
+            for stmt in LIVE_WORKLOAD:
+                conn.execute(stmt)
+                time.sleep(0.4)
+        time.sleep(1.0)
+        streamer.stop_requested = True
+
+    writer = threading.Thread(target=workload, daemon=True)
+    writer.start()
+    stats = streamer.run()
+    writer.join()
+    console.print(
+        f"[dim]stopped cleanly: {stats.transactions} transactions, {stats.rows} rows, "
+        f"confirmed {lsn_str(streamer.feedback.flushed)}[/]\n"
+    )

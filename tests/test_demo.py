@@ -1,0 +1,80 @@
+"""`pgrecv demo` end to end: a newcomer's first command must work, as root and as a normal user."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def check_output(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for expected in ("created publication pgrecv_demo", "insert", "update", "delete", "invoice 42 sent"):
+        assert expected in out
+    assert '"op":"insert"' in out  # the JSONL sample
+    assert "stopped cleanly: 4 transactions, 6 rows" in out  # the streaming part
+    assert "removed the server and its data" in out
+    assert "Traceback" not in proc.stderr
+
+
+def test_demo() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgrecv", "demo"], capture_output=True, text=True, timeout=180, cwd=ROOT
+    )
+    check_output(proc)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="already running as a normal user: test_demo covers it")
+def test_demo_as_normal_user() -> None:
+    """Drop root in a forked child (this Python lives under /root, which others cannot read, so a
+    fresh interpreter cannot run as another user): everything the demo needs is imported first."""
+    import io
+    import tempfile
+    import threading  # noqa: F401
+
+    import rich.console
+
+    import pgrecv.assemble
+    import pgrecv.decode.pgoutput
+    import pgrecv.demo
+    import pgrecv.jsonl
+    import pgrecv.pretty
+    import pgrecv.server
+    import pgrecv.sinks
+    import pgrecv.streamer
+    import pgrecv.values
+
+    user = pwd.getpwnam("nobody")
+    home = tempfile.mkdtemp(prefix="pgrecv-demo-home-")
+    os.chmod(home, 0o777)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            os.environ["HOME"] = home
+            os.chdir(home)
+            buf = io.StringIO()
+            pgrecv.demo.run_demo(console=rich.console.Console(file=buf, width=100))
+            os.write(write_end, buf.getvalue().encode())
+            code = 0
+        except BaseException as exc:  # report anything, never return into pytest
+            os.write(write_end, f"FAILED: {exc!r}".encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    os.rmdir(home)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "stopped cleanly: 4 transactions" in text and "removed the server" in text
