@@ -1,4 +1,5 @@
--- Workloads of the golden cases, as run by tools/capture_golden.py (newest version).
+-- Workloads of the golden cases, as run by tools/capture_golden.py on the newest version
+-- (all_types has an xml column only where the server was built with libxml).
 -- ===== case: types =====
 -- [setup]
 CREATE TYPE mood AS ENUM ('sad', 'happy', 'so-so', 'with "quote"', 'it''s');
