@@ -60,7 +60,7 @@ def main() -> int:
             for t in range(args.txns):
                 conn.execute(
                     "INSERT INTO bench (id, account, amount, note, flag) "
-                    "SELECT g, g % 1000, (g % 100000) / 100.0, 'note ' || g, g % 2 = 0 "
+                    "SELECT g, g %% 1000, (g %% 100000) / 100.0, 'note ' || g, g %% 2 = 0 "
                     "FROM generate_series(%s::bigint, %s::bigint) g",
                     (t * per + 1, (t + 1) * per),
                 )
