@@ -21,8 +21,8 @@ changes. The slots are then only peeked (never consumed), once per capture varia
   logical_decoding_work_mem, sql_function, and for pgoutput ``not_published``
   ({"schema.table": [ops]} that test_decoding shows but the publication leaves out);
 * ``pg<MAJOR>/<case>.tables.json``: the final table contents, {"schema.table": [{column: text
-  form or null}, ...]} ordered by the text of each row, to check decoded values against the
-  server's own text output.
+  form or null}, ...]}, each value as the type's output function writes it (the form plugins
+  send), ordered by the columns' text, to check decoded values against the server's own text.
 
 ``cases.sql`` (written next to the version directories) lists every statement each case ran,
 with the connection that ran it. LSNs, xids and times differ between captures; values do not.
@@ -44,6 +44,8 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg import sql
+from psycopg.adapt import AdaptersMap
+from psycopg.types.string import TextLoader
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -917,8 +919,13 @@ def peek(dsn: str, cap: Capture) -> list[dict[str, Any]]:
 
 
 def table_contents(dsn: str) -> dict[str, list[dict[str, str | None]]]:
+    """Every user table's rows, each value as the type's output function writes it (what a
+    plugin sends as text; ``col::text`` differs for bool, char(n) and inet), through a connection
+    that loads every column as a plain string."""
     result: dict[str, list[dict[str, str | None]]] = {}
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    raw_text = AdaptersMap()
+    raw_text.register_loader(0, TextLoader)  # no other loaders: every OID falls back to this one
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, context=raw_text) as raw:
         tables = conn.execute(
             """
             SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY a.attnum)
@@ -931,11 +938,11 @@ def table_contents(dsn: str) -> dict[str, list[dict[str, str | None]]]:
         ).fetchall()
         for schema, table, columns in tables:
             query = sql.SQL("SELECT {} FROM {} ORDER BY {}").format(
-                sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns),
+                sql.SQL(", ").join(sql.Identifier(c) for c in columns),
                 sql.Identifier(schema, table),
-                sql.SQL(", ").join(sql.SQL(str(i)) for i in range(1, len(columns) + 1)),
+                sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns),
             )
-            rows = conn.execute(query).fetchall()
+            rows = raw.execute(query).fetchall()
             result[f"{schema}.{table}"] = [dict(zip(columns, row, strict=True)) for row in rows]
     return result
 
