@@ -34,6 +34,7 @@ and a ``ValueError``; text converters may also raise the ``ValueError`` of ``int
 from __future__ import annotations
 
 import binascii
+import re
 import struct
 from collections.abc import Callable
 from fractions import Fraction
@@ -161,27 +162,72 @@ def parse_array(text: str, element_converter: TextConverter | None = None, delim
     Non-NULL elements go through ``element_converter`` (kept as strings when it is None);
     ``delimiter`` is the element type's ``typdelim`` (``;`` for ``box``).
     """
-    n = len(text)
-    i = 0
-    if n and text[0] == "[":  # dimension decoration: [1:2][0:3]=
-        i = text.find("=") + 1
-        if i == 0 or text[i - 2 : i] != "]=":
-            raise ValueFormatError(f"malformed array dimensions: {text[:40]!r}")
-    if text[i : i + 1] != "{" or text[-1:] != "}":
+    if text[:1] == "{" and text[-1:] == "}":
+        start = 1
+    elif text[:1] == "[":  # dimension decoration: [1:2][0:3]=
+        start = text.find("=") + 1
+        if start == 0 or text[start - 2 : start] != "]=" or text[start : start + 1] != "{" or text[-1:] != "}":
+            raise ValueFormatError(f"malformed array literal: {text[:40]!r}")
+        start += 1
+    else:
         raise ValueFormatError(f"malformed array literal: {text[:40]!r}")
+    body = text[start:-1]
+    if '"' in body or "\\" in body:
+        return _parse_nested(text, start, element_converter, delimiter)
+    if "{" in body or "}" in body:
+        return _parse_braces(text, body, element_converter, delimiter)
+    # one dimension, nothing quoted: the common case
+    if not body:
+        return []
+    items = body.split(delimiter)
+    if "" in items:
+        raise ValueFormatError(f"malformed array literal (empty element): {text[:40]!r}")
     conv = element_converter
-    body = text[i + 1 : -1]
-    # Fast path: one dimension, nothing quoted or escaped (most int/float/plain-text arrays).
-    if '"' not in body and "\\" not in body and "{" not in body and "}" not in body:
-        if not body:
-            return []
-        items = body.split(delimiter)
-        if "" in items:
-            raise ValueFormatError(f"malformed array literal (empty element): {text[:40]!r}")
-        if conv is None:
-            return [None if s in _NULLS else s for s in items]
-        return [None if s in _NULLS else conv(s) for s in items]
-    return _parse_nested(text, i + 1, conv, delimiter)
+    if "n" not in body and "N" not in body:  # no NULL element can be there
+        return items if conv is None else list(map(conv, items))  # type: ignore[return-value]
+    if conv is None:
+        return [None if s in _NULLS else s for s in items]
+    return [None if s in _NULLS else conv(s) for s in items]
+
+
+_BRACES: Final = re.compile("([{}])")
+
+
+def _parse_braces(text: str, body: str, conv: TextConverter | None, delim: str) -> list[object]:
+    """Nested arrays with nothing quoted or escaped: the braces are all structure, so one split
+    at them leaves runs of elements (and the delimiters between sub-arrays)."""
+    root: list[object] = []
+    cur = root
+    stack: list[list[object]] = []
+    tokens = _BRACES.split(body)  # text, brace, text, brace, ..., text
+    last = len(tokens) - 1
+    if tokens[0] or tokens[last]:
+        raise ValueFormatError(f"malformed array literal: {text[:40]!r}")
+    for k in range(1, last, 2):
+        if tokens[k] == "{":
+            new: list[object] = []
+            cur.append(new)
+            stack.append(cur)
+            cur = new
+        else:
+            if not stack:
+                raise ValueFormatError(f"unbalanced braces in array literal: {text[:40]!r}")
+            cur = stack.pop()
+        tok = tokens[k + 1]
+        pair = tokens[k] + tokens[k + 2] if k + 2 <= last else tokens[k]
+        if pair == "{}":  # elements
+            items = tok.split(delim)
+            if "" in items:
+                raise ValueFormatError(f"malformed array literal (empty element): {text[:40]!r}")
+            if conv is None:
+                cur.extend(None if s in _NULLS else s for s in items)
+            else:
+                cur.extend(None if s in _NULLS else conv(s) for s in items)
+        elif tok != (delim if pair == "}{" else ""):
+            raise ValueFormatError(f"malformed array literal: {text[:40]!r}")
+    if stack:
+        raise ValueFormatError(f"unbalanced braces in array literal: {text[:40]!r}")
+    return root
 
 
 def _parse_nested(text: str, i: int, conv: TextConverter | None, delim: str) -> list[object]:
@@ -412,14 +458,17 @@ def _float4_from_binary(data: bytes) -> float | str:
         return float(v)  # keeps -0.0
     a = abs(v)
     bits = int.from_bytes(data, "big") & 0x7FFFFFFF
-    pack = _F4.pack
-    for digits in range(9):  # the first length that reads back (cheap), then the exact rule
-        try:
-            if pack(float(f"{a:.{digits}e}")) == pack(a):
-                break
-        except OverflowError:  # rounded up past the largest float4
-            continue
-    shortest = _float4_shortest(a, bits, digits)
+    if bits & 0x7FFFFF and bits < 0x7F7FFFFF:
+        # Symmetric interval: the nearest decimal of each length is the one to try, and the
+        # midpoints to the neighbours are exact doubles, so comparing doubles decides exactly
+        # (a decimal rounds to a double on the same side of a midpoint, or onto it only if equal).
+        low = (a + _F4.unpack(_U4.pack(bits - 1))[0]) * 0.5
+        high = (a + _F4.unpack(_U4.pack(bits + 1))[0]) * 0.5
+        for digits in range(9):
+            c = float(f"{a:.{digits}e}")
+            if low < c < high:
+                return c if v > 0 else -c
+    shortest = _float4_shortest(a, bits, 0)
     return shortest if v > 0 else -shortest
 
 
@@ -485,41 +534,42 @@ def _uuid_from_binary(data: bytes) -> str:
 
 
 # numeric: int16 ndigits, int16 weight, uint16 sign, uint16 dscale, then ndigits base-10000 digits
-_NUMERIC_HEAD: Final = struct.Struct(">hhHH")
 _NUMERIC_SPECIAL: Final = {0xC000: "NaN", 0xD000: "Infinity", 0xF000: "-Infinity"}
-_DIGIT_STRUCTS: dict[int, struct.Struct] = {}
-_DIGIT_FORMATS: Final = tuple("%04d" * n for n in range(64))
+_NUMERIC_STRUCTS: dict[int, struct.Struct] = {n: struct.Struct(f">hhHH{n}H") for n in range(32)}
+_DIGIT_FORMATS: Final = tuple("%04d" * n for n in range(32))
 
 
 def _numeric_from_binary(data: bytes) -> str:
     """The exact text numeric_out prints: all integer digits, then exactly dscale fraction digits
     (zero-padded, or truncated as numeric_recv truncates digits dscale would hide)."""
+    if len(data) < 8:
+        raise ValueFormatError(f"binary numeric shorter than its 8-byte header: {len(data)} bytes")
+    ndigits = data[0] << 8 | data[1]
+    st = _NUMERIC_STRUCTS.get(ndigits)
+    if st is None:
+        if ndigits & 0x8000:
+            raise ValueFormatError(f"binary numeric with a negative digit count: {ndigits - 0x10000}")
+        st = struct.Struct(f">hhHH{ndigits}H")
     try:
-        ndigits, weight, sign, dscale = _NUMERIC_HEAD.unpack_from(data)
+        t = st.unpack(data)
     except struct.error:
-        raise ValueFormatError(f"binary numeric shorter than its 8-byte header: {len(data)} bytes") from None
-    if len(data) != 8 + 2 * ndigits or ndigits < 0:
-        raise ValueFormatError(f"binary numeric with {ndigits} digits cannot be {len(data)} bytes")
-    if sign > 0x4000:
+        raise ValueFormatError(f"binary numeric with {ndigits} digits cannot be {len(data)} bytes") from None
+    weight, sign, dscale = t[1], t[2], t[3]
+    if sign == 0:
+        prefix = ""
+    elif sign == 0x4000:
+        prefix = "-"
+    else:
         special = _NUMERIC_SPECIAL.get(sign)
         if special is None:
             raise ValueFormatError(f"invalid sign 0x{sign:04X} in binary numeric")
         return special
-    if sign == 0x4000:
-        prefix = "-"
-    elif sign == 0:
-        prefix = ""
-    else:
-        raise ValueFormatError(f"invalid sign 0x{sign:04X} in binary numeric")
     if dscale > 0x3FFF:
         raise ValueFormatError(f"invalid scale {dscale} in binary numeric")
-    st = _DIGIT_STRUCTS.get(ndigits)
-    if st is None:
-        st = _DIGIT_STRUCTS[ndigits] = struct.Struct(f">{ndigits}H")
-    digits = st.unpack_from(data, 8)
+    digits = t[4:]
     if ndigits and max(digits) > 9999:
         raise ValueFormatError("invalid digit in binary numeric")
-    s: str = _DIGIT_FORMATS[ndigits] % digits if ndigits < 64 else ("%04d" * ndigits) % digits
+    s: str = _DIGIT_FORMATS[ndigits] % digits if ndigits < 32 else ("%04d" * ndigits) % digits
     text: str
     frac: str
     if weight >= 0:
@@ -559,7 +609,8 @@ _ZONE_HM: Final = "%s%02d:%02d"
 _ZONE_HMS: Final = "%s%02d:%02d:%02d"
 _DATE: Final = "%04d-%02d-%02d"
 _DATE_BC: Final = "%04d-%02d-%02d BC"
-_TIMESTAMP: Final = "%04d-%02d-%02d %s%s"
+_STAMP: Final = "%s %02d:%02d:%02d%s"
+_STAMP_FRAC: Final = "%s %02d:%02d:%02d.%s%s"
 _TIMESTAMP_BC: Final = "%04d-%02d-%02d %s%s BC"
 _LSN: Final = "%X/%X"
 
@@ -607,12 +658,25 @@ def _date_text(days: int) -> str:
     return _DATE_BC % (1 - y, m, d)
 
 
+_DAY_CACHE: dict[int, str] = {}  # days since 2000-01-01 -> "YYYY-MM-DD" (AD), bounded
+
+
 def _timestamp_text(usecs: int, zone: str) -> str:
     days, usecs = divmod(usecs, _USECS_PER_DAY)
-    y, m, d = _ymd(days)
-    if y > 0:
-        return _TIMESTAMP % (y, m, d, _hms(usecs), zone)
-    return _TIMESTAMP_BC % (1 - y, m, d, _hms(usecs), zone)
+    date = _DAY_CACHE.get(days)
+    if date is None:
+        y, m, d = _ymd(days)
+        if y <= 0:
+            return _TIMESTAMP_BC % (1 - y, m, d, _hms(usecs), zone)
+        if len(_DAY_CACHE) >= 4096:
+            _DAY_CACHE.clear()
+        date = _DAY_CACHE[days] = _DATE % (y, m, d)
+    secs, frac = divmod(usecs, 1_000_000)
+    mins, sec = divmod(secs, 60)
+    hour, minute = divmod(mins, 60)
+    if frac:
+        return _STAMP_FRAC % (date, hour, minute, sec, (_USEC % frac).rstrip("0"), zone)
+    return _STAMP % (date, hour, minute, sec, zone)
 
 
 def _date_from_binary(data: bytes) -> str:
@@ -901,11 +965,20 @@ def _binary_array(element_oid: int) -> BinaryConverter:
             total *= d
         if total > len(data):  # each element takes at least 4 bytes: a cheap guard before looping
             raise ValueFormatError(f"binary array of {total} elements cannot be {len(data)} bytes")
-        conv = element if elem == element_oid else binary_converter(elem)
         pos = 12 + 8 * ndim
         end = len(data)
-        unpack = _I4.unpack_from
         flat: list[object] = []
+        if fixed is not None and elem == element_oid and end == pos + total * (4 + fixed[1]):
+            # integers without NULLs: one unpack for (length, value) pairs, then check the lengths
+            values = _pairs(fixed[0], total).unpack_from(data, pos)
+            if values[0::2].count(fixed[1]) == total:
+                flat = list(values[1::2])
+                if ndim > 1:
+                    for d in reversed(dims[1:]):
+                        flat = [flat[k : k + d] for k in range(0, len(flat), d)]
+                return flat
+        conv = element if elem == element_oid else binary_converter(elem)
+        unpack = _I4.unpack_from
         append = flat.append
         try:
             for _ in range(total):
@@ -929,7 +1002,24 @@ def _binary_array(element_oid: int) -> BinaryConverter:
         return flat
 
     element = binary_converter(element_oid)
+    fixed = _FIXED_WIDTH.get(element_oid)
     return convert
+
+
+# element OID -> (struct code, byte width) for arrays read with one unpack
+_FIXED_WIDTH: Final = {21: ("h", 2), 23: ("i", 4), 20: ("q", 8), 26: ("I", 4)}
+_PAIRS: dict[tuple[str, int], struct.Struct] = {}
+
+
+def _pairs(code: str, n: int) -> struct.Struct:
+    st = _PAIRS.get((code, n))
+    if st is None:
+        st = struct.Struct(">" + ("i" + code) * n)
+        if n <= 1024:
+            if len(_PAIRS) >= 512:
+                _PAIRS.clear()
+            _PAIRS[(code, n)] = st
+    return st
 
 
 def _int_text(conv: BinaryConverter) -> Callable[[bytes], str]:
