@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from pgrecv.pgtypes import TYPE_NAMES
 from pgrecv.server import TempServer
-from pgrecv.values import JSON_NULL, binary_converter, text_converter
+from pgrecv.values import JSON_NULL, binary_converter, parse_array, text_converter
 
 Conn = psycopg.Connection[Any]
 
@@ -48,6 +48,7 @@ CASES: dict[str, list[str]] = {
     "real": [
         "0", "'-0'", "1.1", "0.1", "3.4028235e38", "1e-45", "1.17549435e-38", "16777217", "1e10", "123456.79",
         "-2.5", "'NaN'", "'Infinity'", "'-Infinity'", "43875832", "1e-40",
+        "'1.1754944e-38'", "'2.3509887e-38'", "16777216", "'1.7014118e+38'", "'3.0517578e-05'",
     ],
     "double precision": [
         "0", "'-0'", "0.1", "1e308", "5e-324", "1e16", "1e15", "123456789.123", "-1.5e-300", "'NaN'", "'Infinity'",
@@ -424,3 +425,44 @@ def test_random_addresses(conn: Conn, addrs: list[tuple[bytes, int, bool]]) -> N
     if addrs:
         _check_type(conn, "inet", v6 + v4)
         _check_type(conn, "cidr", [f"set_masklen(({e})::inet, masklen(({e})::inet))::cidr" for e in v6 + v4])
+
+
+# --- the array parser against the server's own array_out ------------------------------------------
+
+_array_text = st.text(max_size=8).map(lambda t: t.replace("\x00", ""))  # text cannot hold NUL
+
+
+@SLOW
+@given(
+    st.lists(st.lists(st.one_of(st.none(), _array_text, st.sampled_from(["NULL", "", " ", '"', "\\", "{,}"])),
+                      min_size=2, max_size=2), min_size=1, max_size=5),
+    st.integers(-3, 3),
+)
+def test_parse_array_reads_array_out(conn: Conn, rows: list[list[str | None]], lower: int) -> None:
+    """Random text[] values built by the server (1-D, 2-D and with a lower bound that is not 1):
+    parsing its array_out text gives back the elements; so does the binary form."""
+    flat = [v for row in rows for v in row]
+    one_d, two_d, shifted = _fetch_arrays(conn, flat, len(rows), lower)
+    assert parse_array(one_d[0]) == flat and binary_converter(1009)(one_d[1]) == flat
+    assert parse_array(two_d[0]) == rows and binary_converter(1009)(two_d[1]) == rows
+    assert shifted[0].startswith("[") or lower == 1
+    assert parse_array(shifted[0]) == flat and binary_converter(1009)(shifted[1]) == flat
+
+
+def _fetch_arrays(conn: Conn, flat: list[str | None], nrows: int, lower: int) -> list[tuple[str, bytes]]:
+    """(array_out text, array_send bytes) of: the 1-D array, its pairs as a 2-D array, and the
+    1-D array with its lower bound moved to ``lower``."""
+    out = []
+    for query in (
+        "SELECT %(v)s::text[]",
+        "SELECT array_agg(ARRAY[(%(v)s::text[])[2 * i - 1], (%(v)s::text[])[2 * i]] ORDER BY i)"
+        " FROM generate_series(1, %(n)s) i",
+        "SELECT ('[' || %(lo)s || ':' || %(hi)s || ']=' || array_out(%(v)s::text[])::text)::text[]",
+    ):
+        row = conn.execute(
+            f"SELECT array_out(a)::text, array_send(a) FROM ({query}) t(a)",
+            {"v": flat, "n": nrows, "lo": lower, "hi": lower + len(flat) - 1},
+        ).fetchone()
+        assert row is not None
+        out.append((row[0], bytes(row[1])))
+    return out
