@@ -51,6 +51,9 @@ def test_demo_as_normal_user() -> None:
     import pgrecv.streamer
     import pgrecv.values
 
+    # run it once here first, so that every module it imports lazily is loaded before the child
+    # drops root (the interpreter and virtualenv may live where nobody cannot read)
+    pgrecv.demo.run_demo(console=rich.console.Console(file=io.StringIO(), width=100))
     user = pwd.getpwnam("nobody")
     home = tempfile.mkdtemp(prefix="pgrecv-demo-home-")
     os.chmod(home, 0o777)

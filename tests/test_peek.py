@@ -175,3 +175,15 @@ def test_binary_option(db_dsn: str) -> None:
     binary = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--format", "jsonl", "-o", "binary=true")
     assert binary.returncode == 0, err(binary)
     assert [r.get("new") for r in rows(records(binary.stdout))] == [r.get("new") for r in rows(records(text.stdout))]
+
+
+def test_test_decoding_message_that_is_not_utf8(db_dsn: str) -> None:
+    assert pgrecv("create", "-d", db_dsn, "--slot", "td", "-P", "test_decoding").returncode == 0
+    sql(db_dsn, "SELECT pg_logical_emit_message(false, 'bin', '\\xff00fe'::bytea)")
+    sql(db_dsn, "CREATE TABLE flush_wal ()")  # a commit flushes the WAL: the SQL interface reads up to the flush
+    proc = pgrecv("peek", "-d", db_dsn, "--slot", "td", "--format", "jsonl")
+    assert proc.returncode == 0, err(proc)
+    (msg,) = [r for r in records(proc.stdout) if r["op"] == "message"]
+    assert msg["content_encoding"] == "base64" and msg["content"] == "/wD+"
+    raw = pgrecv("peek", "-d", db_dsn, "--slot", "td", "--format", "raw")
+    assert raw.stdout.endswith(b"content:\xff\x00\xfe\n")
