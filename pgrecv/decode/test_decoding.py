@@ -228,10 +228,9 @@ class TestDecodingParser:
 
     @staticmethod
     def _error(line: str, what: str, pos: int) -> DecodeError:
-        snippet = line if len(line) <= _SNIPPET else line[:_SNIPPET] + "..."
-        snippet = snippet.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+        snippet = _oneline(line[:_SNIPPET]) + ("..." if len(line) > _SNIPPET else "")
         return DecodeError(
-            f"test_decoding: {what} at column {pos + 1} of line: {snippet} "
+            f"test_decoding: {_oneline(what)} at column {pos + 1} of line: {snippet} "
             "(is the slot's plugin test_decoding, and the server a supported version?)",
             detail=repr(line[:4000]),
         )
@@ -701,6 +700,15 @@ def _values(groups: tuple[str, ...]) -> tuple[Value, ...]:
         else:
             out.append(words.get(v, v))  # type: ignore[arg-type]
     return tuple(out)
+
+
+def _oneline(text: str) -> str:
+    """Backslash escapes for backslashes and anything unprintable (newlines, tabs, U+2028...)."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(
+        "\\\\" if c == "\\" else c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
 
 
 def _int(text: str | None) -> int | None:
