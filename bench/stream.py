@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -31,9 +32,17 @@ TABLE = """CREATE TABLE bench (
 
 
 def run(cmd: list[str], **kw: object) -> float:
+    """Wall time of the command; its CPU time goes to CPU[-1]."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return wall
+
+
+CPU: list[float] = []
 
 
 def main() -> int:
@@ -84,8 +93,9 @@ def main() -> int:
             )  # fmt: skip
             lines = sum(1 for _ in out.open("rb"))
             print(
-                f"run {r + 1}: pg_recvlogical {ref_times[-1]:.2f} s ({raw.stat().st_size / 1e6:.0f} MB raw), "
-                f"pgrecv {our_times[-1]:.2f} s ({out.stat().st_size / 1e6:.0f} MB, {lines:,} JSONL lines)"
+                f"run {r + 1}: pg_recvlogical {ref_times[-1]:.2f} s (CPU {CPU[-2]:.2f} s, "
+                f"{raw.stat().st_size / 1e6:.0f} MB raw), pgrecv {our_times[-1]:.2f} s (CPU {CPU[-1]:.2f} s, "
+                f"{out.stat().st_size / 1e6:.0f} MB, {lines:,} JSONL lines)"
             )
             os.unlink(raw)
             os.unlink(out)

@@ -186,6 +186,7 @@ class JsonlEncoder:
         self._commit_lsn: str | None = None
         self._commit_time: str | None = None
         self._gid: str | None = None
+        self.context: tuple[int | None, str | None, str | None, str | None] = (None, None, None, None)
         self._prepare_lsn: str | None = None
         # held-back test_decoding transaction
         self._held: list[ev.Event] | None = None
@@ -260,6 +261,8 @@ class JsonlEncoder:
         self._commit_time = commit_time
         self._gid = gid
         self._prepare_lsn = prepare_lsn
+        # one new tuple per change of context: a fast path compares it by identity
+        self.context = (xid, commit_lsn, commit_time, gid)
 
     def _emit(self, rec: Record) -> None:
         self._write(_dumps(rec, option=_OPT))

@@ -27,7 +27,9 @@ from typing import Any, Protocol
 from pgrecv import events as ev
 from pgrecv.conn import ConnOptions
 from pgrecv.errors import ConnectionFailed, StreamLost, UsageError
+from pgrecv.fastpath import FastInserts
 from pgrecv.feedback import Feedback
+from pgrecv.jsonl import JsonlEncoder
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.plugins import Decoder, make_decoder
 from pgrecv.replication import ReplicationConnection
@@ -128,6 +130,14 @@ class Streamer:
         self.skip_until = 0  # transactions committing at or before this are in the output already
         self._file_seen = 0  # sink.file_started when the formatter was made
         self._feed: Callable[[ev.Event], None] | None = None
+        self._decoder: Decoder | None = None
+        self._fast: FastInserts | None = None
+        # the fused Insert-to-JSONL path (pgrecv.fastpath) when nothing is filtered
+        self._fast_ok = (
+            config.plugin == "pgoutput"
+            and config.fmt == "jsonl"
+            and not (config.tables or config.exclude_tables or config.ops)
+        )
         self._in_txn = False
         self._skipping = False
         self._next_fsync = 0.0
@@ -232,6 +242,7 @@ class Streamer:
         self._next_fsync = now + cfg.fsync_interval
         self.log(f"streaming from slot {cfg.slot} at {lsn_str(start)}")
         decoder = make_decoder(cfg.plugin, cfg.options) if self.decode_needed else None
+        self._decoder = decoder
         self._new_formatter()
         assembler = self._assembler()
         self._assembler_ref = assembler
@@ -246,7 +257,14 @@ class Streamer:
         """A fresh formatter per connection and per output file: a new file repeats the relation
         records its rows need, and nothing of an interrupted transaction carries over."""
         self._file_seen = self.sink.file_started
-        self._feed = self.make_formatter(self.sink.write).feed if self.make_formatter else None
+        formatter = self.make_formatter(self.sink.write) if self.make_formatter else None
+        self._feed = formatter.feed if formatter is not None else None
+        self._fast = None
+        if self._fast_ok and isinstance(formatter, JsonlEncoder) and self._decoder is not None:
+            from pgrecv.decode.pgoutput import PgOutputDecoder
+
+            if isinstance(self._decoder, PgOutputDecoder):
+                self._fast = FastInserts(formatter, self._decoder, self.sink.write)
 
     def _assembler(self) -> Any:
         if not self.cfg.assemble:
@@ -439,6 +457,10 @@ class Streamer:
                 raw_write(b"\n")
 
         def handle(msg: Any, lsn: int) -> None:
+            fast = self._fast
+            if fast is not None and msg[0] == 0x49 and not self._skipping and fast.insert(msg, lsn):  # 'I'
+                stats.rows += 1
+                return
             event = decode(msg, lsn)
             if event is None:
                 return
@@ -455,6 +477,8 @@ class Streamer:
                         return
                 stats.rows += 1
                 emit(event, msg)
+                if fast is not None and cls is ev.Insert:
+                    fast.learn(event)  # type: ignore[arg-type]
                 return
             if cls is ev.Begin:
                 self._in_txn = True

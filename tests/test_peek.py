@@ -186,4 +186,4 @@ def test_test_decoding_message_that_is_not_utf8(db_dsn: str) -> None:
     (msg,) = [r for r in records(proc.stdout) if r["op"] == "message"]
     assert msg["content_encoding"] == "base64" and msg["content"] == "/wD+"
     raw = pgrecv("peek", "-d", db_dsn, "--slot", "td", "--format", "raw")
-    assert raw.stdout.endswith(b"content:\xff\x00\xfe\n")
+    assert b"content:\xff\x00\xfe\n" in raw.stdout
