@@ -365,20 +365,16 @@ class JsonlEncoder:
         self._relation(rel)
         return self._compiled[id(rel)]
 
-    def _insert(self, e: ev.Insert) -> None:
+    def _row(self, op: str, e: ev.Insert | ev.Update | ev.Delete) -> tuple[Record, _Compiled]:
+        """The fields every row record shares, in the format's order."""
         rel = e.relation
         c = self._compiled.get(id(rel))
         if c is None or c.relation is not rel:
             c = self._lookup(rel)
-        tup = e.new
-        try:
-            new = c.fast(tup)
-        except _CONVERSION_ERRORS as exc:
-            raise c.value_error(tup, exc) from None
         lsn = e.lsn
         rec = {
             "v": 1,
-            "op": "insert",
+            "op": op,
             "schema": c.schema,
             "table": c.table,
             "xid": self._xid if e.xid is None else e.xid,
@@ -386,80 +382,50 @@ class JsonlEncoder:
             "lsn": _LSN_FMT % (lsn >> 32, lsn & 0xFFFFFFFF) if lsn else None,
             "commit_time": self._commit_time,
             "key": c.key,
-            "new": new,
-            "unchanged_toast": _NOTHING,
         }
-        if new is None:
-            rec["new"], rec["unchanged_toast"], jnull = c.image(tup)
-            if jnull:
-                rec["json_nulls"] = jnull
+        return rec, c
+
+    def _finish_row(self, rec: Record) -> None:
         if self._gid is not None:
             rec["gid"] = self._gid
             rec["prepare_lsn"] = self._prepare_lsn
         self._write(_dumps(rec, option=_OPT))
+
+    @staticmethod
+    def _new_image(rec: Record, c: _Compiled, tup: ev.Tuple) -> None:
+        try:
+            new = c.fast(tup)
+        except _CONVERSION_ERRORS as exc:
+            raise c.value_error(tup, exc) from None
+        if new is None:  # unchanged TOAST, JSON null or an odd row: the general loop
+            rec["new"], rec["unchanged_toast"], jnull = c.image(tup)
+            if jnull:
+                rec["json_nulls"] = jnull
+        else:
+            rec["new"] = new
+            rec["unchanged_toast"] = _NOTHING
+
+    def _insert(self, e: ev.Insert) -> None:
+        rec, c = self._row("insert", e)
+        self._new_image(rec, c, e.new)
+        self._finish_row(rec)
 
     def _update(self, e: ev.Update) -> None:
-        rel = e.relation
-        c = self._compiled.get(id(rel))
-        if c is None or c.relation is not rel:
-            c = self._lookup(rel)
-        tup = e.new
-        try:
-            new = c.fast(tup)
-        except _CONVERSION_ERRORS as exc:
-            raise c.value_error(tup, exc) from None
-        lsn = e.lsn
-        rec = {
-            "v": 1,
-            "op": "update",
-            "schema": c.schema,
-            "table": c.table,
-            "xid": self._xid if e.xid is None else e.xid,
-            "commit_lsn": self._commit_lsn,
-            "lsn": _LSN_FMT % (lsn >> 32, lsn & 0xFFFFFFFF) if lsn else None,
-            "commit_time": self._commit_time,
-            "key": c.key,
-            "new": new,
-            "old": None,
-            "old_kind": None,
-            "unchanged_toast": _NOTHING,
-        }
-        if new is None:
-            rec["new"], rec["unchanged_toast"], jnull = c.image(tup)
-            if jnull:
-                rec["json_nulls"] = jnull
+        rec, c = self._row("update", e)
+        self._new_image(rec, c, e.new)
+        rec["old"] = None
+        rec["old_kind"] = None
         if e.old is not None:
             _old_image(rec, c, e.old, e.old_kind)
-        if self._gid is not None:
-            rec["gid"] = self._gid
-            rec["prepare_lsn"] = self._prepare_lsn
-        self._write(_dumps(rec, option=_OPT))
+        self._finish_row(rec)
 
     def _delete(self, e: ev.Delete) -> None:
-        rel = e.relation
-        c = self._compiled.get(id(rel))
-        if c is None or c.relation is not rel:
-            c = self._lookup(rel)
-        lsn = e.lsn
-        rec = {
-            "v": 1,
-            "op": "delete",
-            "schema": c.schema,
-            "table": c.table,
-            "xid": self._xid if e.xid is None else e.xid,
-            "commit_lsn": self._commit_lsn,
-            "lsn": _LSN_FMT % (lsn >> 32, lsn & 0xFFFFFFFF) if lsn else None,
-            "commit_time": self._commit_time,
-            "key": c.key,
-            "old": None,
-            "old_kind": None,
-        }
+        rec, c = self._row("delete", e)
+        rec["old"] = None
+        rec["old_kind"] = None
         if e.old is not None:
             _old_image(rec, c, e.old, e.old_kind)
-        if self._gid is not None:
-            rec["gid"] = self._gid
-            rec["prepare_lsn"] = self._prepare_lsn
-        self._write(_dumps(rec, option=_OPT))
+        self._finish_row(rec)
 
     def _truncate(self, e: ev.Truncate) -> None:
         rec: Record = {
