@@ -9,29 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 
 from pgrecv.conn import ConnOptions, connect, translate
-from pgrecv.errors import SlotError
 from pgrecv.events import Event
 from pgrecv.lsn import LSN
-from pgrecv.plugins import (
-    PgOutputSettings,
-    make_decoder,
-    max_proto_version,
-    merge_options,
-    pgoutput_options,
-)
-from pgrecv.slots import get_slot, resolve_publication, server_major
+from pgrecv.plugins import PgOutputSettings, make_decoder, max_proto_version, plan_options
+from pgrecv.slots import logical_slot, server_major
 
 FETCH_SIZE = 2000
-
-
-class Formatter(Protocol):
-    def feed(self, event: Event) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,23 +28,6 @@ class PeekResult:
     last_lsn: LSN | None
     plugin: str
     consumed: bool
-
-
-def plugin_options(
-    conn: psycopg.Connection[Any],
-    plugin: str,
-    slot_info: dict[str, Any],
-    user_options: Sequence[tuple[str, str]],
-    publication: str | None,
-) -> list[tuple[str, str]]:
-    """Defaults for the plugin, overridden by the user's ``-o name=value``."""
-    if plugin != "pgoutput":
-        return list(user_options)
-    major = server_major(conn)
-    given = {name for name, _ in user_options}
-    pub = resolve_publication(conn, publication) if "publication_names" not in given else ""
-    settings = PgOutputSettings(two_phase=bool(slot_info.get("two_phase")) and max_proto_version(major) >= 3)
-    return merge_options(pgoutput_options(major, pub, settings, sql_interface=True), user_options)
 
 
 def peek(
@@ -78,17 +49,12 @@ def peek(
     only after it returns.
     """
     with connect(opts, autocommit=False) as conn:
-        info = get_slot(conn, slot)
-        if info is None:
-            raise SlotError(f"replication slot \"{slot}\" does not exist: create it with 'pgrecv create --slot {slot}'")
-        if info["slot_type"] != "logical":
-            raise SlotError(f'replication slot "{slot}" is a physical slot: logical decoding needs a logical slot')
-        if info["database"] != conn.info.dbname:
-            raise SlotError(
-                f'replication slot "{slot}" belongs to database "{info["database"]}": connect to it with -d'
-            )
+        info = logical_slot(conn, slot)
         plugin = str(info["plugin"])
-        all_options = plugin_options(conn, plugin, info, options, publication)
+        two_phase = bool(info.get("two_phase")) and max_proto_version(server_major(conn)) >= 3
+        all_options = plan_options(
+            conn, info, publication, PgOutputSettings(two_phase=two_phase), options, sql_interface=True
+        )
         decoder = make_decoder(plugin, all_options) if raw is None else None
         # the _binary_ functions for every plugin: the text ones fail on output that is not valid
         # in the database encoding (test_decoding prints message contents raw) and stop at a NUL

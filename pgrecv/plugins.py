@@ -88,6 +88,26 @@ def pgoutput_options(
     return opts
 
 
+def plan_options(
+    conn: Any,
+    slot_info: dict[str, Any],
+    publication: str | None,
+    settings: PgOutputSettings,
+    user_options: Sequence[tuple[str, str]],
+    *,
+    sql_interface: bool,
+) -> list[tuple[str, str]]:
+    """The options to read the slot with: the plugin's defaults for this server, the user's -o last."""
+    if slot_info["plugin"] != "pgoutput":
+        return list(user_options)
+    from pgrecv.slots import resolve_publication
+
+    major = conn.info.server_version // 10000
+    given = {name for name, _ in user_options}
+    pub = resolve_publication(conn, publication) if "publication_names" not in given else ""
+    return merge_options(pgoutput_options(major, pub, settings, sql_interface=sql_interface), user_options)
+
+
 def merge_options(defaults: Sequence[tuple[str, str]], user: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """User options (``-o``) replace defaults of the same name."""
     given = {name for name, _ in user}

@@ -39,6 +39,18 @@ def get_slot(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any] | None:
     return dict(zip([d.name for d in cur.description or ()], row, strict=True))
 
 
+def logical_slot(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any]:
+    """The slot's row, checked to be a logical slot of the database ``conn`` is connected to."""
+    info = get_slot(conn, slot)
+    if info is None:
+        raise SlotError(f"replication slot \"{slot}\" does not exist: create it with 'pgrecv create --slot {slot}'")
+    if info["slot_type"] != "logical":
+        raise SlotError(f'replication slot "{slot}" is a physical slot: logical decoding needs a logical slot')
+    if info["database"] != conn.info.dbname:
+        raise SlotError(f'replication slot "{slot}" belongs to database "{info["database"]}": connect to it with -d')
+    return info
+
+
 def create_slot(
     opts: ConnOptions,
     slot: str,

@@ -20,20 +20,21 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any, Protocol
 
 from pgrecv import events as ev
-from pgrecv.conn import ConnOptions
-from pgrecv.errors import ConnectionFailed, StreamLost, UsageError
+from pgrecv.conn import ConnOptions, connect
+from pgrecv.errors import ConnectionFailed, SlotError, StreamLost, UsageError
 from pgrecv.fastpath import FastInserts
 from pgrecv.feedback import Feedback
 from pgrecv.jsonl import JsonlEncoder
-from pgrecv.lsn import LSN, lsn_str
-from pgrecv.plugins import Decoder, make_decoder
-from pgrecv.replication import ReplicationConnection
+from pgrecv.lsn import lsn_str
+from pgrecv.plugins import Decoder, PgOutputSettings, make_decoder, plan_options
+from pgrecv.replication import ReplicationConnection, StreamEnded
 from pgrecv.sinks import Sink
+from pgrecv.slots import logical_slot
 from pgrecv.status import StatusLine
 from pgrecv.wire import XLOGDATA_HEADER, parse_keepalive
 
@@ -193,7 +194,7 @@ class Streamer:
             rc: ReplicationConnection | None = None
             try:
                 rc = ReplicationConnection(self.opts, self._wake_r)
-                self._stream(rc, first=attempt == 0 and self.stats.reconnects == 0)
+                self._stream(rc)
                 return
             except _Stop:
                 assert rc is not None
@@ -230,7 +231,7 @@ class Streamer:
 
     # --- one connection ----------------------------------------------------------------------
 
-    def _stream(self, rc: ReplicationConnection, *, first: bool) -> None:
+    def _stream(self, rc: ReplicationConnection) -> None:
         cfg = self.cfg
         if cfg.until_caught_up and self.target is None:
             self.target = rc.identify_system()
@@ -245,7 +246,6 @@ class Streamer:
         self._decoder = decoder
         self._new_formatter()
         assembler = self._assembler()
-        self._assembler_ref = assembler
         handle = self._make_handler(decoder)
         try:
             self._pump(rc, handle, assembler)
@@ -312,7 +312,7 @@ class Streamer:
                 self._periodic(rc)
                 rc.wait(max(0.0, min(self._next_fsync, feedback.next_status) - time.monotonic()))
                 continue
-            raise_stream_ended(rc.end_of_copy())
+            raise StreamEnded(rc.end_of_copy())
 
     def _keepalive(self, rc: ReplicationConnection, buf: Any, assembler: Any) -> None:
         ka = parse_keepalive(buf)
@@ -532,12 +532,6 @@ class Streamer:
         return handle
 
 
-def raise_stream_ended(reason: str) -> None:
-    from pgrecv.replication import StreamEnded
-
-    raise StreamEnded(reason)
-
-
 class SinkText(io.TextIOBase):
     """A text stream over a sink, for rich's Console (pretty output)."""
 
@@ -562,10 +556,6 @@ def parse_ops(value: str | None) -> frozenset[str] | None:
     return ops
 
 
-def lsn_or_none(value: LSN | None) -> int | None:
-    return None if value is None else int(value)
-
-
 def plan_start(
     opts: ConnOptions,
     slot: str,
@@ -573,39 +563,17 @@ def plan_start(
     fmt: str,
     plugin: str | None,
     publication: str | None,
-    settings: Any,
+    settings: PgOutputSettings,
     user_options: Sequence[tuple[str, str]],
 ) -> tuple[str, list[tuple[str, str]]]:
     """The slot's plugin and the options to stream it with (checked before anything is written)."""
-    from pgrecv.conn import connect
-    from pgrecv.errors import SlotError
-    from pgrecv.plugins import merge_options, pgoutput_options
-    from pgrecv.slots import get_slot, resolve_publication
-
     with connect(opts) as conn:
-        info = get_slot(conn, slot)
-        if info is None:
-            raise SlotError(
-                f"replication slot \"{slot}\" does not exist: create it with --create or 'pgrecv create --slot {slot}'"
-            )
-        if info["slot_type"] != "logical":
-            raise SlotError(f'replication slot "{slot}" is a physical slot: logical decoding needs a logical slot')
-        if info["database"] != conn.info.dbname:
-            raise SlotError(
-                f'replication slot "{slot}" belongs to database "{info["database"]}": connect to it with -d'
-            )
+        info = logical_slot(conn, slot)
         slot_plugin = str(info["plugin"])
         if plugin is not None and plugin != slot_plugin:
             raise SlotError(
                 f'replication slot "{slot}" uses plugin {slot_plugin}, not {plugin}: drop -P or use another slot'
             )
-        if slot_plugin != "pgoutput":
-            return slot_plugin, list(user_options)
-        major = conn.info.server_version // 10000
-        given = {name for name, _ in user_options}
-        pub = resolve_publication(conn, publication) if "publication_names" not in given else ""
         if fmt == "raw" and settings.streaming is None:
-            from dataclasses import replace
-
             settings = replace(settings, streaming="off")  # raw output stays what the plugin wrote
-        return slot_plugin, merge_options(pgoutput_options(major, pub, settings), user_options)
+        return slot_plugin, plan_options(conn, info, publication, settings, user_options, sql_interface=False)
