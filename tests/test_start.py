@@ -396,3 +396,19 @@ def test_missing_slot_and_publication_errors(table: str) -> None:
     assert pgrecv("create", "-d", table, "--slot", "s").returncode == 0
     proc = pgrecv("start", "-d", table, "--slot", "s")
     assert proc.returncode == ExitCode.PUBLICATION and "has none" in err(proc)
+
+
+def test_create_then_start(table: str, tmp_path: Path) -> None:
+    out = tmp_path / "o.jsonl"
+    proc = pgrecv("start", "-d", table, "--slot", "new", "--create", "-f", str(out), "--until-caught-up")
+    assert proc.returncode == 0, err(proc)
+    assert 'created slot "new" (pgoutput)' in err(proc)
+    insert_txns(table, 1, 1)
+    again = ("start", "-d", table, "--slot", "new", "--create", "--if-not-exists", "-f", str(out), "--until-caught-up")
+    proc = pgrecv(*again)
+    assert proc.returncode == 0, err(proc)
+    assert [r["new"]["id"] for t in committed(records(out.read_bytes())) for r in t] == [1001, 1002, 1003]
+    proc = pgrecv("start", "-d", table, "--slot", "new", "--create", "-f", str(out))
+    assert proc.returncode == ExitCode.SLOT and "already exists" in err(proc)
+    proc = pgrecv("start", "-d", table, "--slot", "new", "-P", "test_decoding")
+    assert proc.returncode == ExitCode.USAGE and "--create" in err(proc)
