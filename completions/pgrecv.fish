@@ -36,7 +36,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from drop' -s W -l password -d 'Pr
 complete -c pgrecv -n '__fish_seen_subcommand_from drop' -s v -l verbose -d 'More detail on stderr (repeat for more).'
 complete -c pgrecv -n '__fish_seen_subcommand_from drop' -s q -l quiet -d 'Print no progress or notices.'
 complete -c pgrecv -n '__fish_seen_subcommand_from peek' -s S -l slot -x -d 'Name of the logical replication slot.'
-complete -c pgrecv -n '__fish_seen_subcommand_from peek' -l consume -d 'Consume the changes (…_get_changes) once the output is durable.'
+complete -c pgrecv -n '__fish_seen_subcommand_from peek' -l consume -d 'Advance the slot past the changes once the output is durable.'
 complete -c pgrecv -n '__fish_seen_subcommand_from peek' -l upto-lsn -x -d 'Stop at this LSN.'
 complete -c pgrecv -n '__fish_seen_subcommand_from peek' -l upto-nchanges -x -d 'Stop after about this many changes.'
 complete -c pgrecv -n '__fish_seen_subcommand_from peek' -s o -l option -x -d 'Option passed to the output plugin (repeatable).'

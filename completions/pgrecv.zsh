@@ -61,7 +61,7 @@ _pgrecv() {
             _arguments \
                 '--help[show help]' \
                 '(-S --slot)'{-S,--slot}'[Name of the logical replication slot.]:slot: ' \
-                '--consume[Consume the changes (…_get_changes) once the output is durable.]' \
+                '--consume[Advance the slot past the changes once the output is durable.]' \
                 '--upto-lsn[Stop at this LSN.]:upto_lsn: ' \
                 '--upto-nchanges[Stop after about this many changes.]:upto_nchanges: ' \
                 ''*{-o,--option}'[Option passed to the output plugin (repeatable).]:name\[=value\]: ' \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 from collections.abc import Callable
@@ -235,7 +236,7 @@ def slots(fmt: str, **kw: Any) -> None:
 
 @cli.command()
 @click.option("-S", "--slot", required=True, help="Name of the logical replication slot.")
-@click.option("--consume", is_flag=True, help="Consume the changes (…_get_changes) once the output is durable.")
+@click.option("--consume", is_flag=True, help="Advance the slot past the changes once the output is durable.")
 @click.option("--upto-lsn", type=LSNType(), help="Stop at this LSN.")
 @click.option("--upto-nchanges", type=click.IntRange(min=1), help="Stop after about this many changes.")
 @click.option(
@@ -581,7 +582,11 @@ def demo(bindir: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        cli.main(args=argv, prog_name="pgrecv", standalone_mode=False)
+        # make_context + invoke rather than cli.main: Click's main turns a broken pipe into a silent
+        # exit 1, and every error here must be one line with its own exit code
+        args = sys.argv[1:] if argv is None else argv
+        with cli.make_context("pgrecv", list(args)) as ctx:
+            cli.invoke(ctx)
     except click.exceptions.Abort:
         click.echo("pgrecv: interrupted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
@@ -593,6 +598,8 @@ def main(argv: list[str] | None = None) -> None:
     except (PgrecvError, psycopg.Error) as caught:
         # A server error no command translated itself still gets the one-line treatment.
         error = caught if isinstance(caught, PgrecvError) else translate(caught)
+        if error.exit_code == ExitCode.OUTPUT:
+            _silence_stdout()
         click.echo(f"pgrecv: error: {error.message}", err=True)
         if STATE.verbose and error.detail and error.detail != error.message:
             click.echo(f"pgrecv: detail: {error.detail}", err=True)
@@ -602,9 +609,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.INTERRUPTED)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): nothing was confirmed or consumed past what it got.
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        click.echo("pgrecv: error: output pipe closed before all data was written", err=True)
+        _silence_stdout()
+        click.echo("pgrecv: error: the reader of standard output went away before all was written", err=True)
         sys.exit(ExitCode.OUTPUT)
     sys.exit(ExitCode.OK)
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, make the interpreter's final flush of stdout go nowhere quietly."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,8 +1,10 @@
-"""The SQL interface: read a slot's changes with pg_logical_slot_{peek,get}[_binary]_changes.
+"""The SQL interface: read a slot's changes with pg_logical_slot_peek_binary_changes.
 
-The changes are decoded by the same decoders as the stream. With ``consume`` the slot only
-advances when the transaction that called ``…_get_changes`` commits, which happens after the
-output is durable: a failed write leaves the slot where it was.
+The changes are decoded by the same decoders as the stream. ``…_get_changes`` is never used to
+consume: it moves the slot when the function returns, before a single row has been written (and
+a rollback does not undo it, slots are not transactional). With ``consume`` the changes are
+peeked, written, made durable, and only then is the slot advanced past them with
+``pg_replication_slot_advance``: a failed write leaves the slot where it was.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def peek(
         decoder = make_decoder(plugin, all_options) if raw is None else None
         # the _binary_ functions for every plugin: the text ones fail on output that is not valid
         # in the database encoding (test_decoding prints message contents raw) and stop at a NUL
-        func = "pg_logical_slot_{}_binary_changes".format("get" if consume else "peek")
+        func = "pg_logical_slot_peek_binary_changes"
         variadic: list[str] = [x for pair in all_options for x in pair]
         query = sql.SQL(
             "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM {}(%s, %s::pg_lsn, %s, VARIADIC %s::text[])"
@@ -84,9 +86,15 @@ def peek(
         except psycopg.Error as exc:
             conn.rollback()
             raise translate(exc, slot=slot, publication=publication) from None
+        conn.rollback()
         durable()
-        if consume:
-            conn.commit()
-        else:
-            conn.rollback()
+        if consume and last is not None:
+            # The SQL interface returns whole transactions, so the last row ends one (a commit, or a
+            # message outside a transaction) and its LSN is that unit's end: everything before it
+            # is in the output now.
+            try:
+                conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, str(LSN(last))))
+                conn.commit()
+            except psycopg.Error as exc:
+                raise translate(exc, slot=slot) from None
         return PeekResult(count, None if last is None else LSN(last), plugin, consume)

@@ -187,3 +187,25 @@ def test_test_decoding_message_that_is_not_utf8(db_dsn: str) -> None:
     assert msg["content_encoding"] == "base64" and msg["content"] == "/wD+"
     raw = pgrecv("peek", "-d", db_dsn, "--slot", "td", "--format", "raw")
     assert b"content:\xff\x00\xfe\n" in raw.stdout
+
+
+def test_reader_going_away_consumes_nothing(db_dsn: str) -> None:
+    import subprocess
+    import sys
+
+    setup_pgoutput(db_dsn)
+    sql(db_dsn, "INSERT INTO t (id, name) SELECT g, repeat('x', 100) FROM generate_series(1, 5000) g")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgrecv", "peek", "-d", db_dsn, "--slot", "s", "--consume", "--format", "jsonl"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(1000)
+    proc.stdout.close()  # like `| head -c 1000`
+    code = proc.wait(60)
+    stderr = proc.stderr.read().decode()
+    assert code == ExitCode.OUTPUT, stderr
+    assert stderr.count("\n") == 1 and "went away" in stderr
+    still = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--format", "jsonl")
+    assert len(rows(records(still.stdout))) == 5000
