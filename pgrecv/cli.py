@@ -621,3 +621,8 @@ def _silence_stdout() -> None:
 
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+from pgrecv.snapshot_cli import snapshot  # noqa: E402
+
+cli.add_command(snapshot)

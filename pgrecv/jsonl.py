@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import orjson
@@ -353,6 +353,48 @@ class JsonlEncoder:
         if c is None or c.relation is not rel:
             c = self._compiled[id(rel)] = _Compiled(rel)
         return c
+
+    # --- snapshot rows (pgrecv snapshot) ----------------------------------------------------
+
+    def snapshot_rows(self, relation: ev.Relation, rows: Iterable[ev.Tuple], snapshot_lsn: int) -> int:
+        """Write one ``snapshot`` record per row (a table's existing rows as of ``snapshot_lsn``),
+        preceded by the relation record the first time ``relation`` is seen; returns the count.
+
+        Values go through the same compiled converters as insert records, so a snapshot row and
+        an insert of the same row carry identical values. The fields before ``new`` are the same
+        for every row: they are encoded once and the row's image is spliced in.
+        """
+        c = self._lookup(relation)
+        head = _dumps(
+            {
+                "v": 1,
+                "op": "snapshot",
+                "schema": c.schema,
+                "table": c.table,
+                "snapshot_lsn": lsn_str(snapshot_lsn),
+                "key": c.key,
+            }
+        )
+        prefix = head[:-1] + b',"new":'
+        suffix = b',"unchanged_toast":[]}\n'
+        fast = c.fast
+        write = self._write
+        n = 0
+        for tup in rows:
+            try:
+                new = fast(tup)
+                if new is None:  # a JSON null document (or an odd row): the general loop
+                    rec = orjson.loads(head)
+                    rec["new"], rec["unchanged_toast"], jnull = c.image(tup)
+                    if jnull:
+                        rec["json_nulls"] = jnull
+                    write(_dumps(rec, option=_OPT))
+                else:
+                    write(prefix + _dumps(new) + suffix)
+            except _CONVERSION_ERRORS as exc:
+                raise c.value_error(tup, exc) from None
+            n += 1
+        return n
 
     # --- rows -------------------------------------------------------------------------------
 
