@@ -36,7 +36,7 @@ from pgrecv.cli import SIZE, STATE, common_options, conn_opts, connection_option
 @click.option("--two-phase", is_flag=True, help="Create the slot with two-phase decoding.")
 @connection_options
 @common_options
-def snapshot(
+def _snapshot(
     slot: str,
     output_dir: str,
     tables: tuple[str, ...],
@@ -64,6 +64,10 @@ def snapshot(
         range_size=range_size,
         two_phase=two_phase,
     )
+
+
+# annotated: pgrecv.cli imports this name while this module imports pgrecv.cli
+snapshot: click.Command = _snapshot
 
 
 def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> None:
