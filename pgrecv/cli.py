@@ -156,6 +156,7 @@ def cli() -> None:
     metavar="[SCHEMA.]TABLE",
     help="Table for a new publication (repeatable).",
 )
+@click.option("--snapshot", "snapshot_dir", metavar="DIR", help="Also copy existing rows into DIR (pgrecv snapshot).")
 @connection_options
 @common_options
 def create(
@@ -166,11 +167,19 @@ def create(
     failover: bool,
     publication: str | None,
     tables: tuple[str, ...],
+    snapshot_dir: str | None,
     **kw: Any,
 ) -> None:
     """Create a logical replication slot (and a publication for pgoutput)."""
     from pgrecv.slots import create_slot
 
+    if snapshot_dir is not None:
+        from pgrecv.snapshot_cli import create_with_snapshot
+
+        create_with_snapshot(
+            conn_opts(kw), slot, snapshot_dir, plugin, if_not_exists, two_phase, failover, publication, tables
+        )
+        return
     result = create_slot(
         conn_opts(kw),
         slot,

@@ -82,3 +82,32 @@ def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> Non
         f"{result.rows} rows in {len(result.files)} files in {output_dir}; "
         f"continue with: pgrecv start --slot {slot} --output-dir {output_dir}"
     )
+
+
+def create_with_snapshot(
+    opts: Any,
+    slot: str,
+    output_dir: str,
+    plugin: str,
+    if_not_exists: bool,
+    two_phase: bool,
+    failover: bool,
+    publication: str | None,
+    tables: tuple[str, ...],
+) -> None:
+    """`pgrecv create ... --snapshot DIR`: the publication if asked for, then `pgrecv snapshot`."""
+    from pgrecv.conn import connect
+    from pgrecv.errors import UsageError
+    from pgrecv.slots import ensure_publication
+
+    if if_not_exists:
+        raise UsageError("--snapshot needs a new slot: it cannot go with --if-not-exists")
+    if tables and not publication:
+        raise UsageError("--table needs --publication: tables are published through a publication")
+    if publication:
+        with connect(opts) as conn:
+            if ensure_publication(conn, publication, tables):
+                info(f'created publication "{publication}"')
+    run_and_report(
+        opts, slot, output_dir, plugin=plugin, publication=publication, two_phase=two_phase, failover=failover
+    )

@@ -30,7 +30,7 @@ VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 ODD_TEXTS = [
     "plain",
-    "it's \"quoted\"",
+    'it\'s "quoted"',
     "back\\slash \\N \\t",
     "new\nline\r\nand\ttab",
     "unicode ✓ ünï 中文 \u2028 😀",
@@ -305,7 +305,10 @@ def test_table_without_select_privilege(db_dsn: str, tmp_path: Path) -> None:
         proc = pgrecv("snapshot", "-d", dsn, "--slot", "nopriv", "--output-dir", str(tmp_path / "o"), "--table", "it*")
         assert proc.returncode == 0, err(proc)
     finally:
-        sql(db_dsn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
+        sql(
+            db_dsn,
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()",
+        )
         sql(db_dsn, f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
         sql(db_dsn, f"DROP ROLE {role}")
 
@@ -389,3 +392,28 @@ def test_refuses_a_directory_with_output(db_dsn: str, tmp_path: Path) -> None:
     assert proc.returncode == 8, err(proc)
     assert "already holds pgrecv output" in err(proc)
     assert _slots(db_dsn) == []
+
+
+def test_create_with_snapshot(db_dsn: str, tmp_path: Path) -> None:
+    _setup(db_dsn, rows=20)
+    out = tmp_path / "o"
+    args = [
+        "create",
+        "-d",
+        db_dsn,
+        "--slot",
+        "c",
+        "--publication",
+        "only_odd",
+        "--table",
+        "odd",
+        "--snapshot",
+        str(out),
+    ]
+    proc = pgrecv(*args)
+    assert proc.returncode == 0, err(proc)
+    assert 'created publication "only_odd"' in err(proc)
+    manifest = json.loads(next(out.glob("*.manifest.json")).read_text())
+    assert manifest["tables"] == ["public.odd"] and manifest["slot"] == "c"
+    assert sum(f["rows"] for f in manifest["files"]) == len(ODD_TEXTS) + 1
+    assert _slots(db_dsn) == ["c"]
