@@ -3,23 +3,24 @@ _pgrecv() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            create|demo|drop|peek|slots|start) cmd="${COMP_WORDS[i]}"; break ;;
+            create|demo|drop|peek|slots|snapshot|start) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-        "") COMPREPLY=($(compgen -W "create demo drop peek slots start --version -v --verbose -q --quiet --help" -- "$cur")); return ;;
+        "") COMPREPLY=($(compgen -W "create demo drop peek slots snapshot start --version -v --verbose -q --quiet --help" -- "$cur")); return ;;
         create)
             case "$prev" in
                 -S|--slot) return ;;
                 -P|--plugin) return ;;
                 --publication) return ;;
                 --table) return ;;
+                --snapshot) COMPREPLY=($(compgen -d -- "$cur")); return ;;
                 -d|--dbname) return ;;
                 -h|--host) return ;;
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot -P --plugin --if-not-exists --two-phase --failover --publication --table -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot -P --plugin --if-not-exists --two-phase --failover --publication --table --snapshot -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
         demo)
             case "$prev" in
                 --bindir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
@@ -58,6 +59,21 @@ _pgrecv() {
                 -U|--username) return ;;
             esac
             COMPREPLY=($(compgen -W "--help --format -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+        snapshot)
+            case "$prev" in
+                -S|--slot) return ;;
+                --output-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+                --table) return ;;
+                -j|--jobs) return ;;
+                --publication) return ;;
+                -P|--plugin) COMPREPLY=($(compgen -W "pgoutput test_decoding" -- "$cur")); return ;;
+                --range-size) return ;;
+                -d|--dbname) return ;;
+                -h|--host) return ;;
+                -p|--port) return ;;
+                -U|--username) return ;;
+            esac
+            COMPREPLY=($(compgen -W "--help -S --slot --output-dir --table -j --jobs --publication -P --plugin --range-size --two-phase -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
         start)
             case "$prev" in
                 -S|--slot) return ;;

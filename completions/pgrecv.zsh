@@ -9,6 +9,7 @@ _pgrecv() {
         'drop:Drop a replication slot.'
         'peek:Read a slot'\''s pending changes through the SQL interface, decoded.'
         'slots:List replication slots with their positions, lag and retained WAL.'
+        'snapshot:Create a slot and copy every published table'\''s rows as of its start (an initial snapshot).'
         'start:Stream a slot'\''s changes over the replication protocol, like pg_recvlogical --start.'
     )
     if (( CURRENT == 2 )); then
@@ -30,6 +31,7 @@ _pgrecv() {
                 '--failover[Synchronise the slot to standbys (PostgreSQL 17+).]' \
                 '--publication[pgoutput\: create this publication if missing (FOR ALL TABLES, or the --table list).]:name: ' \
                 '*--table[Table for a new publication (repeatable).]:\[schema.\]table: ' \
+                '--snapshot[Also copy existing rows into DIR (pgrecv snapshot).]:directory:_files -/' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
                 '(-p --port)'{-p,--port}'[Server port.]:port: ' \
@@ -80,6 +82,25 @@ _pgrecv() {
             _arguments \
                 '--help[show help]' \
                 '--format[A table for people or one JSON object per slot.]:value:(table jsonl)' \
+                '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
+                '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
+                '(-p --port)'{-p,--port}'[Server port.]:port: ' \
+                '(-U --username)'{-U,--username}'[Connect as this role.]:name: ' \
+                '(-w --no-password)'{-w,--no-password}'[Never prompt for a password.]' \
+                '(-W --password)'{-W,--password}'[Prompt for a password before connecting.]' \
+                ''*{-v,--verbose}'[More detail on stderr (repeat for more).]' \
+                '(-q --quiet)'{-q,--quiet}'[Print no progress or notices.]' ;;
+        snapshot)
+            _arguments \
+                '--help[show help]' \
+                '(-S --slot)'{-S,--slot}'[Name of the new logical replication slot.]:slot: ' \
+                '--output-dir[Write the snapshot files here (an empty directory).]:directory:_files -/' \
+                '*--table[Only these tables (schema.table glob, repeatable).]:glob: ' \
+                '(-j --jobs)'{-j,--jobs}'[Worker connections.]:jobs: ' \
+                '--publication[pgoutput\: the publication (default\: the only one).]:name: ' \
+                '(-P --plugin)'{-P,--plugin}'[Output plugin of the new slot.]:value:(pgoutput test_decoding)' \
+                '--range-size[With --jobs > 1\: split tables bigger than this into ctid ranges of about this size.]:range_size: ' \
+                '--two-phase[Create the slot with two-phase decoding.]' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
                 '(-p --port)'{-p,--port}'[Server port.]:port: ' \
