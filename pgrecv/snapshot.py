@@ -289,10 +289,11 @@ def _drop_slot(opts: ConnOptions, slot: str, log: Callable[[str], None]) -> None
 
 
 def _import(conn: psycopg.Connection[Any], snapshot_name: str) -> None:
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
     try:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
-    except psycopg.errors.InvalidParameterValue:
+    except (psycopg.errors.InvalidParameterValue, psycopg.errors.UndefinedObject):
+        # 15: "invalid snapshot identifier"; 18: "snapshot ... does not exist"
         raise SnapshotLost(
             "the connection exporting the snapshot was lost before every worker imported it: nothing was "
             "published and the slot was dropped: run pgrecv snapshot again"

@@ -330,11 +330,13 @@ def _wait_for(predicate: Any, timeout: float = 30) -> None:
 
 
 def _imported(db_dsn: str) -> bool:
-    """The slot exists and a worker is inside its snapshot transaction."""
+    """The slot exists and a worker has imported the snapshot (and sleeps in the test hook), so
+    the loss is caught by the check after the COPYs."""
     rows = sql(
         db_dsn,
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgrecv' "
-        "AND backend_type = 'client backend' AND state LIKE 'idle in transaction%%'",
+        "AND backend_type = 'client backend' AND state = 'idle in transaction' "
+        "AND query LIKE 'SET TRANSACTION SNAPSHOT%%' AND state_change < now() - interval '0.3 s'",
     )
     return bool(_slots(db_dsn)) and rows[0][0] > 0
 
