@@ -3,11 +3,11 @@ _pgrecv() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            create|demo|drop|peek|slots|snapshot|start) cmd="${COMP_WORDS[i]}"; break ;;
+            create|demo|drop|peek|slots|snapshot|spark-apply|start) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-        "") COMPREPLY=($(compgen -W "create demo drop peek slots snapshot start --version -v --verbose -q --quiet --help" -- "$cur")); return ;;
+        "") COMPREPLY=($(compgen -W "create demo drop peek slots snapshot spark-apply start --version -v --verbose -q --quiet --help" -- "$cur")); return ;;
         create)
             case "$prev" in
                 -S|--slot) return ;;
@@ -74,6 +74,17 @@ _pgrecv() {
                 -U|--username) return ;;
             esac
             COMPREPLY=($(compgen -W "--help -S --slot --output-dir --table -j --jobs --publication -P --plugin --range-size --two-phase -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+        spark-apply)
+            case "$prev" in
+                --target) return ;;
+                --format) COMPREPLY=($(compgen -W "delta parquet" -- "$cur")); return ;;
+                --table) return ;;
+                --master) return ;;
+                --conf) return ;;
+                --mode) COMPREPLY=($(compgen -W "latest history" -- "$cur")); return ;;
+                --delta-engine) COMPREPLY=($(compgen -W "auto spark delta-rs" -- "$cur")); return ;;
+            esac
+            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --append-only --json -v --verbose -q --quiet" -- "$cur")) ;;
         start)
             case "$prev" in
                 -S|--slot) return ;;

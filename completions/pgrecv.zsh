@@ -10,6 +10,7 @@ _pgrecv() {
         'peek:Read a slot'\''s pending changes through the SQL interface, decoded.'
         'slots:List replication slots with their positions, lag and retained WAL.'
         'snapshot:Create a slot and copy every published table'\''s rows as of its start (an initial snapshot).'
+        'spark-apply:Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.'
         'start:Stream a slot'\''s changes over the replication protocol, like pg_recvlogical --start.'
     )
     if (( CURRENT == 2 )); then
@@ -107,6 +108,20 @@ _pgrecv() {
                 '(-U --username)'{-U,--username}'[Connect as this role.]:name: ' \
                 '(-w --no-password)'{-w,--no-password}'[Never prompt for a password.]' \
                 '(-W --password)'{-W,--password}'[Prompt for a password before connecting.]' \
+                ''*{-v,--verbose}'[More detail on stderr (repeat for more).]' \
+                '(-q --quiet)'{-q,--quiet}'[Print no progress or notices.]' ;;
+        spark-apply)
+            _arguments \
+                '--help[show help]' \
+                '--target[Directory holding one table per PostgreSQL table.]:path: ' \
+                '--format[Table format.]:value:(delta parquet)' \
+                '*--table[Only these tables (schema.table glob).]:glob: ' \
+                '--master[Spark master (default local\[*\], or spark-submit'\''s).]:url: ' \
+                '*--conf[Spark configuration (repeatable).]:key=value: ' \
+                '--mode[latest\: the tables as they are; history\: every version (SCD type 2).]:value:(latest history)' \
+                '--delta-engine[auto\: Delta'\''s Spark connector when on the classpath, else delta-rs.]:value:(auto spark delta-rs)' \
+                '--append-only[Tables without any key\: append their inserts.]' \
+                '--json[Print a machine-readable summary on stdout.]' \
                 ''*{-v,--verbose}'[More detail on stderr (repeat for more).]' \
                 '(-q --quiet)'{-q,--quiet}'[Print no progress or notices.]' ;;
         start)

@@ -635,3 +635,7 @@ def _silence_stdout() -> None:
 from pgrecv.snapshot_cli import snapshot  # noqa: E402
 
 cli.add_command(snapshot)
+
+from pgrecv.spark.command import spark_apply  # noqa: E402
+
+cli.add_command(spark_apply)

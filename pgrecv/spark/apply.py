@@ -1,0 +1,424 @@
+"""spark-apply: read → per table: skip what is applied, reduce, resolve TOAST, write atomically.
+
+Prepared transactions whose outcome is not in the input are carried over in
+``TARGET/_pgrecv/prepared/`` (their lines, with the relation records of their tables) and read
+before the input next time; see docs/spark-apply.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+
+from pgrecv.errors import InputError, UsageError
+from pgrecv.spark import reduce as rd
+from pgrecv.spark.read import Reader, ReadResult, TableInput, check_snapshots, expand_sources, table_matcher
+from pgrecv.spark.types import ColumnType, column_type, convert_value, same_type
+from pgrecv.spark.writers import (
+    HISTORY_COLS,
+    HISTORY_NAMES,
+    OP_COL,
+    Batch,
+    DeltaRsTarget,
+    DeltaSparkTarget,
+    ParquetTarget,
+    Target,
+    hashable,
+)
+
+STATE_DIR = "_pgrecv"
+
+
+@dataclass
+class ApplyConfig:
+    sources: tuple[str, ...]
+    target: Path
+    fmt: str = "delta"  # delta | parquet
+    tables: tuple[str, ...] = ()
+    mode: str = "latest"  # latest | history
+    engine: str = "auto"  # auto | spark | delta-rs
+    master: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+    append_only: bool = False
+
+
+@dataclass
+class TableResult:
+    table: str
+    path: str
+    status: str  # applied, up to date
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    truncates: int = 0
+    version: int | None = None
+    applied_lsn: str | None = None
+
+
+@dataclass
+class Summary:
+    engine: str
+    files: int = 0
+    lines: int = 0
+    transactions: int = 0
+    incomplete: int = 0
+    rolled_back: int = 0
+    pending_prepared: int = 0
+    tables: list[TableResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Progress:
+    """Hooks for the command's progress bar; the default does nothing."""
+
+    def files(self, total: int) -> None: ...
+    def file_done(self) -> None: ...
+    def tables(self, total: int) -> None: ...
+    def table_done(self, name: str) -> None: ...
+
+
+def table_dir_name(schema: str, table: str) -> str:
+    """``schema.table`` with anything unsafe (including dots inside names) percent-encoded."""
+
+    def enc(s: str) -> str:
+        return quote(s, safe="").replace(".", "%2E")
+
+    return f"{enc(schema)}.{enc(table)}"
+
+
+def _lsn_text(v: int) -> str:
+    return f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"
+
+
+def run_apply(
+    config: ApplyConfig,
+    spark: Any = None,
+    progress: Progress | None = None,
+    after_table: Callable[[str], None] | None = None,
+) -> Summary:
+    started = time.monotonic()
+    progress = progress or Progress()
+    if config.fmt not in ("delta", "parquet") or config.mode not in ("latest", "history"):
+        raise UsageError("--format is delta or parquet, --mode latest or history")
+    files = expand_sources(config.sources)
+    manifests = check_snapshots(files)
+    state = config.target / STATE_DIR / "prepared"
+    carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
+
+    reader = Reader(table_matcher(config.tables))
+    progress.files(len(files) + len(carried))
+    for path in carried:
+        reader.feed_file(path)
+        progress.file_done()
+    for mpath, manifest in manifests.items():
+        reader.feed_manifest(manifest, str(mpath))
+    for path in files:
+        reader.feed_file(path)
+        progress.file_done()
+    res = reader.result()
+
+    engine = config.engine
+    if (config.fmt == "parquet" or engine in ("auto", "spark")) and spark is None:
+        from pgrecv.spark.sparkops import start_session
+
+        spark = start_session(config.master, config.conf)
+    if config.fmt == "delta":
+        if engine == "auto":
+            from pgrecv.spark.sparkops import has_delta_connector
+
+            engine = "spark" if has_delta_connector(spark) else "delta-rs"
+        elif engine == "spark":
+            from pgrecv.spark.sparkops import has_delta_connector
+
+            if not has_delta_connector(spark):
+                raise UsageError(
+                    "--delta-engine spark: Delta Lake's Spark connector (io.delta) is not on the classpath; "
+                    "add it (e.g. --conf spark.jars.packages=io.delta:delta-spark_2.13:4.0.0) or use delta-rs"
+                )
+    else:
+        engine = "spark"
+    summary = Summary(
+        engine=f"{config.fmt}/{engine}",
+        files=res.files,
+        lines=res.lines,
+        transactions=res.transactions,
+        incomplete=res.incomplete,
+        rolled_back=res.rolled_back,
+        pending_prepared=len(res.pending),
+    )
+    _carry_pending(state, res)
+    todo = [t for t in res.tables.values() if t.changes]
+    progress.tables(len(todo))
+    for t in sorted(todo, key=lambda t: (t.schema, t.table)):
+        path = config.target / table_dir_name(t.schema, t.table)
+        app_id = f"pgrecv:{t.schema}.{t.table}"
+        target: Target
+        if config.fmt == "parquet":
+            target = ParquetTarget(path, app_id, spark)
+        elif engine == "spark":
+            target = DeltaSparkTarget(path, app_id, spark)
+        else:
+            target = DeltaRsTarget(path, app_id)
+        summary.tables.append(apply_table(t, target, config))
+        progress.table_done(t.name)
+        if after_table is not None:
+            after_table(t.name)
+    _finish_carried(state, res)
+    applied = {r.table: r for r in summary.tables}
+    for gid, commit_lsn in res.missing_prepared:
+        summary.warnings.append(
+            f"COMMIT PREPARED '{gid}' at {_lsn_text(commit_lsn)}: its PREPARE is neither in the input nor carried "
+            "over (fine if an earlier run applied it; otherwise give the file holding its PREPARE)"
+        )
+    del applied
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _gid_file(state: Path, gid: str) -> Path:
+    return state / (hashlib.sha256(gid.encode()).hexdigest()[:32] + ".jsonl")
+
+
+def _carry_pending(state: Path, res: ReadResult) -> None:
+    """Prepared, outcome unknown: keep its lines for the next run (before applying anything)."""
+    from pgrecv.spark.writers import _atomic_write
+
+    if not res.pending:
+        return
+    state.mkdir(parents=True, exist_ok=True)
+    for p in res.pending:
+        _atomic_write(_gid_file(state, p.gid), b"".join(p.lines))
+
+
+def _finish_carried(state: Path, res: ReadResult) -> None:
+    pending = {p.gid for p in res.pending}
+    for gid in res.finished_gids - pending:
+        _gid_file(state, gid).unlink(missing_ok=True)
+
+
+# --- one table -------------------------------------------------------------------------------
+
+
+def _plan_columns(t: TableInput, existing: pa.Schema | None, history: bool) -> dict[str, ColumnType]:
+    cols: dict[str, ColumnType] = {}
+    if existing is not None:
+        for f in existing:
+            if f.name not in HISTORY_NAMES or not history:
+                cols[f.name] = ColumnType("(target)", f.type, None)
+    for rel in t.relations:
+        for c in rel["columns"]:
+            name = c["name"]
+            ct = column_type(c.get("type"), int(c.get("typmod", -1)))
+            have = cols.get(name)
+            if have is not None and not same_type(have.arrow, ct.arrow):
+                raise InputError(
+                    f"table {t.name}: column {name} changed type from {have.arrow} to {ct.arrow} ({ct.pg_type}): "
+                    "spark-apply does not rewrite tables; re-create the target table from a snapshot"
+                )
+            if have is None or have.pg_type == "(target)":
+                cols[name] = ColumnType(ct.pg_type, have.arrow if have else ct.arrow, ct.convert, ct.is_json)
+    return cols
+
+
+def _identity(t: TableInput, append_only: bool) -> tuple[list[str], bool, bool]:
+    """(key columns, null-safe/full, append-only) from the latest relation records."""
+    for rel in reversed(t.relations):
+        if rel.get("key") and rel.get("replica_identity") != "full":
+            return list(rel["key"]), False, False
+    if t.relations and t.relations[-1].get("replica_identity") == "full":
+        return [c["name"] for c in t.relations[-1]["columns"]], True, False
+    for rel in reversed(t.relations):  # test_decoding: the key is whatever old images named
+        if rel.get("key"):
+            return list(rel["key"]), False, False
+    if not t.relations:
+        raise InputError(f"table {t.name}: changes without any relation record before them: the input is incomplete")
+    if append_only:
+        return [], False, True
+    raise InputError(
+        f"table {t.name} has no primary key or replica identity: give it one (or REPLICA IDENTITY FULL), "
+        "or pass --append-only to append its inserts"
+    )
+
+
+def apply_table(t: TableInput, target: Target, config: ApplyConfig) -> TableResult:
+    history = config.mode == "history"
+    target.open()
+    result = TableResult(t.name, str(target.path), "up to date", version=target.version)
+    applied = target.applied
+    if applied is not None:
+        result.applied_lsn = _lsn_text(applied)
+    changes = [c for c in t.changes if applied is None or c.commit_lsn > applied]
+    if not changes:
+        return result
+    if target.schema is not None and ("_current" in target.schema.names) != history:
+        raise UsageError(
+            f"{target.path} is a {'history' if not history else 'latest'}-mode table: use the same --mode as before"
+        )
+    position = max(c.commit_lsn for c in changes)
+    cols = _plan_columns(t, target.schema, history)
+    key_cols, full, append = _identity(t, config.append_only)
+    for k in key_cols:
+        if k not in cols:
+            raise InputError(f"table {t.name}: key column {k} is not among its columns")
+
+    def where(c: str) -> str:
+        return f"table {t.name}"
+
+    def typed_key(kv: list[Any]) -> tuple[Any, ...]:
+        return tuple(hashable(convert_value(cols[c], v, c, where(c))) for c, v in zip(key_cols, kv, strict=True))
+
+    def live_keys() -> list[list[Any]]:
+        if target.schema is None:
+            return []
+        tab = target.scan([*key_cols, "_deleted"], key_cols, None, True)
+        return [[r[c] for c in key_cols] for r in tab.to_pylist() if not r["_deleted"]]
+
+    if append:
+        red = rd.append_only(changes)
+    else:
+        red = rd.reduce_changes(changes, key_cols, full=full, history=history, target_live_keys=live_keys)
+    result.inserts, result.updates, result.deletes, result.truncates = (
+        red.inserts,
+        red.updates,
+        red.deletes_n,
+        red.truncates,
+    )
+    rows = [r for _k, _kv, r in red.versions] if history else list(red.upserts.values())
+    fills = _resolve_toast(rows, red, target, key_cols, cols, history, t.name)
+
+    names = list(cols)
+    schema = pa.schema([(n, cols[n].arrow) for n in names] + (HISTORY_COLS if history else []))
+    typed_live = target.schema is not None and history
+    del typed_live
+    batch = Batch(
+        schema=schema,
+        key_cols=key_cols,
+        null_safe=full,
+        truncate=red.truncated,
+        source=_source(red, rows, fills, cols, names, key_cols, history, schema, t.name),
+        history=history,
+        append_only=append,
+        position=position,
+    )
+    target.write(batch)
+    result.status = "applied"
+    result.version = target.version
+    result.applied_lsn = _lsn_text(position)
+    return result
+
+
+def _resolve_toast(
+    rows: list[rd.Row],
+    red: rd.Reduced,
+    target: Target,
+    key_cols: list[str],
+    cols: dict[str, ColumnType],
+    history: bool,
+    name: str,
+) -> dict[int, dict[str, Any]]:
+    """Unchanged-TOAST columns the batch cannot supply: the target's current row of the source key."""
+    need = [r for r in rows if r.missing and not r.deleted]
+    if not need:
+        return {}
+    import orjson
+
+    def tkey(k: bytes) -> tuple[Any, ...]:
+        kv = orjson.loads(k)
+        return tuple(hashable(convert_value(cols[c], v, c, f"table {name}")) for c, v in zip(key_cols, kv, strict=True))
+
+    wanted = {id(r): tkey(r.source) for r in need if r.source is not None}
+    missing_cols = sorted({c for r in need for c in r.missing})
+    found = {} if red.truncated else target.lookup(key_cols, list(set(wanted.values())), missing_cols, history)
+    fills: dict[int, dict[str, Any]] = {}
+    for r in need:
+        row = found.get(wanted.get(id(r), ()))
+        if row is None:
+            raise InputError(
+                f"{r.where}: unchanged TOAST column(s) {', '.join(sorted(r.missing))} of table {name}, but the target "
+                "has no row to keep them from: apply the earlier changes or a snapshot (pgrecv snapshot) first"
+            )
+        fills[id(r)] = {c: row.get(c) for c in r.missing}
+    return fills
+
+
+def _column(rows: list[rd.Row], fills: dict[int, dict[str, Any]], c: str, ct: ColumnType, name: str) -> list[Any]:
+    out = []
+    conv = convert_value
+    for r in rows:
+        f = fills.get(id(r)) if fills else None
+        if f is not None and c in f:
+            out.append(f[c])
+        elif ct.is_json and c in r.json_nulls:
+            out.append("null")
+        else:
+            out.append(conv(ct, r.values.get(c), c, r.where or f"table {name}"))
+    return out
+
+
+def _source(
+    red: rd.Reduced,
+    rows: list[rd.Row],
+    fills: dict[int, dict[str, Any]],
+    cols: dict[str, ColumnType],
+    names: list[str],
+    key_cols: list[str],
+    history: bool,
+    schema: pa.Schema,
+    tname: str,
+) -> pa.Table:
+    if not history:
+        deleted = [rd.Row(dict(zip(key_cols, kv, strict=True)), set(), None, set()) for kv in red.deletes.values()]
+        every = rows + deleted
+        ops = ["U"] * len(rows) + ["D"] * len(deleted)
+        arrays = {c: _column(every, fills, c, cols[c], tname) for c in names}
+        arrays[OP_COL] = ops
+        return _table(arrays, schema)
+    # history: each version ends where the next version of its key starts; the first closes the target's
+    nxt: dict[int, tuple[int, int, str | None]] = {}
+    last: dict[bytes, int] = {}
+    first: dict[bytes, tuple[list[Any], tuple[int, int, str | None]]] = {}
+    for i, (k, kv, r) in enumerate(red.versions):
+        if k in last:
+            nxt[last[k]] = r.start
+        else:
+            first[k] = (kv, r.start)
+        last[k] = i
+    closes = [rd.Row(dict(zip(key_cols, kv, strict=True)), set(), None, set(), start=s) for kv, s in first.values()]
+    every = closes + rows
+    arrays = {c: _column(every, fills, c, cols[c], tname) for c in names}
+    from pgrecv.spark.types import _timestamptz
+
+    def ts(v: str | None) -> Any:
+        return None if v is None else _timestamptz(v.replace("Z", "+00:00"))
+
+    n_c = len(closes)
+    ends = [c.start for c in closes] + [nxt.get(i) for i in range(len(rows))]
+    arrays["_start_lsn"] = [None] * n_c + [r.start[0] for r in rows]
+    arrays["_start_change_lsn"] = [None] * n_c + [r.start[1] for r in rows]
+    arrays["_end_lsn"] = [e[0] if e else None for e in ends]
+    arrays["_end_change_lsn"] = [e[1] if e else None for e in ends]
+    arrays["_start_time"] = [None] * n_c + [ts(r.start[2]) for r in rows]
+    arrays["_end_time"] = [ts(e[2]) if e else None for e in ends]
+    arrays["_current"] = [None] * n_c + [i not in nxt for i in range(len(rows))]
+    arrays["_deleted"] = [None] * n_c + [r.deleted for r in rows]
+    arrays[OP_COL] = ["C"] * n_c + ["N"] * len(rows)
+    return _table(arrays, schema)
+
+
+def _table(arrays: dict[str, list[Any]], schema: pa.Schema) -> pa.Table:
+    out = []
+    for f in schema:
+        try:
+            out.append(pa.array(arrays[f.name], type=f.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            raise InputError(f"column {f.name}: a value does not fit {f.type}: {exc}") from None
+    out.append(pa.array(arrays[OP_COL], type=pa.string()))
+    return pa.Table.from_arrays(out, schema=schema.append(pa.field(OP_COL, pa.string())))

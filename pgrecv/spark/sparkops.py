@@ -1,0 +1,112 @@
+"""The SparkSession and Arrow ↔ Spark frames (imported only when Spark is used)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pgrecv.spark.types import spark_ddl
+
+QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.delta.name = io.delta
+logger.delta.level = error
+"""
+
+DEFAULT_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+def spark_schema(schema: pa.Schema) -> Any:
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    ddl = ", ".join(f"`{f.name.replace('`', '``')}` {spark_ddl(f.type)}" for f in schema)
+    parsed = _parse_datatype_string(f"struct<{ddl}>") if ddl else StructType([])
+    return parsed
+
+
+def frame(spark: Any, table: pa.Table) -> Any:
+    """A Spark DataFrame of an Arrow table, with the Spark types of our mapping (timestamp_ntz…)."""
+    return spark.createDataFrame(table, schema=spark_schema(table.schema))
+
+
+def empty_frame(spark: Any, schema: pa.Schema) -> Any:
+    return spark.createDataFrame([], schema=spark_schema(schema))
+
+
+def keys_frame(spark: Any, key_cols: list[str], keys: list[tuple[Any, ...]], schema: Any) -> Any:
+    from pyspark.sql.types import StructType
+
+    sub = StructType([schema[c] for c in key_cols])
+    return spark.createDataFrame([list(k) for k in keys], schema=sub)
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull(enabled: bool) -> Iterator[None]:
+    """The JVM launcher prints banners on fd 2; the JVM inherits whatever fd 2 is at launch."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) -> Any:
+    """A SparkSession: the active one (spark-submit), else a new one with quiet defaults."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        for k, v in conf.items():
+            active.conf.set(k, v)
+        return active
+    if quiet and "SPARK_CONF_DIR" not in os.environ:
+        conf_dir = Path(tempfile.gettempdir()) / f"pgrecv-spark-conf-{os.getuid()}"
+        conf_dir.mkdir(exist_ok=True)
+        (conf_dir / "log4j2.properties").write_text(QUIET_LOG4J2)
+        os.environ["SPARK_CONF_DIR"] = str(conf_dir)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1") if master is None or master.startswith("local") else None
+    builder = SparkSession.builder.appName("pgrecv spark-apply")
+    builder = builder.master(master or "local[*]")
+    for k, v in {**DEFAULT_CONF, **conf}.items():
+        builder = builder.config(k, v)
+    with _stderr_to_devnull(quiet):
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def has_delta_connector(spark: Any) -> bool:
+    """Delta Lake's Spark classes on the classpath (Class.forName through the gateway)."""
+    try:
+        spark.sparkContext._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,68 @@
+"""Progress bar on a terminal and the summary table (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pgrecv.spark.apply import Progress as Hooks
+from pgrecv.spark.apply import Summary
+
+
+class RichProgress(Hooks):
+    def __init__(self) -> None:
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.bar.start()
+        self.read: Any = None
+        self.apply: Any = None
+
+    def files(self, total: int) -> None:
+        self.read = self.bar.add_task("files read", total=total)
+
+    def file_done(self) -> None:
+        self.bar.advance(self.read)
+
+    def tables(self, total: int) -> None:
+        self.apply = self.bar.add_task("tables applied", total=total)
+
+    def table_done(self, name: str) -> None:
+        self.bar.advance(self.apply)
+
+    def stop(self) -> None:
+        self.bar.stop()
+
+
+def print_summary(summary: Summary, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"spark-apply ({summary.engine})", title_justify="left")
+    for col in ("table", "status", "inserted", "updated", "deleted", "truncated", "version", "applied position"):
+        table.add_column(col, justify="right" if col in ("inserted", "updated", "deleted", "truncated") else "left")
+    for t in summary.tables:
+        table.add_row(
+            t.table,
+            t.status,
+            str(t.inserts),
+            str(t.updates),
+            str(t.deletes),
+            str(t.truncates),
+            "-" if t.version is None else str(t.version),
+            t.applied_lsn or "-",
+        )
+    console.print(table)
+    console.print(
+        f"{summary.files} files, {summary.lines} lines, {summary.transactions} committed transactions; "
+        f"{summary.incomplete} incomplete and {summary.rolled_back} rolled back skipped; "
+        f"{summary.pending_prepared} prepared pending; {summary.seconds:.1f} s"
+    )
+    for w in summary.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
