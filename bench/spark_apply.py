@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""spark-apply speed: N change events over K keys onto a K-row table, local[2], against a floor.
+
+Floor (same run, same SparkSession): Spark reads the same JSONL with an explicit schema and writes
+the final table once as Parquet. Usage: bench/spark_apply.py [--events 1000000] [--keys 200000].
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pgrecv.spark.apply import ApplyConfig, run_apply  # noqa: E402
+from pgrecv.spark.sparkops import start_session  # noqa: E402
+
+REL = {
+    "v": 1,
+    "op": "relation",
+    "oid": 1,
+    "schema": "public",
+    "table": "t",
+    "replica_identity": "default",
+    "columns": [
+        {"name": "id", "type": "integer", "type_oid": 23, "typmod": -1, "key": True},
+        {"name": "v", "type": "text", "type_oid": 25, "typmod": -1, "key": False},
+        {"name": "n", "type": "numeric", "type_oid": 1700, "typmod": (12 << 16) + 2 + 4, "key": False},
+    ],
+    "key": ["id"],
+}
+
+
+def lsn(x: int) -> str:
+    return f"{x >> 32:X}/{x & 0xFFFFFFFF:X}"
+
+
+def write_input(path: Path, events: int, keys: int) -> None:
+    rng = random.Random(1)
+    pos = 1 << 32
+    with open(path, "wb") as f:
+        f.write(orjson.dumps(REL) + b"\n")
+
+        def txn(rows: list[dict[str, object]]) -> None:
+            nonlocal pos
+            pos += 1000
+            c = lsn(pos)
+            f.write(orjson.dumps({"v": 1, "op": "begin", "xid": 1, "commit_lsn": c, "commit_time": None}) + b"\n")
+            for i, r in enumerate(rows):
+                r.update(
+                    {
+                        "v": 1,
+                        "schema": "public",
+                        "table": "t",
+                        "xid": 1,
+                        "commit_lsn": c,
+                        "lsn": lsn(pos - 999 + i),
+                        "commit_time": None,
+                        "key": ["id"],
+                    }
+                )
+                f.write(orjson.dumps(r) + b"\n")
+            f.write(
+                orjson.dumps({"v": 1, "op": "commit", "xid": 1, "commit_lsn": c, "end_lsn": c, "commit_time": None})
+                + b"\n"
+            )
+
+        batch: list[dict[str, object]] = []
+        for i in range(events):
+            k = i if i < keys else rng.randrange(keys)
+            op = "insert" if i < keys else rng.choice(["update", "update", "update", "delete", "insert"])
+            row = {"id": k, "v": f"value {i}", "n": f"{i % 100000}.25"}
+            if op == "delete":
+                batch.append({"op": "delete", "old": {"id": k}, "old_kind": "key"})
+            elif op == "insert":
+                batch.append(
+                    {
+                        "op": "update" if i >= keys else "insert",
+                        "new": row,
+                        "old": None,
+                        "old_kind": None,
+                        "unchanged_toast": [],
+                    }
+                )
+            else:
+                batch.append({"op": "update", "new": row, "old": None, "old_kind": None, "unchanged_toast": []})
+            if len(batch) == 500:
+                txn(batch)
+                batch = []
+        if batch:
+            txn(batch)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=int, default=200_000)
+    args = ap.parse_args()
+    spark = start_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        base_in, changes = base / "base.jsonl", base / "changes.jsonl"
+        write_input(base_in, args.keys, args.keys)  # the 200k-row table
+        write_input(changes, args.events, args.keys)
+        run_apply(ApplyConfig((str(base_in),), base / "pq", fmt="parquet"), spark=spark)
+        t0 = time.monotonic()
+        spark.read.schema(
+            "op string, commit_lsn string, lsn string, new struct<id:int, v:string, n:string>, old struct<id:int>"
+        ).json(str(changes)).write.parquet(str(base / "floor"))
+        floor = time.monotonic() - t0
+        results = {}
+        for fmt in ("parquet", "delta"):
+            target = base / fmt
+            if fmt == "delta":
+                run_apply(ApplyConfig((str(base_in),), target, fmt="delta", engine="delta-rs"), spark=spark)
+            t0 = time.monotonic()
+            run_apply(
+                ApplyConfig((str(changes),), base / ("pq" if fmt == "parquet" else fmt), fmt=fmt, engine="delta-rs"),
+                spark=spark,
+            )
+            results[fmt] = time.monotonic() - t0
+    print(f"events {args.events}, keys {args.keys}, local[2]")
+    print(f"floor (Spark: read JSONL with schema, write Parquet once): {floor:.2f} s")
+    for fmt, secs in results.items():
+        print(f"spark-apply {fmt}: {secs:.2f} s  ratio {secs / floor:.2f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
