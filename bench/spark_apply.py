@@ -18,8 +18,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pgrecv.spark.apply import ApplyConfig, run_apply  # noqa: E402
-from pgrecv.spark.sparkops import start_session  # noqa: E402
+from pgrecv.spark.apply import ApplyConfig, run_apply
+from pgrecv.spark.sparkops import start_session
 
 REL = {
     "v": 1,
