@@ -28,12 +28,19 @@ class Output:
     def __init__(self, path: str | None) -> None:
         self.path = None if path is None or path == "-" else Path(path)
         self._tmp: Path | None = None
+        self.path_is_special = False
         self.stream: BinaryIO
         if self.path is None:
             self.stream = sys.stdout.buffer
             return
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
+            if self.path.exists() and not self.path.is_file():
+                # a device or a FIFO (-f /dev/null, a named pipe): written in place like stdout;
+                # renaming a temporary file over it would replace the device with a plain file
+                self.stream = open(self.path, "wb", buffering=1 << 16)  # noqa: SIM115
+                self.path_is_special = True
+                return
+            self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
             self.stream = os.fdopen(fd, "wb", buffering=1 << 16)
         except OSError as exc:
@@ -53,6 +60,8 @@ class Output:
         try:
             self.stream.flush()
             if self.path is None or self._tmp is None:
+                if self.path_is_special:
+                    self.stream.close()
                 return
             os.fsync(self.stream.fileno())
             self.stream.close()

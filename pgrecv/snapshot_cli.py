@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from pgrecv.cli import SIZE, STATE, common_options, conn_opts, connection_options, info, log
+from pgrecv.options import SIZE, STATE, common_options, conn_opts, connection_options, info, log
 
 
 @click.command("snapshot")

@@ -209,3 +209,25 @@ def test_reader_going_away_consumes_nothing(db_dsn: str) -> None:
     assert stderr.count("\n") == 1 and "went away" in stderr
     still = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--format", "jsonl")
     assert len(rows(records(still.stdout))) == 5000
+
+
+def test_file_that_is_a_device_is_written_in_place(db_dsn: str, tmp_path: Path) -> None:
+    """-f /dev/null or a FIFO: never replaced by a renamed temporary file."""
+    import threading
+
+    setup_pgoutput(db_dsn)
+    workload(db_dsn)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    proc = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--format", "jsonl", "-f", str(fifo))
+    reader.join(30)
+    assert proc.returncode == 0, err(proc)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert len(rows(records(got[0]))) == 4
+    assert sorted(os.listdir(tmp_path)) == ["pipe"]
+    proc = pgrecv("peek", "-d", db_dsn, "--slot", "s", "-f", "/dev/null", "--consume")
+    assert proc.returncode == 0, err(proc)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

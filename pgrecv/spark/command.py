@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from pgrecv.cli import STATE, common_options
 from pgrecv.errors import UsageError
+from pgrecv.options import STATE, common_options
 
 
 def _conf(values: tuple[str, ...]) -> dict[str, str]:

@@ -1,0 +1,158 @@
+"""Options and helpers shared by every command module: connection options like pg_recvlogical's,
+-v/-q, parameter types for LSNs, sizes and durations, and the diagnostic printers.
+
+Kept apart from :mod:`pgrecv.cli` so that command modules (snapshot, spark-apply) can use them
+without importing the command tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from pgrecv.conn import ConnOptions
+from pgrecv.errors import UsageError
+from pgrecv.lsn import LSN
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class _State:
+    verbose: int = 0
+    quiet: bool = False
+
+
+STATE = _State()
+
+
+def log(message: str, level: int = 1) -> None:
+    """A diagnostic line on stderr, shown from verbosity ``level`` on (never with -q)."""
+    if not STATE.quiet and STATE.verbose >= level:
+        click.echo(f"pgrecv: {message}", err=True)
+
+
+def info(message: str) -> None:
+    if not STATE.quiet:
+        click.echo(message, err=True)
+
+
+class LSNType(click.ParamType):  # type: ignore[type-arg]
+    name = "LSN"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> LSN:
+        if isinstance(value, LSN):
+            return value
+        try:
+            return LSN.parse(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _set_verbose(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    STATE.verbose = max(STATE.verbose, value)
+    return value
+
+
+def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    STATE.quiet = STATE.quiet or value
+    return value
+
+
+def common_options(f: F) -> F:
+    """-v/-q on every command, so they work before or after the command name."""
+    f = click.option(
+        "-q",
+        "--quiet",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_quiet,
+        help="Print no progress or notices.",
+    )(f)
+    f = click.option(
+        "-v",
+        "--verbose",
+        count=True,
+        expose_value=False,
+        callback=_set_verbose,
+        help="More detail on stderr (repeat for more).",
+    )(f)
+    return f
+
+
+def connection_options(f: F) -> F:
+    """pg_recvlogical's connection options; libpq's PG* variables, services and .pgpass still apply."""
+    options = [
+        click.option("-d", "--dbname", metavar="CONNSTR", help="Database name, conninfo string or URI."),
+        click.option("-h", "--host", metavar="HOST", help="Server host or socket directory."),
+        click.option("-p", "--port", metavar="PORT", help="Server port."),
+        click.option("-U", "--username", metavar="NAME", help="Connect as this role."),
+        click.option("-w", "--no-password", "no_password", is_flag=True, help="Never prompt for a password."),
+        click.option("-W", "--password", "ask_password", is_flag=True, help="Prompt for a password before connecting."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def conn_opts(kw: dict[str, Any]) -> ConnOptions:
+    never = kw.pop("no_password")
+    ask = kw.pop("ask_password")
+    if never and ask:
+        raise UsageError("-w/--no-password and -W/--password contradict each other: pass one")
+    opts = ConnOptions(
+        dbname=kw.pop("dbname"),
+        host=kw.pop("host"),
+        port=kw.pop("port"),
+        user=kw.pop("username"),
+        prompt=True if ask else False if never else None,
+    )
+    from pgrecv.conn import describe
+
+    log(f"connecting with {describe(opts.conninfo())}")
+    return opts
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+class _UnitType(click.ParamType):  # type: ignore[type-arg]
+    def __init__(self, name: str, units: dict[str, Any], example: str) -> None:
+        self.name = name
+        self.units = units
+        self.example = example
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int | float):
+            return value
+        text = str(value).strip().lower()
+        number = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
+        unit = text[len(number) :].strip()
+        try:
+            amount = float(number)
+        except ValueError:
+            self.fail(f"{value!r} is not a {self.name}, e.g. {self.example}", param, ctx)
+        if unit not in self.units or amount < 0:
+            self.fail(f"{value!r} is not a {self.name}, e.g. {self.example}", param, ctx)
+        result = amount * self.units[unit]
+        return int(result) if self.name == "SIZE" else result
+
+
+SIZE = _UnitType("SIZE", _SIZE_UNITS, "64MB or 1GiB")
+DURATION = _UnitType("DURATION", _TIME_UNITS, "10, 10s, 500ms or 5m")
