@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -412,3 +413,34 @@ def test_create_then_start(table: str, tmp_path: Path) -> None:
     assert proc.returncode == ExitCode.SLOT and "already exists" in err(proc)
     proc = pgrecv("start", "-d", table, "--slot", "new", "-P", "test_decoding")
     assert proc.returncode == ExitCode.USAGE and "--create" in err(proc)
+
+
+def test_pretty_on_a_terminal_with_live_status(table: str) -> None:
+    """On a terminal the default is tables plus a status line redrawn on stderr (a real pty here)."""
+    import pty
+    import select
+
+    assert pgrecv("create", "-d", table, "--slot", "s").returncode == 0
+    pid, fd = pty.fork()
+    if pid == 0:  # child: stdout and stderr are the pty
+        os.execv(sys.executable, [sys.executable, "-m", "pgrecv", "start", "-d", table, "--slot", "s", "-s", "200ms"])
+    screen = b""
+    try:
+        wait_for(lambda: slot_info(table, "s")["active_pid"] is not None, what="streaming")
+        sql(table, "INSERT INTO t VALUES (1, 'shown on the terminal')")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (b"shown on the terminal" in screen and b"durable" in screen):
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    screen += os.read(fd, 65536)
+                except OSError:
+                    break
+        os.kill(pid, signal.SIGINT)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    text = screen.decode(errors="replace")
+    assert "shown on the terminal" in text and "public.t" in text and "insert" in text
+    assert "received 0/" in text and "durable 0/" in text and "rows/s" in text
+    assert os.waitstatus_to_exitcode(status) == 0
