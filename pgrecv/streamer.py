@@ -317,9 +317,6 @@ class Streamer:
     def _keepalive(self, rc: ReplicationConnection, buf: Any, assembler: Any) -> None:
         ka = parse_keepalive(buf)
         idle = not self._in_txn and (assembler is None or assembler.idle)
-        if idle and ka.wal_end > self.feedback.flushed and self.feedback.written <= self.feedback.flushed:
-            # everything received is complete: make the output durable so the position can move
-            self.feedback.on_durable(self.sink.durable())
         reply = self.feedback.on_keepalive(ka, idle=idle)
         if self.cfg.endpos is not None and ka.wal_end >= self.cfg.endpos:
             self.stats.stop_reason = f"reached end position {lsn_str(self.cfg.endpos)}"
