@@ -7,9 +7,11 @@ before the input next time; see docs/spark-apply.md.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,19 @@ class Progress:
     def table_done(self, name: str) -> None: ...
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """The cyclic GC off while millions of (acyclic) records are built: each full collection
+    walks every live object, which made reading and reducing quadratic-ish (15 → 6 µs/event)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def table_dir_name(schema: str, table: str) -> str:
     """``schema.table`` with anything unsafe (including dots inside names) percent-encoded."""
 
@@ -113,17 +128,18 @@ def run_apply(
     state = config.target / STATE_DIR / "prepared"
     carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
 
-    reader = Reader(table_matcher(config.tables))
-    progress.files(len(files) + len(carried))
-    for path in carried:
-        reader.feed_file(path)
-        progress.file_done()
-    for mpath, manifest in manifests.items():
-        reader.feed_manifest(manifest, str(mpath))
-    for path in files:
-        reader.feed_file(path)
-        progress.file_done()
-    res = reader.result()
+    with no_gc():
+        reader = Reader(table_matcher(config.tables))
+        progress.files(len(files) + len(carried))
+        for path in carried:
+            reader.feed_file(path)
+            progress.file_done()
+        for mpath, manifest in manifests.items():
+            reader.feed_manifest(manifest, str(mpath))
+        for path in files:
+            reader.feed_file(path)
+            progress.file_done()
+        res = reader.result()
 
     engine = config.engine
     if (config.fmt == "parquet" or engine in ("auto", "spark")) and spark is None:
@@ -249,31 +265,39 @@ def _identity(t: TableInput, append_only: bool) -> tuple[list[str], bool, bool]:
 
 
 def apply_table(t: TableInput, target: Target, config: ApplyConfig) -> TableResult:
-    history = config.mode == "history"
     target.open()
     result = TableResult(t.name, str(target.path), "up to date", version=target.version)
     applied = target.applied
     if applied is not None:
         result.applied_lsn = _lsn_text(applied)
-    changes = [c for c in t.changes if applied is None or c.commit_lsn > applied]
-    if not changes:
+    with no_gc():
+        batch = _plan_batch(t, target, config, result)
+    if batch is None:
         return result
+    target.write(batch)
+    result.status = "applied"
+    result.version = target.version
+    result.applied_lsn = _lsn_text(batch.position)
+    return result
+
+
+def _plan_batch(t: TableInput, target: Target, config: ApplyConfig, result: TableResult) -> Batch | None:
+    """Skip what is applied, reduce, resolve TOAST, build the Arrow source (None: nothing to do)."""
+    history = config.mode == "history"
+    applied = target.applied
+    changes = t.changes if applied is None else [c for c in t.changes if c.commit_lsn > applied]
+    if not changes:
+        return None
     if target.schema is not None and ("_current" in target.schema.names) != history:
         raise UsageError(
             f"{target.path} is a {'history' if not history else 'latest'}-mode table: use the same --mode as before"
         )
-    position = max(c.commit_lsn for c in changes)
+    position = changes[-1].commit_lsn  # sorted by commit LSN first
     cols = _plan_columns(t, target.schema, history)
     key_cols, full, append = _identity(t, config.append_only)
     for k in key_cols:
         if k not in cols:
             raise InputError(f"table {t.name}: key column {k} is not among its columns")
-
-    def where(c: str) -> str:
-        return f"table {t.name}"
-
-    def typed_key(kv: list[Any]) -> tuple[Any, ...]:
-        return tuple(hashable(convert_value(cols[c], v, c, where(c))) for c, v in zip(key_cols, kv, strict=True))
 
     def live_keys() -> list[list[Any]]:
         if target.schema is None:
@@ -296,8 +320,6 @@ def apply_table(t: TableInput, target: Target, config: ApplyConfig) -> TableResu
 
     names = list(cols)
     schema = pa.schema([(n, cols[n].arrow) for n in names] + (HISTORY_COLS if history else []))
-    typed_live = target.schema is not None and history
-    del typed_live
     batch = Batch(
         schema=schema,
         key_cols=key_cols,
@@ -308,11 +330,7 @@ def apply_table(t: TableInput, target: Target, config: ApplyConfig) -> TableResu
         append_only=append,
         position=position,
     )
-    target.write(batch)
-    result.status = "applied"
-    result.version = target.version
-    result.applied_lsn = _lsn_text(position)
-    return result
+    return batch
 
 
 def _resolve_toast(
@@ -328,10 +346,8 @@ def _resolve_toast(
     need = [r for r in rows if r.missing and not r.deleted]
     if not need:
         return {}
-    import orjson
 
-    def tkey(k: bytes) -> tuple[Any, ...]:
-        kv = orjson.loads(k)
+    def tkey(kv: list[Any]) -> tuple[Any, ...]:
         return tuple(hashable(convert_value(cols[c], v, c, f"table {name}")) for c, v in zip(key_cols, kv, strict=True))
 
     wanted = {id(r): tkey(r.source) for r in need if r.source is not None}
@@ -383,8 +399,8 @@ def _source(
         return _table(arrays, schema)
     # history: each version ends where the next version of its key starts; the first closes the target's
     nxt: dict[int, tuple[int, int, str | None]] = {}
-    last: dict[bytes, int] = {}
-    first: dict[bytes, tuple[list[Any], tuple[int, int, str | None]]] = {}
+    last: dict[rd.Key, int] = {}
+    first: dict[rd.Key, tuple[list[Any], tuple[int, int, str | None]]] = {}
     for i, (k, kv, r) in enumerate(red.versions):
         if k in last:
             nxt[last[k]] = r.start

@@ -48,6 +48,9 @@ class Change(NamedTuple):
     where: str  # file:line, for error messages
 
 
+_new_change: Any = tuple.__new__  # builds a Change from a tuple without NamedTuple's Python-level __new__
+
+
 def parse_lsn(text: Any) -> int:
     if not isinstance(text, str):
         raise ValueError(f"LSN {text!r} is not a string")
@@ -236,16 +239,30 @@ class Reader:
         lineno = 0
         handle = self._handle
         loads = orjson.loads
+        row_ops = ROW_OPS
         for line in lines:
             lineno += 1
-            if not line.endswith(b"\n"):
+            if line[-1:] != b"\n":
                 raise InputError(f"{name}:{lineno}: truncated line (no newline at the end): the file is incomplete")
             try:
                 rec = loads(line)
                 op = rec["op"]
                 if rec.get("v") != 1:
                     raise ValueError(f"unsupported format version v={rec.get('v')!r}")
-                handle(op, rec, line, f"{name}:{lineno}")
+                txn = self.chunk if self.chunk is not None else self.open
+                if op in row_ops and txn is not None and txn.raw is None:
+                    # the hot path: a row of an open transaction (what _handle does, inlined)
+                    lsn = rec.get("lsn")
+                    if lsn is None:
+                        n = 0
+                    else:
+                        hi, sep, lo = lsn.partition("/")
+                        if not sep or not hi or not lo or len(hi) > 8 or len(lo) > 8:
+                            raise ValueError(f"invalid LSN {lsn!r}")
+                        n = (int(hi, 16) << 32) | int(lo, 16)
+                    txn.rows.append((n, op, rec, f"{name}:{lineno}", rec.get("xid")))
+                else:
+                    handle(op, rec, line, f"{name}:{lineno}")
             except InputError:
                 raise
             except orjson.JSONDecodeError as exc:
@@ -350,17 +367,26 @@ class Reader:
 
     def _commit(self, txn: _Txn, commit_lsn: int, commit_time: str | None) -> None:
         self.res.transactions += 1
+        seq = self.seq
+        make = _new_change
+        last: tuple[Any, Any] = (None, None)
+        append: Any = None  # the change list of the last row's table (rows come in runs of a table)
         for lsn, op, rec, where, _xid in txn.rows:
-            self.seq += 1
+            seq += 1
             if op == "truncate":
                 for entry in rec["tables"]:
                     t = self._table(entry["schema"], entry["table"])
                     if t is not None:
-                        t.changes.append(Change(commit_lsn, lsn, self.seq, op, rec, commit_time, where))
+                        t.changes.append(make(Change, (commit_lsn, lsn, seq, op, rec, commit_time, where)))
                 continue
-            t = self._table(rec["schema"], rec["table"])
-            if t is not None:
-                t.changes.append(Change(commit_lsn, lsn, self.seq, op, rec, commit_time, where))
+            schema, table = rec["schema"], rec["table"]
+            if schema != last[0] or table != last[1]:
+                last = (schema, table)
+                t = self._table(schema, table)
+                append = None if t is None else t.changes.append
+            if append is not None:
+                append(make(Change, (commit_lsn, lsn, seq, op, rec, commit_time, where)))
+        self.seq = seq
 
     def result(self) -> ReadResult:
         """Finish: open transactions are incomplete; prepared ones without outcome are pending."""

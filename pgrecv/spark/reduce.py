@@ -12,7 +12,7 @@ holds the value (the old key for a primary-key update), for the writer to look u
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,9 @@ import orjson
 from pgrecv.errors import InputError
 from pgrecv.spark.read import Change
 
-Key = bytes  # canonical JSON of the key values: hashable whatever the column types
+Key = Hashable  # the key value (int/str), a tuple of them, or the canonical JSON of the key values
+_EMPTY: frozenset[str] = frozenset()
+_SORTED = orjson.OPT_SORT_KEYS
 
 
 @dataclass(slots=True)
@@ -29,9 +31,9 @@ class Row:
     """A row image being built: ``values`` lacks the ``missing`` (unchanged-TOAST) columns."""
 
     values: dict[str, Any]
-    missing: set[str]
-    source: Key | None  # target key whose values fill ``missing``
-    json_nulls: set[str]
+    missing: Set[str]
+    source: list[Any] | None  # values of the target key whose row fills ``missing``
+    json_nulls: Set[str]
     deleted: bool = False
     start: tuple[int, int, str | None] = (0, 0, None)  # commit LSN, change LSN, commit time
     where: str = ""
@@ -40,7 +42,7 @@ class Row:
 @dataclass
 class Reduced:
     truncated: bool = False
-    deletes: dict[Key, list[Any]] = field(default_factory=dict)  # key → key values
+    deletes: dict[Key, list[Any]] = field(default_factory=dict)  # key → key values (JSON)
     upserts: dict[Key, Row] = field(default_factory=dict)
     versions: list[tuple[Key, list[Any], Row]] = field(default_factory=list)  # history mode
     truncated_target: bool = False  # history: target's live keys got tombstones
@@ -88,6 +90,21 @@ def reduce_changes(
     target_live_keys: Callable[[], list[list[Any]]] | None = None,
 ) -> Reduced:
     """Replay ``changes`` (sorted, already past the applied position) over per-key state."""
+    if not history:
+        return _reduce_latest(changes, key_cols, full)
+    return _replay(changes, key_cols, full=full, history=history, target_live_keys=target_live_keys)
+
+
+def _replay(
+    changes: Sequence[Change],
+    key_cols: Sequence[str],
+    *,
+    full: bool,
+    history: bool,
+    target_live_keys: Callable[[], list[list[Any]]] | None = None,
+) -> Reduced:
+    """The general replay (every version kept for history); :func:`_reduce_latest` is its fast
+    equivalent for ``latest`` mode (the tests check they agree)."""
     key = _keyer(key_cols)
     out = Reduced()
     state: dict[Key, Row] = {}  # latest image per key in this batch (deleted ones flagged)
@@ -105,13 +122,13 @@ def reduce_changes(
         if op == "truncate":
             out.truncates += 1
             if history:
-                live = [(k, key_vals[k]) for k, r in state.items() if not r.deleted]
+                live: list[tuple[Key, list[Any]]] = [(k, key_vals[k]) for k, r in state.items() if not r.deleted]
                 if not out.truncated and not out.truncated_target and target_live_keys is not None:
                     out.truncated_target = True
-                    for kv in target_live_keys():
-                        k = orjson.dumps(kv, option=orjson.OPT_SORT_KEYS)
-                        if k not in state:
-                            live.append((k, kv))
+                    for tkv in target_live_keys():
+                        tk = orjson.dumps(tkv, option=orjson.OPT_SORT_KEYS)
+                        if tk not in state:
+                            live.append((tk, tkv))
                 for k, kv in live:
                     put(k, kv, Row(dict(zip(key_cols, kv, strict=True)), set(), None, set(), True, start, where))
             else:
@@ -129,7 +146,7 @@ def reduce_changes(
             new, toast = _new_image(rec, full, where)
             old = rec.get("old")
             k, kv = key(new, where)
-            ok = k
+            ok, okv = k, kv
             if isinstance(old, dict):
                 ok, okv = key(old, where)
             prev = state.get(ok)  # the row as it was before this change (under its old key)
@@ -142,7 +159,7 @@ def reduce_changes(
                 jn |= {c for c in prev.json_nulls if c not in new}
                 put(k, kv, Row(values, missing, prev.source, jn, False, start, where))
             else:
-                put(k, kv, Row(new, toast, ok if toast else None, jn, False, start, where))
+                put(k, kv, Row(new, toast, okv if toast else None, jn, False, start, where))
         elif op == "delete":
             out.deletes_n += 1
             old = rec.get("old")
@@ -161,6 +178,106 @@ def reduce_changes(
                 out.deletes[k] = key_vals[k]
             else:
                 out.upserts[k] = row
+    return out
+
+
+def _fast_keyer(key_cols: Sequence[str]) -> Callable[[dict[str, Any], str], tuple[Key, list[Any]]]:
+    """Like :func:`_keyer`, but int and str key values are their own key (no JSON encoding).
+
+    An int/str key never equals a bytes key, and a column's values keep one JSON type, so two
+    images get the same key exactly when their key values are equal JSON values.
+    """
+    cols = list(key_cols)
+    slow = _keyer(cols)
+    if len(cols) == 1:
+        c0 = cols[0]
+
+        def key1(image: dict[str, Any], where: str) -> tuple[Key, list[Any]]:
+            v = image.get(c0, image)  # the image itself: "missing"
+            t = type(v)
+            if t is int or t is str:
+                return v, [v]
+            return slow(image, where)
+
+        return key1
+
+    def key(image: dict[str, Any], where: str) -> tuple[Key, list[Any]]:
+        vals = [image.get(c, image) for c in cols]
+        for v in vals:
+            t = type(v)
+            if t is not int and t is not str:
+                return slow(image, where)
+        return tuple(vals), vals
+
+    return key
+
+
+def _reduce_latest(changes: Sequence[Change], key_cols: Sequence[str], full: bool) -> Reduced:
+    """``latest`` mode in one pass, O(changes): per key only its latest state, as a tuple
+    (values, missing, source key values, json_nulls, deleted, change, key values); Row objects
+    are built for the surviving rows only."""
+    key = _fast_keyer(key_cols)
+    out = Reduced()
+    state: dict[Key, tuple[Any, ...]] = {}
+    inserts = updates = deletes = truncates = 0
+    empty = _EMPTY
+    for ch in changes:
+        op = ch[3]
+        rec = ch[4]
+        if op == "update" or op == "insert":
+            new = rec.get("new")
+            toast = rec.get("unchanged_toast")
+            tset: Set[str] = empty
+            if toast or not isinstance(new, dict):
+                new, tset = _new_image(rec, full, ch[6])
+            k, kv = key(new, ch[6])
+            jn = rec.get("json_nulls")
+            if op == "insert":
+                inserts += 1
+                state[k] = (new, tset, None, set(jn) if jn else empty, False, ch, kv)
+                continue
+            updates += 1
+            old = rec.get("old")
+            ok, okv = k, kv
+            if isinstance(old, dict):
+                ok, okv = key(old, ch[6])
+            prev = state.get(ok)  # the row as it was before this change (under its old key)
+            if ok != k and isinstance(old, dict):
+                ojn = rec.get("old_json_nulls")
+                state[ok] = (old, empty, None, set(ojn) if ojn else empty, True, ch, okv)
+            if prev is not None and not prev[4]:
+                pv = prev[0]
+                values = new if pv.keys() <= new.keys() else {**pv, **new}
+                missing = {c for c in tset if c not in pv} if tset else empty
+                pjn = prev[3]
+                jset = set(jn or ()) | {c for c in pjn if c not in new} if pjn else (set(jn) if jn else empty)
+                state[k] = (values, missing, prev[2], jset, False, ch, kv)
+            else:
+                state[k] = (new, tset, okv if tset else None, set(jn) if jn else empty, False, ch, kv)
+        elif op == "delete":
+            deletes += 1
+            old = rec.get("old")
+            if not isinstance(old, dict):
+                raise InputError(
+                    f"{ch[6]}: delete without an old row image (REPLICA IDENTITY NOTHING?): cannot identify the "
+                    "row; give the table a primary key or REPLICA IDENTITY FULL"
+                )
+            k, kv = key(old, ch[6])
+            ojn = rec.get("old_json_nulls")
+            state[k] = (old, empty, None, set(ojn) if ojn else empty, True, ch, kv)
+        elif op == "truncate":
+            truncates += 1
+            state.clear()
+            out.truncated = True
+        else:
+            raise InputError(f"{ch[6]}: unexpected change {op!r}")
+    out.inserts, out.updates, out.deletes_n, out.truncates = inserts, updates, deletes, truncates
+    for k, e in state.items():
+        if e[4]:
+            out.deletes[k] = e[6]
+        else:
+            ch = e[5]
+            out.upserts[k] = Row(e[0], e[1], e[2], e[3], False, (ch[0], ch[1], ch[5]), ch[6])
     return out
 
 
