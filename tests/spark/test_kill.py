@@ -1,0 +1,157 @@
+"""`spark-apply` killed at random moments (SIGKILL, JVM included) and run again ends with `SELECT *`.
+
+The workload and JSONL come from the real tool (tests/spark/test_apply_server.py's helpers); the kills
+land while the target is being written: each run is killed a random delay after its first write to
+the target, or at a random moment of the whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgrecv.spark.apply import ApplyConfig, run_apply
+from tests.spark.test_apply_server import SCHEMA, _assert_equal, _peek, _workload
+from tests.util import err, pgrecv
+
+pytest.importorskip("pyspark")
+pytest.importorskip("deltalake")
+
+
+def _tree(path: Path) -> frozenset[tuple[str, int]]:
+    out = set()
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            p = os.path.join(root, f)
+            with contextlib.suppress(FileNotFoundError):
+                out.add((p, os.stat(p).st_mtime_ns))
+    return frozenset(out)
+
+
+def _killed_run(
+    args: list[str], target: Path, rng: random.Random, after_write: bool, span: float
+) -> tuple[float | None, bool]:
+    """Start the CLI in its own process group; SIGKILL the group (the JVM too) at a random moment
+    within ``span`` seconds (after its first write to the target, or after its start).
+
+    Returns (how long it took if it finished before the kill else None, whether the target changed)."""
+    before = _tree(target)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgrecv", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    if after_write:  # wait for the first change under the target, then a little more
+        while proc.poll() is None and _tree(target) == before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        delay = rng.uniform(0.0, span / 3)
+    else:
+        delay = rng.uniform(0.1, span)
+    try:
+        proc.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+        return None, _tree(target) != before
+    assert proc.stderr is not None
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.returncode == 0, stderr
+    return time.monotonic() - started, True
+
+
+@pytest.fixture
+def workload_files(db_dsn: str, tmp_path: Path) -> tuple[Path, Path]:
+    """Two JSONL files of the real tool: `a` (first half) and `b` (second half) of a random workload."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    proc = pgrecv("create", "-d", db_dsn, "--slot", "s", "--publication", "p")
+    assert proc.returncode == 0, err(proc)
+    rng = random.Random(7)
+    _workload(db_dsn, rng, 40)
+    first = tmp_path / "a.jsonl"
+    _peek(db_dsn, first)
+    proc = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--consume", "-f", str(tmp_path / "consumed.jsonl"))
+    assert proc.returncode == 0, err(proc)
+    _workload(db_dsn, rng, 60)
+    second = tmp_path / "b.jsonl"
+    _peek(db_dsn, second)
+    return first, second
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_killed_and_rerun_gives_the_exact_tables(
+    db_dsn: str, tmp_path: Path, spark: Any, workload_files: tuple[Path, Path], fmt: str
+) -> None:
+    first, second = workload_files
+    target = tmp_path / fmt
+    run_apply(ApplyConfig((str(first),), target, fmt=fmt, engine="delta-rs"), spark=spark)  # an existing state
+    base = tmp_path / f"{fmt}-base"
+    shutil.copytree(target, base, symlinks=True)
+    args = ["spark-apply", str(first), str(second), "--target", str(target), "--format", fmt]
+    args += ["--delta-engine", "delta-rs", "--master", "local[1]"]
+    rng = random.Random(f"{fmt}-{db_dsn}")
+    kills = mid_write = 0
+    span = 6.0 if fmt == "parquet" else 1.5  # learnt: a run that finishes sets the span below its time
+    for attempt in range(2 if fmt == "parquet" else 5):
+        took, touched = _killed_run(args, target, rng, after_write=attempt % 2 == 0, span=span)
+        if took is None:
+            kills += 1
+            mid_write += touched
+        else:  # finished: start again from the old state so that the next kill lands in a write
+            span = took * 0.8
+            shutil.rmtree(target)
+            shutil.copytree(base, target, symlinks=True)
+    assert mid_write >= 1, f"no run was killed after it began writing ({kills} kills): delays do not fit this machine"
+    # run to completion: what is there now is the old or the new state of each table, never a mix
+    summary = run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, engine="delta-rs"), spark=spark)
+    _assert_equal(db_dsn, target, fmt, spark)
+    again = run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, engine="delta-rs"), spark=spark)
+    assert all(t.status == "up to date" for t in again.tables)
+    assert [t.version for t in again.tables] == [t.version for t in summary.tables]
+    if fmt == "parquet":  # the kill debris (temp versions, temp pointers) is cleaned up
+        leftovers = [p for p in target.rglob(".tmp-*")]
+        assert leftovers == []
+
+
+class Injected(Exception):
+    pass
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_failure_between_tables_then_rerun(
+    db_dsn: str, tmp_path: Path, spark: Any, workload_files: tuple[Path, Path], fmt: str
+) -> None:
+    first, second = workload_files
+    target = tmp_path / f"inj-{fmt}"
+    config = ApplyConfig((str(first), str(second)), target, fmt=fmt, engine="delta-rs")
+    done: list[str] = []
+
+    def fail_after_first(name: str) -> None:
+        done.append(name)
+        raise Injected(name)
+
+    with pytest.raises(Injected):
+        run_apply(config, spark=spark, after_table=fail_after_first)
+    assert len(done) == 1
+    summary = run_apply(config, spark=spark)
+    status = {t.table: t.status for t in summary.tables}
+    assert status.pop(done[0]) == "up to date"  # the table applied before the failure is not applied twice
+    assert status and set(status.values()) == {"applied"}
+    _assert_equal(db_dsn, target, fmt, spark)
