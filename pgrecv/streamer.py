@@ -141,6 +141,7 @@ class Streamer:
         )
         self._in_txn = False
         self._skipping = False
+        self._started_once = False  # a stream ran in this process: later losses are reconnected
         self._next_fsync = 0.0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -201,7 +202,7 @@ class Streamer:
                 self._finish(rc)
                 return
             except ConnectionFailed as exc:
-                if rc is not None and rc.streaming is False and self.stats.messages == 0 and attempt == 0:
+                if not self._started_once:
                     raise  # never got going: a configuration problem, not a broken stream
                 self._after_loss(rc)
                 if self.cfg.no_loop:
@@ -238,6 +239,7 @@ class Streamer:
             self.log(f"streaming until caught up with {lsn_str(self.target)}")
         start = max(cfg.startpos or 0, self.resume_start, self.feedback.written)
         rc.start(cfg.slot, start, cfg.options)
+        self._started_once = True
         now = time.monotonic()
         self.feedback.start(start, now)
         self._next_fsync = now + cfg.fsync_interval

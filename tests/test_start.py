@@ -444,3 +444,16 @@ def test_pretty_on_a_terminal_with_live_status(table: str) -> None:
     assert "shown on the terminal" in text and "public.t" in text and "insert" in text
     assert "received 0/" in text and "durable 0/" in text and "rows/s" in text
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_no_replication_privilege_is_an_error_not_a_retry_loop(table: str, tmp_path: Path) -> None:
+    from psycopg.conninfo import make_conninfo
+
+    assert pgrecv("create", "-d", table, "--slot", "s").returncode == 0
+    sql(table, "DROP ROLE IF EXISTS reader; CREATE ROLE reader LOGIN; GRANT SELECT ON t TO reader")
+    try:
+        proc = pgrecv("start", "-d", make_conninfo(table, user="reader"), "--slot", "s", "-f", str(tmp_path / "o"))
+        assert proc.returncode == ExitCode.SERVER_CONFIG, err(proc)
+        assert "reconnecting" not in err(proc) and "REPLICATION" in err(proc) and err(proc).count("\n") == 1
+    finally:
+        sql(table, "DROP OWNED BY reader; DROP ROLE reader")
