@@ -69,9 +69,14 @@ def _spark_apply(
     from pgrecv.spark.apply import ApplyConfig, run_apply
     from pgrecv.spark.ui import RichProgress, print_summary
 
+    target_path = Path(target)
+    if not target_path.parent.is_dir():  # a typo must not grow a new directory tree
+        raise UsageError(f"--target {target}: its parent directory does not exist: create it first")
+    if target_path.exists() and not target_path.is_dir():
+        raise UsageError(f"--target {target}: not a directory: give a directory (one table per subdirectory)")
     config = ApplyConfig(
         sources=sources,
-        target=Path(target),
+        target=target_path,
         fmt=fmt,
         tables=tables,
         mode=mode,

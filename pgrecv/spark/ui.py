@@ -43,7 +43,10 @@ class RichProgress(Hooks):
 
 
 def print_summary(summary: Summary, console: Console | None = None) -> None:
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a log file or pipe: whole headers and statuses, not 80 columns
+            console = Console(width=max(console.width, 160))
     table = Table(title=f"spark-apply ({summary.engine})", title_justify="left")
     for col in ("table", "status", "inserted", "updated", "deleted", "truncated", "version", "applied position"):
         table.add_column(col, justify="right" if col in ("inserted", "updated", "deleted", "truncated") else "left")
@@ -64,5 +67,7 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
         f"{summary.incomplete} incomplete and {summary.rolled_back} rolled back skipped; "
         f"{summary.pending_prepared} prepared pending; {summary.seconds:.1f} s"
     )
+    if not summary.tables:
+        console.print("no changes for any (selected) table in the input")
     for w in summary.warnings:
         console.print(f"[yellow]warning:[/] {w}")

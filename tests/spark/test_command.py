@@ -1,0 +1,208 @@
+"""`pgrecv spark-apply` as cron and people run it: a subprocess, its exit codes, stdout and stderr.
+
+Hand-written JSONL (docs/event-format.md); Delta through delta-rs needs no JVM, so these stay fast;
+one Parquet run checks that Spark's console noise stays off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pgrecv.spark.apply import table_dir_name
+from tests.util import err, pgrecv
+
+pytest.importorskip("pyspark")
+deltalake = pytest.importorskip("deltalake")
+
+WIDE = {"COLUMNS": "200"}
+
+
+def _rel(table: str) -> dict[str, Any]:
+    return {
+        "op": "relation",
+        "schema": "s",
+        "table": table,
+        "replica_identity": "default",
+        "key": ["id"],
+        "columns": [
+            {"name": "id", "type": "integer", "typmod": -1, "key": True},
+            {"name": "x", "type": "text", "typmod": -1, "key": False},
+        ],
+    }
+
+
+def _row(op: str, table: str, commit: str, lsn: str, i: int, x: str | None = None) -> dict[str, Any]:
+    rec: dict[str, Any] = {"op": op, "schema": "s", "table": table, "commit_lsn": commit, "lsn": lsn}
+    if op == "delete":
+        rec["old"] = {"id": i}
+    else:
+        rec["new"] = {"id": i, "x": x}
+        rec["unchanged_toast"] = []
+    return rec
+
+
+def _txn(commit: str, *rows: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"op": "begin", "commit_lsn": commit}, *rows, {"op": "commit", "commit_lsn": commit}]
+
+
+def _write(path: Path, records: list[dict[str, Any]], raw: dict[int, bytes] | None = None) -> Path:
+    lines = [orjson.dumps({"v": 1, **r}) + b"\n" for r in records]
+    for index, line in (raw or {}).items():
+        lines[index] = line
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+def _first(tmp: Path) -> Path:
+    return _write(
+        tmp / "1.jsonl",
+        [
+            _rel("t"),
+            _rel("u"),
+            *_txn("0/100", _row("insert", "t", "0/100", "0/10", 1, "a"), _row("insert", "u", "0/100", "0/11", 1, "u1")),
+            # 0/1000 after 0/200 as integers (as strings "0/1000" < "0/200")
+            *_txn("0/200", _row("update", "t", "0/200", "0/150", 1, "b"), _row("insert", "t", "0/200", "0/151", 2)),
+            *_txn("0/1000", _row("delete", "t", "0/1000", "0/900", 2), _row("insert", "u", "0/1000", "0/901", 2)),
+        ],
+    )
+
+
+def _rows(target: Path, table: str) -> list[dict[str, Any]]:
+    rows = deltalake.DeltaTable(str(target / table_dir_name("s", table))).to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def _apply(*args: str, env: dict[str, str] | None = None) -> Any:
+    return pgrecv("spark-apply", *args, "--format", "delta", "--delta-engine", "delta-rs", env=env)
+
+
+def test_json_summary_and_rerun_up_to_date(tmp_path: Path) -> None:
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    proc = _apply(str(src), "--target", str(target), "--json")
+    assert proc.returncode == 0, err(proc)
+    assert proc.stderr == b""
+    summary = orjson.loads(proc.stdout)
+    assert summary["engine"] == "delta/delta-rs"
+    assert (summary["files"], summary["transactions"]) == (1, 3)
+    by_table = {t["table"]: t for t in summary["tables"]}
+    assert set(by_table) == {"s.t", "s.u"}
+    assert by_table["s.t"]["status"] == by_table["s.u"]["status"] == "applied"
+    assert by_table["s.t"]["applied_lsn"] == "0/1000" and by_table["s.u"]["applied_lsn"] == "0/1000"
+    # changes read from the input (key 2 is born and gone within the batch)
+    assert [by_table["s.t"][k] for k in ("inserts", "updates", "deletes", "truncates")] == [2, 1, 1, 0]
+    assert _rows(target, "t") == [{"id": 1, "x": "b"}]
+    assert _rows(target, "u") == [{"id": 1, "x": "u1"}, {"id": 2, "x": None}]
+
+    again = _apply(str(src), "--target", str(target), "--json")
+    assert again.returncode == 0, err(again)
+    tables = orjson.loads(again.stdout)["tables"]
+    assert {t["status"] for t in tables} == {"up to date"}
+    assert [t["version"] for t in tables] == [by_table[t["table"]]["version"] for t in tables]
+    human = _apply(str(src), "--target", str(target), env=WIDE)
+    assert human.returncode == 0, err(human)
+    out = human.stdout.decode()
+    assert out.count("up to date") == 2 and "0/1000" in out and "applied position" in out
+
+
+def test_table_filter(tmp_path: Path) -> None:
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    proc = _apply(str(src), "--target", str(target), "--table", "s.u", "--json")
+    assert proc.returncode == 0, err(proc)
+    assert [t["table"] for t in orjson.loads(proc.stdout)["tables"]] == ["s.u"]
+    assert not (target / table_dir_name("s", "t")).exists()
+    proc = _apply(str(src), "--target", str(target), "--table", "nomatch.*", env=WIDE)
+    assert proc.returncode == 0, err(proc)
+    assert "no changes" in proc.stdout.decode()
+    proc = _apply(str(src), "--target", str(target), "--table", "s.[tu]", "--json")
+    assert {t["table"]: t["status"] for t in orjson.loads(proc.stdout)["tables"]} == {
+        "s.t": "applied",
+        "s.u": "up to date",
+    }
+
+
+def test_corrupt_line_is_named_and_nothing_applied(tmp_path: Path) -> None:
+    target = tmp_path / "lake"
+    assert _apply(str(_first(tmp_path)), "--target", str(target)).returncode == 0
+    before = (_rows(target, "t"), _rows(target, "u"))
+    records = [_rel("t"), _rel("u"), *_txn("0/2000", _row("insert", "t", "0/2000", "0/1900", 5, "new"))]
+    records += _txn("0/3000", _row("insert", "u", "0/3000", "0/2900", 6, "new"))
+    truncated = orjson.dumps({"v": 1, **records[6]})[:-9] + b"\n"  # the insert into u, cut short
+    bad = _write(tmp_path / "2.jsonl", records, raw={6: truncated})
+    proc = _apply(str(bad), "--target", str(target))
+    assert proc.returncode == 9, err(proc)
+    assert f"{bad}:7:" in err(proc)
+    assert "Traceback" not in err(proc) and len(err(proc).splitlines()) == 1
+    assert (_rows(target, "t"), _rows(target, "u")) == before
+
+
+def _bad_value_run(tmp_path: Path, value: object) -> tuple[Any, Path, Path]:
+    target = tmp_path / "lake"
+    assert _apply(str(_first(tmp_path)), "--target", str(target)).returncode == 0
+    bad_row = {**_row("insert", "u", "0/3000", "0/2900", 0), "new": {"id": value, "x": "y"}}
+    records = [_rel("t"), _rel("u"), *_txn("0/3000", _row("insert", "u", "0/3000", "0/2899", 9, "ok"), bad_row)]
+    bad = _write(tmp_path / "2.jsonl", records)
+    return _apply(str(bad), "--target", str(target)), bad, target
+
+
+@pytest.mark.parametrize("value", ["seven", 2**40])
+def test_bad_value_fails_and_its_table_is_not_applied(tmp_path: Path, value: object) -> None:
+    proc, _bad, target = _bad_value_run(tmp_path, value)
+    assert proc.returncode == 9, err(proc)
+    assert "column id" in err(proc) and "Traceback" not in err(proc)
+    assert _rows(target, "u") == [{"id": 1, "x": "u1"}, {"id": 2, "x": None}]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug in pgrecv/spark/apply.py: integer (and other convert-less) columns pass values through "
+    "convert_value unchecked, so a wrong value fails later in apply._table as 'column id: a value does not "
+    "fit int32' without the file:line (nor the table) the spec asks for",
+)
+def test_bad_value_names_file_and_line(tmp_path: Path) -> None:
+    proc, bad, _target = _bad_value_run(tmp_path, "seven")
+    assert f"{bad}:5" in err(proc)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "{tmp}/no/such/dir"], "parent directory does not exist"),
+        (["--target", "{tmp}/1.jsonl"], "not a directory"),
+        (["--target", "{tmp}/lake", "--no-such-option"], "No such option"),
+        (["--target", "{tmp}/lake", "--conf", "novalue"], "expected key=value"),
+        (["--target", "{tmp}/lake", "--mode", "sideways"], "Invalid value"),
+    ],
+)
+def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    src = _first(tmp_path)
+    proc = _apply(str(src), *(a.replace("{tmp}", str(tmp_path)) for a in args))
+    assert proc.returncode == 2, err(proc)
+    assert message in err(proc) and "Traceback" not in err(proc)
+    assert proc.stdout == b""
+    assert not (tmp_path / "no").exists() and not (tmp_path / "lake").exists()
+
+
+def test_missing_source_exits_9(tmp_path: Path) -> None:
+    proc = _apply(str(tmp_path / "nothere.jsonl"), "--target", str(tmp_path / "lake"))
+    assert proc.returncode == 9, err(proc)
+    assert "nothere.jsonl" in err(proc) and "Traceback" not in err(proc)
+
+
+def test_parquet_run_keeps_spark_quiet(tmp_path: Path) -> None:
+    """A JVM starts here: its banners and log lines must not reach the user's stderr."""
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", "parquet", "--master", "local[1]")
+    assert proc.returncode == 0, err(proc)
+    assert proc.stderr == b"", err(proc)
+    assert "applied" in proc.stdout.decode()
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(target / table_dir_name("s", "u") / "current").to_pylist()
+    assert sorted(rows, key=lambda r: r["id"]) == [{"id": 1, "x": "u1"}, {"id": 2, "x": None}]
