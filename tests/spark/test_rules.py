@@ -110,7 +110,7 @@ def test_streamed_transactions_from_pgrecv_start(db_dsn: str, tmp_path: Path, sp
 
 # --- streamed chunks, hand-written -----------------------------------------------------------------
 
-REL = {
+REL: dict[str, Any] = {
     "op": "relation",
     "schema": "s",
     "table": "t",
