@@ -61,7 +61,8 @@ TMP_PREFIX = ".tmp-"  # the DirSink's: `pgrecv start` removes such leftovers too
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 LOCK_NAME = ".pgrecv.lock"
-BATCH = 4096  # rows between progress reports (and parent-alive checks)
+BATCH = 4096  # rows between progress reports (and parent-alive checks) on the reference path
+WRITEBACK = 32 << 20  # bytes between asynchronous write-back starts
 DEFAULT_RANGE_SIZE = 64 * 1024 * 1024
 # Test hook: seconds each worker sleeps after importing the snapshot and after each file.
 DELAY_ENV = "PGRECV_SNAPSHOT_DELAY"
@@ -422,7 +423,59 @@ def _plan(tables: list[Table], directory: Path, cp: int, jobs: int, range_pages:
 def copy_task(
     conn: psycopg.Connection[Any], task: Task, cp: int, report: Callable[[int, int], None], check_parent: bool = False
 ) -> int:
-    """COPY one table or range into its temp file as snapshot records; returns the row count."""
+    """COPY one table or range into its temp file as snapshot records; returns the row count.
+
+    Blocks of COPY text go through :class:`pgrecv.snapshot_fast.BlockEncoder`; a block it declines
+    goes through the reference encoder (which also raises conversion errors).
+    """
+    from pgrecv.jsonl import JsonlEncoder
+    from pgrecv.snapshot_fast import BlockEncoder, parse_block, read_blocks
+
+    if conn.info.encoding != "utf-8":
+        return copy_task_reference(conn, task, cp, report, check_parent)
+    parent = os.getppid()
+
+    def check() -> None:
+        if check_parent and os.getppid() != parent:  # the coordinating process died (kill -9): stop
+            os._exit(1)
+
+    fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    with open(fd, "wb", buffering=1 << 17) as f:
+        write: Callable[[bytes], Any] = f.write
+        enc = JsonlEncoder(write)
+        rel = task.table.relation
+        fast = BlockEncoder(rel, cp)
+        n = 0
+        written = flushed = start = 0
+        with conn.cursor().copy(task.query()):
+            enc.snapshot_rows(rel, (), cp)  # the relation record, even for an empty table
+            for block in read_blocks(conn, check):
+                done = fast.encode(block)
+                if done is None:
+                    k = enc.snapshot_rows(rel, parse_block(block), cp)
+                else:
+                    data, k = done
+                    write(data)
+                    written += len(data)
+                    if written - flushed >= WRITEBACK:  # start writing back now: the final fsync is short
+                        f.flush()
+                        pos = f.tell()
+                        with contextlib.suppress(OSError, AttributeError):
+                            os.posix_fadvise(fd, start, pos - start, os.POSIX_FADV_DONTNEED)
+                        start, flushed = pos, written
+                n += k
+                report(task.seq, k)
+                check()
+        f.flush()
+        os.fsync(f.fileno())
+    return n
+
+
+def copy_task_reference(
+    conn: psycopg.Connection[Any], task: Task, cp: int, report: Callable[[int, int], None], check_parent: bool = False
+) -> int:
+    """copy_task through psycopg's row parser and the JSONL encoder: the reference that the fast
+    path must match byte for byte, and the path for a client encoding other than UTF-8."""
     from pgrecv.jsonl import JsonlEncoder
 
     fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
