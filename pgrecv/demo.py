@@ -23,6 +23,7 @@ from pgrecv.peek import peek
 from pgrecv.slots import create_slot, drop_slot
 
 SLOT = "pgrecv_demo"
+LAKE_SLOT = "pgrecv_lake"  # keeps every change of the demo for the spark-apply step at the end
 PUBLICATION = "pgrecv_demo"
 
 SCHEMA = """
@@ -88,7 +89,11 @@ def run_demo(bindir: str | None = None, console: Console | None = None) -> None:
             conn.execute(SCHEMA)
         console.print("[bold]$ pgrecv create --slot pgrecv_demo --publication pgrecv_demo[/]")
         slot = create_slot(opts, SLOT, "pgoutput", publication=PUBLICATION)
-        console.print(f"created publication {PUBLICATION} and slot {SLOT} at {slot.consistent_point}\n")
+        console.print(f"created publication {PUBLICATION} and slot {SLOT} at {slot.consistent_point}")
+        console.print(
+            f"[bold]$ pgrecv create --slot {LAKE_SLOT} --publication pgrecv_demo[/]  [dim]# for the lake[/]\n"
+        )
+        create_slot(opts, LAKE_SLOT, "pgoutput", publication=PUBLICATION)
         with connect(opts) as conn:
             for what, statements in WORKLOAD:
                 console.print(f"[dim]-- {what}[/]")
@@ -110,8 +115,10 @@ def run_demo(bindir: str | None = None, console: Console | None = None) -> None:
             "[dim]# stream changes as they happen; a workload runs meanwhile[/]"
         )
         _stream(opts, console)
-        console.print("[bold]$ pgrecv drop --slot pgrecv_demo[/]")
+        _lake(opts, console)
+        console.print(f"[bold]$ pgrecv drop --slot pgrecv_demo; pgrecv drop --slot {LAKE_SLOT}[/]")
         drop_slot(opts, SLOT)
+        drop_slot(opts, LAKE_SLOT)
     console.print(f"removed the server and its data. Done in {time.monotonic() - started:.1f} s.")
     console.print("Next: [bold]pgrecv --help[/], and [bold]man ./man/pgrecv.1[/].")
 
@@ -187,3 +194,59 @@ def _stream(opts: ConnOptions, console: Console) -> None:
         f"[dim]stopped cleanly: {stats.transactions} transactions, {stats.rows} rows, "
         f"confirmed {lsn_str(streamer.feedback.flushed)}[/]\n"
     )
+
+
+def _lake(opts: ConnOptions, console: Console) -> None:
+    """Every change of the demo (kept by the second slot) → JSONL → spark-apply → a Delta table.
+
+    Delta through delta-rs needs no JVM, so this takes about a second."""
+    import importlib.util
+    import tempfile
+
+    if any(importlib.util.find_spec(m) is None for m in ("pyspark", "deltalake", "pyarrow")):
+        console.print(
+            "pip install 'pgrecv[spark]' enables the last step: the changes applied to a Delta table\n",
+            style="dim",
+            markup=False,
+        )
+        return
+    from pgrecv.jsonl import JsonlEncoder
+    from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
+
+    with tempfile.TemporaryDirectory(prefix="pgrecv-demo-lake-") as tmp:
+        changes = Path(tmp) / "changes.jsonl"
+        console.print(
+            f"[bold]$ pgrecv peek --slot {LAKE_SLOT} --consume -f changes.jsonl[/]  [dim]# all of the above[/]"
+        )
+        with open(changes, "wb") as out:
+
+            def write(data: bytes) -> None:
+                out.write(data)
+
+            enc = JsonlEncoder(write)
+            peek(opts, LAKE_SLOT, sink=enc.feed, durable=enc.close, consume=True)
+        lake = Path(tmp) / "lake"
+        console.print("[bold]$ pgrecv spark-apply changes.jsonl --target lake --format delta[/]")
+        summary = run_apply(ApplyConfig((str(changes),), lake, fmt="delta", engine="delta-rs"))
+        for t in summary.tables:
+            console.print(
+                f"{t.table}: {t.status} ({t.inserts} inserts, {t.updates} updates, {t.deletes} deletes), "
+                f"up to {t.applied_lsn}"
+            )
+        _show_delta(lake / table_dir_name("public", "customers"), console)
+
+
+def _show_delta(path: Path, console: Console) -> None:
+    """The Delta table read back with deltalake → pyarrow, as any lakehouse reader would."""
+    from deltalake import DeltaTable
+    from rich.table import Table
+
+    rows = sorted(DeltaTable(str(path)).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    columns = ("id", "name", "email", "balance", "tags")
+    table = Table(title=f"lake/{path.name} (Delta): {len(rows)} rows", title_justify="left")
+    for col in columns:
+        table.add_column(col, justify="right" if col in ("id", "balance") else "left", no_wrap=col != "tags")
+    for r in rows:
+        table.add_row(*("" if r[c] is None else ", ".join(r[c]) if c == "tags" else str(r[c]) for c in columns))
+    console.print(table)
+    console.print("[dim]a Delta table: Spark, DuckDB, pandas... read it; run spark-apply again for new changes[/]\n")
