@@ -13,11 +13,12 @@ import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgrecv.errors import InputError
 
@@ -34,6 +35,7 @@ class ColumnType:
     arrow: pa.DataType
     convert: Converter | None  # None: the JSON value is already right (ints, bools, strings)
     is_json: bool = False
+    vector: str | None = None  # "decimal": a whole column of strings is cast by Arrow (see fast_column)
 
 
 def _float(value: Any) -> float:
@@ -63,6 +65,9 @@ def _json_text(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+_WIDE = Context(prec=200)  # quantize within Decimal's default 28 digits refused numeric(38,s) values
+
+
 def _numeric(scale: int) -> Converter:
     quantum = Decimal(1).scaleb(-scale)
 
@@ -70,7 +75,7 @@ def _numeric(scale: int) -> Converter:
         number = Decimal(value)
         if not number.is_finite():
             raise ValueError("NaN and infinities have no decimal form")
-        exact = number.quantize(quantum)
+        exact = number.quantize(quantum, context=_WIDE)
         if exact != number:
             raise ValueError(f"more than {scale} digits after the point")
         return exact
@@ -138,7 +143,7 @@ def column_type(pg_type: str | None, typmod: int) -> ColumnType:
             precision, scale = precision - scale, 0
         if precision > 38:
             return ColumnType(name, pa.string(), None)  # wider than Spark's decimal: keep the exact text
-        return ColumnType(name, pa.decimal128(precision, scale), _numeric(scale))
+        return ColumnType(name, pa.decimal128(precision, scale), _numeric(scale), vector="decimal")
     if name in _JSON_TYPES:
         return ColumnType(name, pa.string(), _json_text, is_json=True)
     scalar = _SCALARS.get(name)
@@ -160,6 +165,40 @@ def convert_value(ctype: ColumnType, value: Any, column: str, where: str) -> Any
             f"{where}: value {value!r} of column {column} ({ctype.pg_type}) cannot be stored as "
             f"{ctype.arrow}: {exc}; see docs/spark-apply.md (type mapping)"
         ) from None
+
+
+def _decimals(strings: pa.Array, arrow: pa.Decimal128Type) -> pa.Array | None:
+    """PostgreSQL's numeric text → decimal(p,s), exact, or None (then the per-value path).
+
+    Arrow's string → decimal cast wraps around silently when scaling the parsed value up
+    overflows 128 bits ("391961049985222" → decimal(29,29) gave 0.612…): so only the plain form
+    with at most max(p-s, 1) integer digits goes through, scaled in 256 bits (≤ 39 digits: no
+    overflow), then narrowed to decimal(p,s), which checks the precision. Arrow refuses digits
+    beyond the scale ("would cause data loss") instead of rounding.
+    """
+    pattern = rf"^-?[0-9]{{1,{max(arrow.precision - arrow.scale, 1)}}}(\.[0-9]+)?$"
+    if not pc.all(pc.match_substring_regex(strings, pattern)).as_py():
+        return None
+    return strings.cast(pa.decimal256(76, arrow.scale)).cast(arrow)
+
+
+def fast_column(ctype: ColumnType, values: list[Any]) -> pa.Array | None:
+    """A whole column of JSON values → Arrow in C, or None: then :func:`convert_value` per value
+    (which gives the same values, or the clear error for the value that cannot be stored).
+
+    Only where Arrow is exact and agrees with the per-value path: values already right
+    (``convert`` None: ints, bools, strings; a non-string in a string column needs JSON text),
+    and decimals from their strings — Arrow's string → decimal cast refuses NaN, infinities,
+    digits beyond the scale and values beyond the precision, instead of rounding.
+    """
+    try:
+        if ctype.convert is None:
+            return pa.array(values, type=ctype.arrow)
+        if ctype.vector == "decimal":
+            return _decimals(pa.array(values, type=pa.string()), ctype.arrow)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+        return None
+    return None
 
 
 def spark_ddl(arrow: pa.DataType) -> str:
