@@ -99,7 +99,8 @@ def test_streamed_transactions_from_pgrecv_start(db_dsn: str, tmp_path: Path, sp
     proc = pgrecv("start", "-d", dsn, "--slot", "s", "--streaming", "on", "--until-caught-up", "-f", str(src))
     assert proc.returncode == 0, err(proc)
     streamed = sql(db_dsn, "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 's'")
-    assert streamed and streamed[0][0] >= 2, f"the server did not stream: {streamed}"
+    # the large committed one at least (PostgreSQL 17+ discards the aborted one before streaming it)
+    assert streamed and streamed[0][0] >= 1, f"the server did not stream: {streamed}"
     want = _canon(_dict_rows(db_dsn, "SELECT * FROM big"), ["id", "pad", "n"])
     for fmt in ("delta", "parquet"):
         target = tmp_path / fmt
