@@ -33,7 +33,7 @@ from psycopg import pq
 from pgrecv import events as ev
 from pgrecv.errors import DecodeError
 from pgrecv.lsn import lsn_str
-from pgrecv.values import text_converter
+from pgrecv.values import JSON_NULL, text_converter
 
 _NULL: Final = b"\\N"
 _ESC_RE: Final = re.compile(rb"\\[btnvfr\\]")
@@ -159,8 +159,10 @@ class BlockEncoder:
                 else:
                     conv = self._convs[j]
                     assert conv is not None
-                    dumps = orjson.dumps
-                    fields[j::n] = [b"null" if v == _NULL else dumps(conv(str(unescape(v), "utf-8"))) for v in col]
+                    values = [None if v == _NULL else conv(str(unescape(v), "utf-8")) for v in col]
+                    if JSON_NULL in values:  # the reference adds "json_nulls" to such a row
+                        return None
+                    fields[j::n] = list(map(orjson.dumps, values))
                 quoted.append(q)
         except (KeyError, ValueError, TypeError, ArithmeticError, orjson.JSONEncodeError):
             return None  # the reference path writes the block, or reports the error
@@ -170,15 +172,16 @@ class BlockEncoder:
 
 
 def read_blocks(
-    conn: psycopg.Connection[Any], check: Callable[[], None] = lambda: None, size: int = BLOCK_BYTES
+    conn: psycopg.Connection[Any], check: Callable[[], None] = lambda: None, size: int | None = None
 ) -> Iterator[bytes]:
     """The rows of the COPY TO in progress on ``conn`` as blocks of whole lines (bytes).
 
     Reads CopyData messages (one row each) through libpq directly, appending them to one buffer:
     a fraction of the cost of psycopg's per-row generator. A block is cut when libpq's input is
-    drained and it holds ``size`` bytes. Ends after the COPY's final result; raises the server's
+    drained and it holds ``size`` bytes (default BLOCK_BYTES). Ends after the COPY's final result; raises the server's
     error as psycopg does. ``check`` runs at each wait (at most every second).
     """
+    size = BLOCK_BYTES if size is None else size
     pgconn = conn.pgconn
     get = pgconn.get_copy_data
     poller = select.poll()

@@ -1,0 +1,238 @@
+"""The snapshot's fast path writes the same bytes as the reference path (psycopg rows + JsonlEncoder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from pgrecv import events as ev
+from pgrecv import snapshot as snap
+from pgrecv import snapshot_fast as fast
+from pgrecv.jsonl import JsonlEncoder
+
+CP = 0x1_0000_00AB
+TEXTS = [
+    "plain",
+    'it\'s "quoted"',
+    "back\\slash \\N \\t \\\\",
+    "\\N",
+    "N",
+    "new\nline\r\nand\ttab \b \f \v",
+    "unicode ✓ ünï 中文 \u2028 😀 \x7f",
+    "\\",
+    "",
+    "\x01\x1f ctl",
+    "100% %s %(x)s",
+]
+
+EDGE_TABLE = '''
+CREATE TYPE mood AS ENUM ('ok', 'm"e\\h');
+CREATE TABLE "we%ird ""t""" (
+  id bigint PRIMARY KEY, i2 smallint, i4 int, o oid, "p%s ""c""" text, vc varchar(20), bp char(3), nm name,
+  num numeric, d date, tm time, ts timestamp, tz timestamptz, ttz timetz, iv interval, u uuid, l pg_lsn,
+  b boolean, f8 float8, f4 real, j json, jb jsonb, ai int[], at text[], by bytea, m mood, x inet
+);
+'''
+EDGE_COLUMNS = 27
+
+
+def _edge_rows(n: int) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for i in range(n):
+        t = TEXTS[i % len(TEXTS)]
+        if i % 5 == 4:  # a NULL in every column but the key
+            rows.append((i,) + (None,) * (EDGE_COLUMNS - 1))
+            continue
+        rows.append(
+            (
+                [-(2**63) + i, 2**63 - 1 - i, i, -i][i % 4],
+                [-32768, 32767, i % 100][i % 3],
+                i,
+                4294967295 if i % 2 else 0,
+                t,
+                t[:20],
+                t[:3],
+                t[:60],
+                ["NaN", "-0.000", "12345678901234567890.123", "Infinity"][i % 4],
+                ["infinity", "2026-01-02", "0044-03-15 BC"][i % 3],
+                "23:59:59.999999",
+                ["-infinity", "2026-01-02 03:04:05.123456"][i % 2],
+                ["infinity", "2026-01-02 03:04:05+05:30"][i % 2],
+                "03:04:05-08",
+                ["1 day -02:00:00.5", "-178000000 years"][i % 2],
+                "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+                "16/B374D848",
+                i % 2 == 0,
+                [float("nan"), 1e300, -2.5e-7, float("-inf")][i % 4],
+                3.25,
+                json.dumps({"t": t, "n": [1, None]}),
+                "null" if i % 3 == 0 else json.dumps({"t": t}),
+                [1, None, -3],
+                [t, None, 'q"q', "{x}"],
+                t.encode() + b"\x00\xff",
+                ["ok", 'm"e\\h'][i % 2],
+                f"10.0.{i % 7}.{i % 256}/{24 + i % 9}",
+            )
+        )
+    return rows
+
+
+def _fill_edge(dsn: str, n: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(EDGE_TABLE)
+        for row in _edge_rows(n):  # literals: psycopg would read the table name's % as a placeholder
+            values = sql.SQL(", ").join(sql.Literal(v) for v in row)
+            c.execute(sql.SQL("INSERT INTO {} VALUES ({})").format(sql.Identifier('we%ird "t"'), values))
+
+
+def _both_paths(dsn: str, tmp_path: Path, table: str) -> tuple[bytes, bytes, int]:
+    """The table through copy_task and through copy_task_reference, from one snapshot."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        tables = snap._list_tables(conn, "test_decoding", None, 15, [table], 8192)
+        assert len(tables) == 1
+        out = []
+        counts = []
+        for name, fn in (("fast", snap.copy_task), ("ref", snap.copy_task_reference)):
+            path = tmp_path / f"{name}.part"
+            task = snap.Task(1, tables[0], None, None, str(path), "x")
+            reported: list[int] = []
+
+            def report(_seq: int, k: int, r: list[int] = reported) -> None:
+                r.append(k)
+
+            counts.append(fn(conn, task, CP, report))
+            assert sum(reported) == counts[-1]
+            out.append(path.read_bytes())
+            path.unlink()
+        conn.execute("ROLLBACK")
+    assert counts[0] == counts[1]
+    return out[0], out[1], counts[0]
+
+
+@pytest.mark.parametrize("block_bytes", [300, fast.BLOCK_BYTES])
+def test_edge_values_identical_to_reference(
+    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
+    _fill_edge(db_dsn, 200)
+    monkeypatch.setattr(fast, "BLOCK_BYTES", block_bytes)  # small: many blocks, some declined, some not
+    got, want, n = _both_paths(db_dsn, tmp_path, 'public.we%ird "t"')
+    assert n == 200
+    assert got == want
+    lines = got.splitlines()
+    assert len(lines) == 201 and orjson.loads(lines[0])["op"] == "relation"
+    assert b'"json_nulls":["jb"]' in got  # the reference's JSON null documents came through
+
+
+def test_bench_like_table_identical_and_fast_kinds(
+    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id bigint PRIMARY KEY, name text, amount numeric, at timestamptz, ok bool, n int)")
+        c.execute(
+            "INSERT INTO t SELECT g, 'name ' || g, g * 1.25, '2026-01-01'::timestamptz + g * interval '1 s', "
+            "CASE WHEN g % 7 = 0 THEN NULL ELSE g % 2 = 0 END, NULLIF(g % 1000, 3) FROM generate_series(1, 5000) g"
+        )
+    declined: list[bytes] = []
+    real_encode = fast.BlockEncoder.encode
+
+    def encode(self: fast.BlockEncoder, block: bytes) -> tuple[bytes, int] | None:
+        done = real_encode(self, block)
+        if done is None:
+            declined.append(block)
+        return done
+
+    monkeypatch.setattr(fast.BlockEncoder, "encode", encode)
+    monkeypatch.setattr(fast, "BLOCK_BYTES", 4096)
+    got, want, n = _both_paths(db_dsn, tmp_path, "public.t")
+    assert n == 5000 and got == want
+    assert declined == [], "every block of these types takes the fast path"
+
+
+def _copy_escape(s: str) -> bytes:
+    """A value as PostgreSQL's COPY TO writes it in text format (CopyAttributeOutText)."""
+    out = []
+    for ch in s:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch in "\b\f\n\r\t\v":
+            out.append("\\" + "bfnrtv"["\b\f\n\r\t\v".index(ch)])
+        else:
+            out.append(ch)
+    return "".join(out).encode()
+
+
+_REL = ev.Relation(
+    7,
+    "s",
+    "t%",
+    "d",
+    (
+        ev.Column("k", 23, -1, "integer", True),
+        ev.Column("t", 25, -1, "text", False),
+        ev.Column("n", 1700, -1, "numeric", False),
+        ev.Column("b", 16, -1, "boolean", False),
+        ev.Column("a", 1009, -1, "text[]", False),
+    ),
+)
+_TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"))
+_ROW = st.tuples(
+    st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1).map(str)),
+    st.one_of(st.none(), _TEXT),
+    st.one_of(st.none(), st.decimals(allow_nan=False, places=3).map(str), st.just("NaN")),
+    st.one_of(st.none(), st.sampled_from(["t", "f"])),
+    st.one_of(st.none(), st.lists(_TEXT, max_size=3).map(lambda v: "{" + ",".join(json.dumps(x) for x in v) + "}")),
+)
+
+
+@given(st.lists(_ROW, min_size=1, max_size=20))
+@settings(max_examples=300, deadline=None)
+def test_block_encoder_matches_snapshot_rows(rows: list[tuple[str | None, ...]]) -> None:
+    block = b"".join(b"\t".join(b"\\N" if v is None else _copy_escape(v) for v in row) + b"\n" for row in rows)
+    assert fast.parse_block(block) == rows
+    want: list[bytes] = []
+    JsonlEncoder(want.append).snapshot_rows(_REL, rows, CP)
+    done = fast.BlockEncoder(_REL, CP).encode(block)
+    if done is None:  # declined (a malformed array literal): the caller takes the reference path
+        return
+    assert done[1] == len(rows)
+    assert done[0] == b"".join(want[1:])
+
+
+def test_declines_what_it_cannot_do() -> None:
+    enc = fast.BlockEncoder(_REL, CP)
+    assert enc.encode(b"1\tx\t1\tt\n2\tx\n") is None  # a field missing
+    assert enc.encode(b"1\tx\t1\tyes\t{}\n") is None  # not a COPY bool
+    assert enc.encode(b"1\tx\t1\tt\t{}") is None  # no final newline
+    assert enc.encode(b"1\tx\t1\tt\t{}\n") is not None
+
+
+@pytest.fixture(scope="module")
+def text_table(pg_server: Any) -> Any:
+    dsn = pg_server.create_database("snapfast_hypothesis")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE h (id int PRIMARY KEY, t text, v varchar, n int, b bool)")
+    yield dsn
+    pg_server.drop_database("snapfast_hypothesis")
+
+
+@given(st.lists(st.tuples(st.one_of(st.none(), _TEXT), st.booleans()), min_size=1, max_size=30))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_texts_from_the_server(text_table: str, tmp_path: Path, values: list[tuple[str | None, bool]]) -> None:
+    with psycopg.connect(text_table, autocommit=True) as c:
+        c.execute("TRUNCATE h")
+        with c.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO h VALUES (%s, %s, %s, %s, %s)",
+                [(i, t, t, None if flag else i, None if t is None else flag) for i, (t, flag) in enumerate(values)],
+            )
+    got, want, n = _both_paths(text_table, tmp_path, "public.h")
+    assert n == len(values) and got == want
