@@ -139,13 +139,16 @@ class BlockEncoder:
         quoted: list[bool] = []
         try:
             for j, kind in enumerate(self._kinds):
+                if kind <= QUOTE and clean:  # as they are (quoted or not): not even sliced
+                    quoted.append(kind == QUOTE)
+                    continue
                 col = fields[j::n]
                 q = False
                 if kind == RAW:
-                    if not clean and _NULL in col:
+                    if _NULL in col:
                         fields[j::n] = [b"null" if v == _NULL else v for v in col]
                 elif kind == QUOTE:
-                    if clean or _NULL not in col:
+                    if _NULL not in col:
                         q = True
                     else:
                         fields[j::n] = [b"null" if v == _NULL else b'"' + v + b'"' for v in col]
