@@ -22,6 +22,9 @@ files), but the slot stays: drop it with ``pgrecv drop`` before running again.
 
 Workers are processes when ``--jobs`` > 1: turning rows into JSON is CPU-bound Python, which
 threads would serialise on the GIL. With one job the copy runs in this process.
+
+Rows go from COPY text to JSON lines in blocks (:mod:`pgrecv.snapshot_fast`), byte for byte what
+:func:`copy_task_reference` (psycopg's row parser + the JSONL encoder) writes, ~5x less CPU per row.
 """
 
 from __future__ import annotations
@@ -346,8 +349,6 @@ def _list_tables(
     block_size: int,
 ) -> list[Table]:
     """The tables to copy as the snapshot sees them, with what pgoutput would publish of each."""
-    from pgrecv.streamer import table_filter
-
     if plugin == "pgoutput":
         query = _TABLES_PUB.format(
             attnames="p.attnames" if major >= 15 else "NULL::text[]",
@@ -356,7 +357,11 @@ def _list_tables(
         rows = conn.execute(query, (publication,)).fetchall()
     else:
         rows = conn.execute(_TABLES_ALL).fetchall()
-    keep = table_filter(globs, ())
+    keep: Callable[[str, str], bool] | None = None
+    if globs:  # the streamer's module takes a while to import: only when needed
+        from pgrecv.streamer import table_filter
+
+        keep = table_filter(globs, ())
     out: list[Table] = []
     for oid, schema, name, replident, relkind, size, reltuples, attnames, rowfilter in rows:
         if keep is not None and not keep(schema, name):
