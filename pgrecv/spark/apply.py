@@ -256,7 +256,7 @@ def _plan_columns(t: TableInput, existing: pa.Schema | None, history: bool) -> d
                     "spark-apply does not rewrite tables; re-create the target table from a snapshot"
                 )
             if have is None or have.pg_type == "(target)":
-                cols[name] = ColumnType(ct.pg_type, have.arrow if have else ct.arrow, ct.convert, ct.is_json)
+                cols[name] = ColumnType(ct.pg_type, have.arrow if have else ct.arrow, ct.convert, ct.is_json, ct.vector)
     return cols
 
 

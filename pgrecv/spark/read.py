@@ -240,6 +240,7 @@ class Reader:
         handle = self._handle
         loads = orjson.loads
         row_ops = ROW_OPS
+        last_hi, last_base = "", 0
         for line in lines:
             lineno += 1
             if line[-1:] != b"\n":
@@ -255,11 +256,17 @@ class Reader:
                     lsn = rec.get("lsn")
                     if lsn is None:
                         n = 0
-                    else:
+                    elif type(lsn) is str:  # parse_lsn, with the high half cached (it rarely changes)
                         hi, sep, lo = lsn.partition("/")
-                        if not sep or not hi or not lo or len(hi) > 8 or len(lo) > 8:
+                        if not sep or not lo or len(lo) > 8:
                             raise ValueError(f"invalid LSN {lsn!r}")
-                        n = (int(hi, 16) << 32) | int(lo, 16)
+                        if hi != last_hi:
+                            if not hi or len(hi) > 8:
+                                raise ValueError(f"invalid LSN {lsn!r}")
+                            last_base, last_hi = int(hi, 16) << 32, hi
+                        n = last_base | int(lo, 16)
+                    else:
+                        n = parse_lsn(lsn)
                     txn.rows.append((n, op, rec, f"{name}:{lineno}", rec.get("xid")))
                 else:
                     handle(op, rec, line, f"{name}:{lineno}")

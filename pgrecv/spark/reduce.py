@@ -217,8 +217,12 @@ def _reduce_latest(changes: Sequence[Change], key_cols: Sequence[str], full: boo
     (values, missing, source key values, json_nulls, deleted, change, key values); Row objects
     are built for the surviving rows only."""
     key = _fast_keyer(key_cols)
+    single = len(key_cols) == 1
+    c0 = key_cols[0] if key_cols else ""
     out = Reduced()
     state: dict[Key, tuple[Any, ...]] = {}
+    k: Key
+    ok: Key
     inserts = updates = deletes = truncates = 0
     empty = _EMPTY
     for ch in changes:
@@ -230,7 +234,11 @@ def _reduce_latest(changes: Sequence[Change], key_cols: Sequence[str], full: boo
             tset: Set[str] = empty
             if toast or not isinstance(new, dict):
                 new, tset = _new_image(rec, full, ch[6])
-            k, kv = key(new, ch[6])
+            v = new.get(c0, new)  # inlined _fast_keyer for the usual one-column int/str key
+            if single and (type(v) is int or type(v) is str):
+                k, kv = v, [v]
+            else:
+                k, kv = key(new, ch[6])
             jn = rec.get("json_nulls")
             if op == "insert":
                 inserts += 1

@@ -133,3 +133,12 @@ def test_fast_column_result_is_used() -> None:
     out = ap._column(_rows(["1.5", None, "-2"]), {}, "n", ct, "s.t")
     assert isinstance(out, pa.Array)
     assert out.to_pylist() == [Decimal("1.50"), None, Decimal("-2.00")]
+
+
+def test_planned_columns_keep_the_fast_path() -> None:
+    from pgrecv.spark.read import TableInput
+
+    t = TableInput("s", "t", relations=[{"columns": [{"name": "n", "type": "numeric", "typmod": _typmod(12, 2)}]}])
+    assert ap._plan_columns(t, None, False)["n"].vector == "decimal"
+    existing = pa.schema([("n", pa.decimal128(12, 2))])
+    assert ap._plan_columns(t, existing, False)["n"].vector == "decimal"
