@@ -314,6 +314,7 @@ class ParquetTarget(Target):
     def open(self) -> None:
         import pyarrow.parquet as pq
 
+        self._sweep()
         try:
             self.pointer = orjson.loads((self.path / POINTER).read_bytes())
         except FileNotFoundError:
@@ -428,6 +429,18 @@ class ParquetTarget(Target):
         self._link(version)
         self.version = version
         self._cleanup(version)
+
+    def _sweep(self) -> None:
+        """Temp versions and temp pointers a killed run left (even when this run has nothing to write)."""
+        for base in (self.path, self.path / "_versions"):
+            if not base.is_dir():
+                continue
+            for entry in base.iterdir():
+                if entry.name.startswith(".tmp-"):
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
 
     def _cleanup(self, version: int) -> None:
         base = self.path / "_versions"

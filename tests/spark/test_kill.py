@@ -152,3 +152,17 @@ def test_failure_between_tables_then_rerun(
     assert status.pop(done[0]) == "up to date"  # the table applied before the failure is not applied twice
     assert status and set(status.values()) == {"applied"}
     _assert_equal(db_dsn, target, fmt, spark)
+
+
+def test_parquet_open_sweeps_what_a_killed_run_left(tmp_path: Path) -> None:
+    """A run killed mid-write leaves temp versions and pointers; the next run removes them even when
+    that table has nothing new to write (found by the kill test: a temp version outlived the re-run)."""
+    from pgrecv.spark.writers import ParquetTarget
+
+    table = tmp_path / "s.t"
+    (table / "_versions" / ".tmp-v000002-dead").mkdir(parents=True)
+    (table / "_versions" / ".tmp-v000002-dead" / "part-0.parquet").write_bytes(b"half")
+    (table / ".tmp-current-123").symlink_to("_versions/v000001")
+    (table / ".tmp-_pgrecv_table.json-123").write_bytes(b"{")
+    ParquetTarget(table, "pgrecv:s.t", spark=None).open()
+    assert sorted(p.name for p in table.rglob("*")) == ["_versions"]
