@@ -308,7 +308,7 @@ def _plan_batch(t: TableInput, target: Target, config: ApplyConfig, result: Tabl
         raise UsageError(
             f"{target.path} is a {'history' if not history else 'latest'}-mode table: use the same --mode as before"
         )
-    position = changes[-1].commit_lsn  # sorted by commit LSN first
+    position = max(c.commit_lsn for c in changes)
     cols = _plan_columns(t, target.schema, history)
     key_cols, full, append = _identity(t, config.append_only)
     for k in key_cols:
