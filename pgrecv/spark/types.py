@@ -154,13 +154,24 @@ def column_type(pg_type: str | None, typmod: int) -> ColumnType:
 
 def convert_value(ctype: ColumnType, value: Any, column: str, where: str) -> Any:
     """One JSON value → the Python value Arrow stores; a clear error when it cannot be exact."""
-    if value is None or ctype.convert is None:
-        if value is not None and pa.types.is_string(ctype.arrow) and not isinstance(value, str):
-            return _json_text(value)  # e.g. a user type decoded as base64 stays a string
-        return value
+    if value is None:
+        return None
+    if ctype.convert is None:
+        if pa.types.is_string(ctype.arrow):
+            # e.g. a user type decoded as base64 stays a string
+            return value if isinstance(value, str) else _json_text(value)
     try:
+        if ctype.convert is None:
+            # ints and bools pass as they are, but only if Arrow can store them: checked here so
+            # that a wrong value is reported with its file:line, not later for the whole column
+            if isinstance(value, bool) != pa.types.is_boolean(ctype.arrow):
+                raise TypeError(f"expected {'a boolean' if pa.types.is_boolean(ctype.arrow) else 'a number'}")
+            pa.scalar(value, type=ctype.arrow)
+            return value
         return ctype.convert(value)
-    except (ValueError, TypeError, InvalidOperation, binascii.Error, OverflowError) as exc:
+    except (
+        ValueError, TypeError, InvalidOperation, binascii.Error, OverflowError, pa.ArrowInvalid, pa.ArrowTypeError
+    ) as exc:
         raise InputError(
             f"{where}: value {value!r} of column {column} ({ctype.pg_type}) cannot be stored as "
             f"{ctype.arrow}: {exc}; see docs/spark-apply.md (type mapping)"

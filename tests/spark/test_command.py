@@ -158,12 +158,6 @@ def test_bad_value_fails_and_its_table_is_not_applied(tmp_path: Path, value: obj
     assert _rows(target, "u") == [{"id": 1, "x": "u1"}, {"id": 2, "x": None}]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in pgrecv/spark/apply.py: integer (and other convert-less) columns pass values through "
-    "convert_value unchecked, so a wrong value fails later in apply._table as 'column id: a value does not "
-    "fit int32' without the file:line (nor the table) the spec asks for",
-)
 def test_bad_value_names_file_and_line(tmp_path: Path) -> None:
     proc, bad, _target = _bad_value_run(tmp_path, "seven")
     assert f"{bad}:5" in err(proc)
