@@ -194,12 +194,40 @@ def _run(
     progress: bool,
     log: Callable[[str], None],
 ) -> SnapshotResult:
-    from pgrecv.slots import get_slot, resolve_publication, server_major
+    from pgrecv.slots import resolve_publication
 
     with connect(opts) as meta:
         if plugin == "pgoutput":
             publication = resolve_publication(meta, publication)
         block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
+    workers = _Workers(opts, jobs)
+    try:
+        return _run_with(
+            opts, slot, directory, plugin, publication, globs, jobs, range_size, two_phase, failover, progress, log,
+            block_size, workers,
+        )  # fmt: skip
+    finally:
+        workers.close()
+
+
+def _run_with(
+    opts: ConnOptions,
+    slot: str,
+    directory: Path,
+    plugin: str,
+    publication: str | None,
+    globs: Sequence[str],
+    jobs: int,
+    range_size: int,
+    two_phase: bool,
+    failover: bool,
+    progress: bool,
+    log: Callable[[str], None],
+    block_size: int,
+    workers: _Workers,
+) -> SnapshotResult:
+    from pgrecv.slots import get_slot, server_major
+
     rconn = connect(opts, replication=True)
     created = False
     tmp_paths: list[Path] = []
@@ -227,7 +255,7 @@ def _run(
         tasks = _plan(table_list, directory, cp, jobs, max(1, range_size // block_size))
         tmp_paths = [Path(t.tmp) for t in tasks]
         log(f"{len(table_list)} tables, {len(tasks)} files, {jobs} job(s)")
-        rows = _execute(opts, snapshot_name, cp, tasks, jobs, progress)
+        rows = workers.run(snapshot_name, cp, tasks, progress)
         # The snapshot counts only if the exporting connection outlived every import and COPY.
         try:
             rconn.execute("IDENTIFY_SYSTEM").fetchall()
@@ -431,10 +459,11 @@ def copy_task(
     """COPY one table or range into its temp file as snapshot records; returns the row count.
 
     Blocks of COPY text go through :class:`pgrecv.snapshot_fast.BlockEncoder`; a block it declines
-    goes through the reference encoder (which also raises conversion errors).
+    goes through the reference encoder (which also raises conversion errors). Reading and encoding
+    run in two threads: the reader waits for the server part of the time (GIL released in poll),
+    and the encoder uses that time, so the client keeps up with the server's COPY.
     """
-    from pgrecv.jsonl import JsonlEncoder
-    from pgrecv.snapshot_fast import BlockEncoder, parse_block, read_blocks
+    from pgrecv.snapshot_fast import read_blocks
 
     if conn.info.encoding != "utf-8":
         return copy_task_reference(conn, task, cp, report, check_parent)
@@ -446,15 +475,70 @@ def copy_task(
 
     fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
     with open(fd, "wb", buffering=1 << 17) as f:
-        write: Callable[[bytes], Any] = f.write
-        enc = JsonlEncoder(write)
-        rel = task.table.relation
-        fast = BlockEncoder(rel, cp)
-        n = 0
-        written = flushed = start = 0
+        writer = _BlockWriter(f, task, cp, report)
         with conn.cursor().copy(task.query()):
-            enc.snapshot_rows(rel, (), cp)  # the relation record, even for an empty table
             for block in read_blocks(conn, check):
+                writer.put(block)
+                check()
+        return writer.close()
+
+
+class _BlockWriter:
+    """The encoding half of :func:`copy_task`: a thread that encodes blocks and writes them.
+
+    A bounded queue keeps memory to a few blocks; an error in the thread is raised to the reader
+    at its next ``put`` or at ``close`` (the reader then leaves the COPY, which ends the task).
+    """
+
+    DEPTH = 8
+
+    def __init__(self, f: Any, task: Task, cp: int, report: Callable[[int, int], None]) -> None:
+        import threading
+
+        self._f = f
+        self._task = task
+        self._cp = cp
+        self._report = report
+        self._q: queue.Queue[bytes | None] = queue.Queue(self.DEPTH)
+        self._error: BaseException | None = None
+        self._rows = 0
+        self._thread = threading.Thread(target=self._run, name=f"snapshot-encode-{task.seq}", daemon=True)
+        self._thread.start()
+
+    def put(self, block: bytes) -> None:
+        while True:
+            if self._error is not None:
+                self._thread.join()
+                raise self._error
+            try:
+                self._q.put(block, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def close(self) -> int:
+        """Wait for every block to be written and fsync'd; returns the row count."""
+        if self._error is None:
+            self._q.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._rows
+
+    def _run(self) -> None:
+        from pgrecv.jsonl import JsonlEncoder
+        from pgrecv.snapshot_fast import BlockEncoder, parse_block
+
+        f, task, cp = self._f, self._task, self._cp
+        try:
+            write: Callable[[bytes], Any] = f.write
+            enc = JsonlEncoder(write)
+            rel = task.table.relation
+            fast = BlockEncoder(rel, cp)
+            fd = f.fileno()
+            written = flushed = start = 0
+            enc.snapshot_rows(rel, (), cp)  # the relation record, even for an empty table
+            while (block := self._q.get()) is not None:
                 done = fast.encode(block)
                 if done is None:
                     k = enc.snapshot_rows(rel, parse_block(block), cp)
@@ -468,12 +552,15 @@ def copy_task(
                         with contextlib.suppress(OSError, AttributeError):
                             os.posix_fadvise(fd, start, pos - start, os.POSIX_FADV_DONTNEED)
                         start, flushed = pos, written
-                n += k
-                report(task.seq, k)
-                check()
-        f.flush()
-        os.fsync(f.fileno())
-    return n
+                self._rows += k
+                self._report(task.seq, k)
+            f.flush()
+            os.fsync(fd)
+        except BaseException as exc:  # handed to the reader thread, which raises it
+            self._error = exc
+            with contextlib.suppress(queue.Empty):
+                while True:  # unblock a reader waiting on a full queue
+                    self._q.get_nowait()
 
 
 def copy_task_reference(
@@ -507,25 +594,33 @@ def copy_task_reference(
     return n
 
 
-def _worker_loop(
-    opts: ConnOptions,
-    snapshot_name: str,
-    cp: int,
-    tasks: Any,
-    results: Any,
-    in_process: bool,
-) -> None:
-    """A worker: import the snapshot once, then copy tasks until the sentinel."""
+def _next_task(tasks: Any, in_process: bool) -> tuple[str, int, Task] | None:
+    """The next (snapshot name, CP, task) or the sentinel; a worker process whose coordinator died
+    (kill -9) while it waited exits instead of waiting for ever."""
+    parent = os.getppid()
+    while True:
+        try:
+            item: tuple[str, int, Task] | None = tasks.get(timeout=1.0)
+            return item
+        except queue.Empty:
+            if in_process and os.getppid() != parent:
+                os._exit(1)
+
+
+def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, in_process: bool) -> None:
+    """A worker: copy tasks until the sentinel, importing the snapshot before its first task."""
     try:
         delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        item = _next_task(tasks, in_process)
+        if item is None:
+            results.put(("exit", None, None))
+            return
+        snapshot_name, cp, task = item
         with connect(opts) as conn:
             _import(conn, snapshot_name)
             if delay:
                 time.sleep(delay)
             while True:
-                task = tasks.get()
-                if task is None:
-                    break
 
                 def report(seq: int, k: int) -> None:
                     results.put(("progress", seq, k))
@@ -539,6 +634,10 @@ def _worker_loop(
                 results.put(("done", task.seq, rows))
                 if delay:
                     time.sleep(delay)
+                item = _next_task(tasks, in_process)
+                if item is None:
+                    break
+                _name, _cp, task = item
             conn.execute("ROLLBACK")
         results.put(("exit", None, None))
     except PgrecvError as exc:
@@ -550,67 +649,87 @@ def _worker_loop(
         results.put(("error", "OutputError", f"cannot write the snapshot: {exc}"))
 
 
-def _execute(
-    opts: ConnOptions, snapshot_name: str, cp: int, tasks: list[Task], jobs: int, progress: bool
-) -> dict[int, int]:
-    """Run the tasks on ``jobs`` workers; returns rows per task seq. Raises the first error."""
-    jobs = min(jobs, len(tasks)) or 1
-    if jobs > 1:
-        ctx = mp.get_context("spawn")
-        task_q: Any = ctx.Queue()
-        result_q: Any = ctx.Queue()
-        procs: list[Any] = [
-            ctx.Process(target=_worker_loop, args=(opts, snapshot_name, cp, task_q, result_q, True), daemon=True)
-            for _ in range(jobs)
-        ]
-    else:
-        import threading
+class _Workers:
+    """The copy workers: processes for ``--jobs`` > 1 (encoding JSON is CPU work), else a thread.
 
-        task_q = queue.Queue()
-        result_q = queue.Queue()
-        procs = [
-            threading.Thread(target=_worker_loop, args=(opts, snapshot_name, cp, task_q, result_q, False), daemon=True)
-        ]
-    # biggest first, so that the long ones do not start last
-    for t in sorted(tasks, key=lambda t: -(t.table.pages if t.lo is None and t.hi is None else 0)):
-        task_q.put(t)
-    for _ in procs:
-        task_q.put(None)
-    bar = _Progress(tasks) if progress else None
-    rows: dict[int, int] = {}
-    running = len(procs)
-    try:
-        for p in procs:
+    Started before the slot is created: a process's start-up (an interpreter and its imports,
+    ~0.3 s) then overlaps creating the slot and listing the tables instead of delaying the copy.
+    Workers wait for tasks; a worker that gets the sentinel first exits without connecting.
+    """
+
+    def __init__(self, opts: ConnOptions, jobs: int) -> None:
+        self._procs: list[Any]
+        if jobs > 1:
+            ctx = mp.get_context("spawn")
+            self._tasks: Any = ctx.Queue()
+            self._results: Any = ctx.Queue()
+            self._procs = [
+                ctx.Process(target=_worker_loop, args=(opts, self._tasks, self._results, True), daemon=True)
+                for _ in range(jobs)
+            ]
+        else:
+            import threading
+
+            self._tasks = queue.Queue()
+            self._results = queue.Queue()
+            self._procs = [
+                threading.Thread(target=_worker_loop, args=(opts, self._tasks, self._results, False), daemon=True)
+            ]
+        self._sent_end = self._finished = False
+        for p in self._procs:
             p.start()
-        while running:
-            try:
-                kind, a, b = result_q.get(timeout=0.2)
-            except queue.Empty:
-                if not any(p.is_alive() for p in procs):
-                    raise PgrecvError("a snapshot worker died without a word; run pgrecv snapshot again") from None
-                if bar is not None:
-                    bar.refresh()
-                continue
-            if kind == "progress":
-                if bar is not None:
-                    bar.advance(a, b)
-            elif kind == "done":
-                rows[a] = b
-                if bar is not None:
-                    bar.finish(a)
-            elif kind == "exit":
-                running -= 1
-            else:
-                raise _error_class(a)(b)
-    finally:
-        if bar is not None:
-            bar.stop()
-        for p in procs:
-            if isinstance(p, mp.process.BaseProcess) and p.is_alive():
-                p.terminate()
-        for p in procs:
+
+    def _end(self) -> None:
+        if not self._sent_end:
+            self._sent_end = True
+            for _ in self._procs:
+                self._tasks.put(None)
+
+    def close(self) -> None:
+        """Stop every worker (those still waiting get the sentinel; a process still copying is killed)."""
+        self._end()
+        if not self._finished:  # an error: a process still copying is stopped at once
+            for p in self._procs:
+                if isinstance(p, mp.process.BaseProcess) and p.is_alive():
+                    p.terminate()
+        for p in self._procs:
             p.join(timeout=5)
-    return rows
+
+    def run(self, snapshot_name: str, cp: int, tasks: list[Task], progress: bool) -> dict[int, int]:
+        """Run the tasks; returns rows per task seq. Raises the first error."""
+        # biggest first, so that the long ones do not start last
+        for t in sorted(tasks, key=lambda t: -(t.table.pages if t.lo is None and t.hi is None else 0)):
+            self._tasks.put((snapshot_name, cp, t))
+        self._end()
+        bar = _Progress(tasks) if progress else None
+        rows: dict[int, int] = {}
+        running = len(self._procs)
+        try:
+            while running:
+                try:
+                    kind, a, b = self._results.get(timeout=0.2)
+                except queue.Empty:
+                    if not any(p.is_alive() for p in self._procs):
+                        raise PgrecvError("a snapshot worker died without a word; run pgrecv snapshot again") from None
+                    if bar is not None:
+                        bar.refresh()
+                    continue
+                if kind == "progress":
+                    if bar is not None:
+                        bar.advance(a, b)
+                elif kind == "done":
+                    rows[a] = b
+                    if bar is not None:
+                        bar.finish(a)
+                elif kind == "exit":
+                    running -= 1
+                else:
+                    raise _error_class(a)(b)
+        finally:
+            if bar is not None:
+                bar.stop()
+        self._finished = True
+        return rows
 
 
 def _error_class(name: str) -> type[PgrecvError]:

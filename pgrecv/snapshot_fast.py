@@ -6,9 +6,9 @@ COPY row into a tuple of str and encodes it with :meth:`pgrecv.jsonl.JsonlEncode
 (:func:`read_blocks`: one C call per row, no Python objects kept per row) and a block of many
 lines becomes JSON lines with a handful of C-level operations per *column* rather than per
 value (:class:`BlockEncoder`): split the block on tabs and newlines, rewrite a column's slice only
-when it needs it, and format the whole block with one ``%``. Integers are JSON as they are;
-numeric, date/time, uuid and pg_lsn texts only need quotes; bool t/f becomes true/false; text
-needs nothing but quotes when it holds no quote, backslash or control byte. Everything else
+when it needs it, and join the block's fields with the bytes between them at once. Integers
+are JSON as they are; numeric, date/time, uuid and pg_lsn texts only need quotes; bool t/f
+becomes true/false; text needs nothing but quotes when it holds no quote, backslash or control byte. Everything else
 goes value by value through the same converters as the reference, and a block with anything
 unexpected (a conversion error, a JSON ``null`` document, a malformed line) returns None, so the
 caller writes that block through the reference encoder, which also reports every error. Tests
@@ -109,20 +109,20 @@ class BlockEncoder:
                 "key": list(relation.key_names),
             }
         )
-        self._head = (head[:-1] + b',"new":{').replace(b"%", b"%%")
-        self._keys = [
-            ((b"," if i else b"") + orjson.dumps(c.name) + b":").replace(b"%", b"%%")
-            for i, c in enumerate(relation.columns)
-        ]
+        self._head = head[:-1] + b',"new":{'
+        self._keys = [(b"," if i else b"") + orjson.dumps(c.name) + b":" for i, c in enumerate(relation.columns)]
         self._tail = b'},"unchanged_toast":[]}\n'
-        self._formats: dict[tuple[bool, ...], bytes] = {}
+        self._formats: dict[tuple[bool, ...], tuple[bytes, list[bytes], bytes]] = {}
 
-    def _format(self, quoted: tuple[bool, ...]) -> bytes:
-        parts = [self._head]
+    def _format(self, quoted: tuple[bool, ...]) -> tuple[bytes, list[bytes], bytes]:
+        """The bytes around a block's fields: (first, the n between the fields of a row and the
+        next row's first, last): one join of these and the fields makes the block's JSON lines."""
+        segs = [self._head]
         for key, q in zip(self._keys, quoted, strict=True):
-            parts.append(key + (b'"%s"' if q else b"%s"))
-        parts.append(self._tail)
-        fmt = self._formats[quoted] = b"".join(parts)
+            segs[-1] += key + (b'"' if q else b"")
+            segs.append(b'"' if q else b"")
+        segs[-1] += self._tail
+        fmt = self._formats[quoted] = (segs[0], [*segs[1:-1], segs[-1] + segs[0]], segs[-1])
         return fmt
 
     def encode(self, block: bytes) -> tuple[bytes, int] | None:
@@ -170,8 +170,13 @@ class BlockEncoder:
         except (KeyError, ValueError, TypeError, ArithmeticError, orjson.JSONEncodeError):
             return None  # the reference path writes the block, or reports the error
         key = tuple(quoted)
-        fmt = self._formats.get(key) or self._format(key)
-        return (fmt * rows) % tuple(fields), rows
+        first, between, last = self._formats.get(key) or self._format(key)
+        seps = between * rows
+        seps[-1] = last
+        out: list[bytes] = [first] * (2 * len(fields) + 1)
+        out[1::2] = fields
+        out[2::2] = seps
+        return b"".join(out), rows
 
 
 def read_blocks(

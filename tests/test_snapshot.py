@@ -278,6 +278,61 @@ def test_snapshot_rows_are_typed_like_inserts() -> None:
     assert snap_recs[2]["json_nulls"] == ["j"]
 
 
+def _writer_task(tmp_path: Path) -> Any:
+    from pgrecv.snapshot import Table, Task
+
+    cols = (ev.Column("id", 23, -1, "integer", True), ev.Column("s", 25, -1, "text", False))
+    rel = ev.Relation(1, "public", "t", "d", cols)
+    return Task(1, Table(rel, ("id", "s"), None, 1, 1), None, None, str(tmp_path / "x.part"), "x.jsonl")
+
+
+def test_block_writer_writes_every_block_in_order(tmp_path: Path) -> None:
+    """The encoding thread of copy_task: blocks in, JSON lines out in the same order, counted."""
+    from pgrecv.snapshot import _BlockWriter
+
+    task = _writer_task(tmp_path)
+    reported: list[int] = []
+    with open(task.tmp, "wb") as f:
+        w = _BlockWriter(f, task, 0x100, lambda _seq, k: reported.append(k))
+        for b in range(50):  # more blocks than the queue holds
+            w.put(b"".join(b"%d\tv%d\n" % (b * 10 + i, i) for i in range(10)))
+        assert w.close() == 500
+    lines = [orjson.loads(x) for x in Path(task.tmp).read_bytes().splitlines()]
+    assert lines[0]["op"] == "relation" and sum(reported) == 500
+    assert [r["new"]["id"] for r in lines[1:]] == list(range(500))
+
+
+def test_block_writer_error_reaches_the_reader(tmp_path: Path) -> None:
+    """A write error in the encoding thread is raised to the reading side, which stops the COPY."""
+    from pgrecv.snapshot import _BlockWriter
+
+    class Full:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def write(self, data: bytes) -> int:
+            self.calls += 1
+            if self.calls > 1:  # the relation record passes, the first block fails
+                raise OSError(28, "No space left on device")
+            return len(data)
+
+        def fileno(self) -> int:
+            return -1
+
+        def flush(self) -> None:
+            pass
+
+        def tell(self) -> int:
+            return 0
+
+    task = _writer_task(tmp_path)
+    w = _BlockWriter(Full(), task, 0x100, lambda _seq, _k: None)
+    with pytest.raises(OSError, match="No space left"):
+        for _ in range(1000):  # the error arrives at a put, or at the latest at close
+            w.put(b"1\tv\n" * 100)
+        w.close()
+
+
 def test_slot_exists(db_dsn: str, tmp_path: Path) -> None:
     _setup(db_dsn, rows=10)
     assert pgrecv("create", "-d", db_dsn, "--slot", "taken").returncode == 0

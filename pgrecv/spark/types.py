@@ -156,10 +156,9 @@ def convert_value(ctype: ColumnType, value: Any, column: str, where: str) -> Any
     """One JSON value → the Python value Arrow stores; a clear error when it cannot be exact."""
     if value is None:
         return None
-    if ctype.convert is None:
-        if pa.types.is_string(ctype.arrow):
-            # e.g. a user type decoded as base64 stays a string
-            return value if isinstance(value, str) else _json_text(value)
+    if ctype.convert is None and pa.types.is_string(ctype.arrow):
+        # e.g. a user type decoded as base64 stays a string
+        return value if isinstance(value, str) else _json_text(value)
     try:
         if ctype.convert is None:
             # ints and bools pass as they are, but only if Arrow can store them: checked here so
@@ -170,7 +169,13 @@ def convert_value(ctype: ColumnType, value: Any, column: str, where: str) -> Any
             return value
         return ctype.convert(value)
     except (
-        ValueError, TypeError, InvalidOperation, binascii.Error, OverflowError, pa.ArrowInvalid, pa.ArrowTypeError
+        ValueError,
+        TypeError,
+        InvalidOperation,
+        binascii.Error,
+        OverflowError,
+        pa.ArrowInvalid,
+        pa.ArrowTypeError,
     ) as exc:
         raise InputError(
             f"{where}: value {value!r} of column {column} ({ctype.pg_type}) cannot be stored as "
