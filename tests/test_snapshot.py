@@ -197,8 +197,10 @@ def _final_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_snapshot_with_concurrent_writes_then_stream_equals_source(db_dsn: str, tmp_path: Path, jobs: int) -> None:
+@pytest.mark.parametrize("jobs, plugin", [(1, "pgoutput"), (2, "pgoutput"), (1, "test_decoding")])
+def test_snapshot_with_concurrent_writes_then_stream_equals_source(
+    db_dsn: str, tmp_path: Path, jobs: int, plugin: str
+) -> None:
     _setup(db_dsn, rows=3000)
     out = tmp_path / "out"
     stop = threading.Event()
@@ -208,6 +210,7 @@ def test_snapshot_with_concurrent_writes_then_stream_equals_source(db_dsn: str, 
     try:
         time.sleep(0.2)
         args = ["snapshot", "-d", db_dsn, "--slot", "snap", "--output-dir", str(out), "--jobs", str(jobs)]
+        args += ["-P", plugin]
         proc = pgrecv(*args, "--range-size", "64kB", env={"PGRECV_SNAPSHOT_DELAY": "0.5"})
         time.sleep(0.3)
     finally:
