@@ -196,12 +196,12 @@ def _run(
 ) -> SnapshotResult:
     from pgrecv.slots import resolve_publication
 
-    with connect(opts) as meta:
-        if plugin == "pgoutput":
-            publication = resolve_publication(meta, publication)
-        block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
-    workers = _Workers(opts, jobs)
+    workers = _Workers(opts, jobs)  # first: no connection is open yet when worker processes fork
     try:
+        with connect(opts) as meta:
+            if plugin == "pgoutput":
+                publication = resolve_publication(meta, publication)
+            block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
         return _run_with(
             opts, slot, directory, plugin, publication, globs, jobs, range_size, two_phase, failover, progress, log,
             block_size, workers,
@@ -652,15 +652,19 @@ def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, in_process: bool) 
 class _Workers:
     """The copy workers: processes for ``--jobs`` > 1 (encoding JSON is CPU work), else a thread.
 
-    Started before the slot is created: a process's start-up (an interpreter and its imports,
-    ~0.3 s) then overlaps creating the slot and listing the tables instead of delaying the copy.
-    Workers wait for tasks; a worker that gets the sentinel first exits without connecting.
+    Started before anything else: forked where the platform can and no other thread runs (no
+    connection exists yet, so nothing is shared that should not be), which costs milliseconds where a
+    spawned interpreter re-importing psycopg costs ~0.3 s. Workers wait for tasks; a worker that
+    gets the sentinel first exits without connecting.
     """
 
     def __init__(self, opts: ConnOptions, jobs: int) -> None:
         self._procs: list[Any]
         if jobs > 1:
-            ctx = mp.get_context("spawn")
+            import threading
+
+            forkable = "fork" in mp.get_all_start_methods() and threading.active_count() == 1
+            ctx = mp.get_context("fork" if forkable else "spawn")
             self._tasks: Any = ctx.Queue()
             self._results: Any = ctx.Queue()
             self._procs = [

@@ -371,9 +371,9 @@ def test_table_without_select_privilege(db_dsn: str, tmp_path: Path) -> None:
         sql(db_dsn, f"DROP ROLE {role}")
 
 
-def _start_slow(db_dsn: str, out: Path, slot: str, delay: str) -> subprocess.Popen[bytes]:
+def _start_slow(db_dsn: str, out: Path, slot: str, delay: str, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "pgrecv", "snapshot", "-d", db_dsn, "--slot", slot, "--output-dir", str(out)],
+        [sys.executable, "-m", "pgrecv", "snapshot", "-d", db_dsn, "--slot", slot, "--output-dir", str(out), *extra],
         env={**os.environ, "PGRECV_SNAPSHOT_DELAY": delay},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -441,6 +441,40 @@ def test_killed_snapshot_leaves_no_manifest(db_dsn: str, tmp_path: Path) -> None
     assert again.returncode == 0, err(again)
     assert not list(out.glob(".tmp-*")), "the interrupted run's temp files were removed"
     assert len(list(out.glob("*manifest.json"))) == 1
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with open(task / "children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def test_killed_coordinator_takes_its_workers_along(db_dsn: str, tmp_path: Path) -> None:
+    """kill -9 of `pgrecv snapshot --jobs 2`: its worker processes notice and exit, holding nothing."""
+    _setup(db_dsn, rows=3000)
+    out = tmp_path / "o"
+    proc = _start_slow(db_dsn, out, "killed2", "1", "--jobs", "2", "--range-size", "64kB")
+    try:
+        _wait_for(lambda: len(list(out.glob(".tmp-*"))) > 0)
+        workers = _children(proc.pid)
+        assert len(workers) == 2, workers
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as f:  # an exited child reparented to a non-reaping init
+            return f.read().split(") ")[1].startswith("Z")
+
+    _wait_for(lambda: all(gone(w) for w in workers), timeout=20)
+    assert _final_files(out) == []
+    assert pgrecv("drop", "-d", db_dsn, "--slot", "killed2").returncode == 0
 
 
 def test_refuses_a_directory_with_output(db_dsn: str, tmp_path: Path) -> None:
