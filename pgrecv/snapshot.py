@@ -664,7 +664,7 @@ class _Workers:
             import threading
 
             forkable = "fork" in mp.get_all_start_methods() and threading.active_count() == 1
-            ctx = mp.get_context("fork" if forkable else "spawn")
+            ctx: Any = mp.get_context("fork" if forkable else "spawn")
             self._tasks: Any = ctx.Queue()
             self._results: Any = ctx.Queue()
             self._procs = [
