@@ -1,4 +1,5 @@
-"""Real PostgreSQL servers for the tests: one throwaway server per major version and session.
+"""Real PostgreSQL servers for the tests: one throwaway server per major version and session,
+and one real local SparkSession (the `spark` fixture).
 
 ``PGRECV_TEST_VERSIONS`` (default ``15,18``) lists the versions; a listed version whose binaries
 are missing fails the tests that need it, so CI cannot silently test less. Tests that use a
@@ -79,3 +80,14 @@ def db_conn(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the test's database."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One real local SparkSession for the whole test session (local[2], quiet, small shuffles)."""
+    pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
+    from pgrecv.spark.sparkops import start_session
+
+    session = start_session("local[2]", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
+    yield session
+    session.stop()
