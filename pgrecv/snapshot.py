@@ -476,10 +476,14 @@ def copy_task(
     fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
     with open(fd, "wb", buffering=1 << 17) as f:
         writer = _BlockWriter(f, task, cp, report)
-        with conn.cursor().copy(task.query()):
-            for block in read_blocks(conn, check):
-                writer.put(block)
-                check()
+        try:
+            with conn.cursor().copy(task.query()):
+                for block in read_blocks(conn, check):
+                    writer.put(block)
+                    check()
+        except BaseException:
+            writer.abort()
+            raise
         return writer.close()
 
 
@@ -501,6 +505,7 @@ class _BlockWriter:
         self._report = report
         self._q: queue.Queue[bytes | None] = queue.Queue(self.DEPTH)
         self._error: BaseException | None = None
+        self._aborted = False
         self._rows = 0
         self._thread = threading.Thread(target=self._run, name=f"snapshot-encode-{task.seq}", daemon=True)
         self._thread.start()
@@ -525,6 +530,15 @@ class _BlockWriter:
             raise self._error
         return self._rows
 
+    def abort(self) -> None:
+        """The reading side failed: stop the thread without writing the rest (the file is discarded)."""
+        self._aborted = True
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._q.get_nowait()
+        self._q.put(None)
+        self._thread.join()
+
     def _run(self) -> None:
         from pgrecv.jsonl import JsonlEncoder
         from pgrecv.snapshot_fast import BlockEncoder, parse_block
@@ -538,7 +552,7 @@ class _BlockWriter:
             fd = f.fileno()
             written = flushed = start = 0
             enc.snapshot_rows(rel, (), cp)  # the relation record, even for an empty table
-            while (block := self._q.get()) is not None:
+            while (block := self._q.get()) is not None and not self._aborted:
                 done = fast.encode(block)
                 if done is None:
                     k = enc.snapshot_rows(rel, parse_block(block), cp)
@@ -554,8 +568,9 @@ class _BlockWriter:
                         start, flushed = pos, written
                 self._rows += k
                 self._report(task.seq, k)
-            f.flush()
-            os.fsync(fd)
+            if not self._aborted:
+                f.flush()
+                os.fsync(fd)
         except BaseException as exc:  # handed to the reader thread, which raises it
             self._error = exc
             with contextlib.suppress(queue.Empty):

@@ -305,6 +305,19 @@ def test_block_writer_writes_every_block_in_order(tmp_path: Path) -> None:
     assert [r["new"]["id"] for r in lines[1:]] == list(range(500))
 
 
+def test_block_writer_abort_stops_the_thread(tmp_path: Path) -> None:
+    """The reading side failed (the server's error mid-COPY): the thread ends, nothing is fsync'd."""
+    from pgrecv.snapshot import _BlockWriter
+
+    task = _writer_task(tmp_path)
+    with open(task.tmp, "wb") as f:
+        w = _BlockWriter(f, task, 0x100, lambda _seq, _k: None)
+        for _ in range(5):
+            w.put(b"1\tv\n" * 100)
+        w.abort()
+        assert not w._thread.is_alive()
+
+
 def test_block_writer_error_reaches_the_reader(tmp_path: Path) -> None:
     """A write error in the encoding thread is raised to the reading side, which stops the COPY."""
     from pgrecv.snapshot import _BlockWriter
