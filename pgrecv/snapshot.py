@@ -173,9 +173,14 @@ def run_snapshot(
     directory = Path(output_dir)
     lock_fd = _prepare_dir(directory)
     try:
-        return _run(
-            opts, slot, directory, plugin, publication, tables, jobs, range_size, two_phase, failover, progress, log
-        )
+        workers = _Workers(opts, jobs)  # before any connection is open: worker processes fork
+        try:
+            return _run(
+                opts, slot, directory, plugin, publication, tables, jobs, range_size, two_phase, failover, progress,
+                log, workers,
+            )  # fmt: skip
+        finally:
+            workers.close()
     finally:
         os.close(lock_fd)
 
@@ -193,41 +198,14 @@ def _run(
     failover: bool,
     progress: bool,
     log: Callable[[str], None],
-) -> SnapshotResult:
-    from pgrecv.slots import resolve_publication
-
-    workers = _Workers(opts, jobs)  # first: no connection is open yet when worker processes fork
-    try:
-        with connect(opts) as meta:
-            if plugin == "pgoutput":
-                publication = resolve_publication(meta, publication)
-            block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
-        return _run_with(
-            opts, slot, directory, plugin, publication, globs, jobs, range_size, two_phase, failover, progress, log,
-            block_size, workers,
-        )  # fmt: skip
-    finally:
-        workers.close()
-
-
-def _run_with(
-    opts: ConnOptions,
-    slot: str,
-    directory: Path,
-    plugin: str,
-    publication: str | None,
-    globs: Sequence[str],
-    jobs: int,
-    range_size: int,
-    two_phase: bool,
-    failover: bool,
-    progress: bool,
-    log: Callable[[str], None],
-    block_size: int,
     workers: _Workers,
 ) -> SnapshotResult:
-    from pgrecv.slots import get_slot, server_major
+    from pgrecv.slots import get_slot, resolve_publication, server_major
 
+    with connect(opts) as meta:
+        if plugin == "pgoutput":
+            publication = resolve_publication(meta, publication)
+        block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
     rconn = connect(opts, replication=True)
     created = False
     tmp_paths: list[Path] = []
