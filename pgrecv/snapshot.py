@@ -37,6 +37,7 @@ import multiprocessing as mp
 import os
 import queue
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -475,8 +476,6 @@ class _BlockWriter:
     DEPTH = 8
 
     def __init__(self, f: Any, task: Task, cp: int, report: Callable[[int, int], None]) -> None:
-        import threading
-
         self._f = f
         self._task = task
         self._cp = cp
@@ -654,8 +653,6 @@ class _Workers:
     def __init__(self, opts: ConnOptions, jobs: int) -> None:
         self._procs: list[Any]
         if jobs > 1:
-            import threading
-
             forkable = "fork" in mp.get_all_start_methods() and threading.active_count() == 1
             ctx: Any = mp.get_context("fork" if forkable else "spawn")
             self._tasks: Any = ctx.Queue()
@@ -665,8 +662,6 @@ class _Workers:
                 for _ in range(jobs)
             ]
         else:
-            import threading
-
             self._tasks = queue.Queue()
             self._results = queue.Queue()
             self._procs = [
