@@ -8,11 +8,11 @@ lines becomes JSON lines with a handful of C-level operations per *column* rathe
 value (:class:`BlockEncoder`): split the block on tabs and newlines, rewrite a column's slice only
 when it needs it, and join the block's fields with the bytes between them at once. Integers
 are JSON as they are; numeric, date/time, uuid and pg_lsn texts only need quotes; bool t/f
-becomes true/false; text needs nothing but quotes when it holds no quote, backslash or control byte. Everything else
-goes value by value through the same converters as the reference, and a block with anything
-unexpected (a conversion error, a JSON ``null`` document, a malformed line) returns None, so the
-caller writes that block through the reference encoder, which also reports every error. Tests
-prove both paths byte-identical on real servers.
+becomes true/false; text needs nothing but quotes when it holds no quote, backslash or control
+byte. Everything else goes value by value through the same converters as the reference, and a
+block with anything unexpected (a conversion error, a JSON ``null`` document, a malformed line)
+returns None, so the caller writes that block through the reference encoder, which also reports
+every error. Tests prove both paths byte-identical on real servers.
 
 The text of a value is exactly what psycopg would give: its COPY unescaping handles the escapes
 PostgreSQL's COPY TO writes (``\\b \\f \\n \\r \\t \\v \\\\``) and leaves any other backslash as

@@ -384,7 +384,7 @@ def _resolve_toast(
 def _column(
     rows: list[rd.Row], fills: dict[int, dict[str, Any]], c: str, ct: ColumnType, name: str
 ) -> list[Any] | pa.Array:
-    if not fills and not ct.is_json:
+    if not ct.is_json and not any(c in f for f in fills.values()):  # a TOAST fill of c: per value
         fast = fast_column(ct, [r.values.get(c) for r in rows])
         if fast is not None:
             return fast
