@@ -433,7 +433,11 @@ def _plan(tables: list[Table], directory: Path, cp: int, jobs: int, range_pages:
 
 
 def copy_task(
-    conn: psycopg.Connection[Any], task: Task, cp: int, report: Callable[[int, int], None], check_parent: bool = False
+    conn: psycopg.Connection[Any],
+    task: Task,
+    cp: int,
+    report: Callable[[int, int], None],
+    coordinator: int | None = None,
 ) -> int:
     """COPY one table or range into its temp file as snapshot records; returns the row count.
 
@@ -445,12 +449,10 @@ def copy_task(
     from pgrecv.snapshot_fast import read_blocks
 
     if conn.info.encoding != "utf-8":
-        return copy_task_reference(conn, task, cp, report, check_parent)
-    parent = os.getppid()
+        return copy_task_reference(conn, task, cp, report, coordinator)
 
     def check() -> None:
-        if check_parent and os.getppid() != parent:  # the coordinating process died (kill -9): stop
-            os._exit(1)
+        _exit_if_orphaned(coordinator)
 
     fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
     with open(fd, "wb", buffering=1 << 17) as f:
@@ -556,14 +558,17 @@ class _BlockWriter:
 
 
 def copy_task_reference(
-    conn: psycopg.Connection[Any], task: Task, cp: int, report: Callable[[int, int], None], check_parent: bool = False
+    conn: psycopg.Connection[Any],
+    task: Task,
+    cp: int,
+    report: Callable[[int, int], None],
+    coordinator: int | None = None,
 ) -> int:
     """copy_task through psycopg's row parser and the JSONL encoder: the reference that the fast
     path must match byte for byte, and the path for a client encoding other than UTF-8."""
     from pgrecv.jsonl import JsonlEncoder
 
     fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
-    parent = os.getppid()
     with open(fd, "wb", buffering=1 << 17) as f:
         write: Callable[[bytes], Any] = f.write
         enc = JsonlEncoder(write)
@@ -579,31 +584,33 @@ def copy_task_reference(
                     break
                 n += enc.snapshot_rows(rel, batch, cp)
                 report(task.seq, len(batch))
-                if check_parent and os.getppid() != parent:  # the coordinating process died (kill -9): stop
-                    os._exit(1)
+                _exit_if_orphaned(coordinator)
         f.flush()
         os.fsync(f.fileno())
     return n
 
 
-def _next_task(tasks: Any, in_process: bool) -> tuple[str, int, Task] | None:
-    """The next (snapshot name, CP, task) or the sentinel; a worker process whose coordinator died
-    (kill -9) while it waited exits instead of waiting for ever."""
-    parent = os.getppid()
+def _exit_if_orphaned(coordinator: int | None) -> None:
+    """A worker process whose coordinator died (kill -9) stops: nobody would publish its files."""
+    if coordinator is not None and os.getppid() != coordinator:
+        os._exit(1)
+
+
+def _next_task(tasks: Any, coordinator: int | None) -> tuple[str, int, Task] | None:
+    """The next (snapshot name, CP, task) or the sentinel, checking the coordinator while waiting."""
     while True:
         try:
             item: tuple[str, int, Task] | None = tasks.get(timeout=1.0)
             return item
         except queue.Empty:
-            if in_process and os.getppid() != parent:
-                os._exit(1)
+            _exit_if_orphaned(coordinator)
 
 
-def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, in_process: bool) -> None:
+def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, coordinator: int | None) -> None:
     """A worker: copy tasks until the sentinel, importing the snapshot before its first task."""
     try:
         delay = float(os.environ.get(DELAY_ENV, "0") or 0)
-        item = _next_task(tasks, in_process)
+        item = _next_task(tasks, coordinator)
         if item is None:
             results.put(("exit", None, None))
             return
@@ -618,7 +625,7 @@ def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, in_process: bool) 
                     results.put(("progress", seq, k))
 
                 try:
-                    rows = copy_task(conn, task, cp, report, check_parent=in_process)
+                    rows = copy_task(conn, task, cp, report, coordinator)
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise ServerConfigError(
                         f"{exc.diag.message_primary}: GRANT SELECT to this role, or leave the table out with --table"
@@ -626,7 +633,7 @@ def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, in_process: bool) 
                 results.put(("done", task.seq, rows))
                 if delay:
                     time.sleep(delay)
-                item = _next_task(tasks, in_process)
+                item = _next_task(tasks, coordinator)
                 if item is None:
                     break
                 _name, _cp, task = item
@@ -658,14 +665,14 @@ class _Workers:
             self._tasks: Any = ctx.Queue()
             self._results: Any = ctx.Queue()
             self._procs = [
-                ctx.Process(target=_worker_loop, args=(opts, self._tasks, self._results, True), daemon=True)
+                ctx.Process(target=_worker_loop, args=(opts, self._tasks, self._results, os.getpid()), daemon=True)
                 for _ in range(jobs)
             ]
         else:
             self._tasks = queue.Queue()
             self._results = queue.Queue()
             self._procs = [
-                threading.Thread(target=_worker_loop, args=(opts, self._tasks, self._results, False), daemon=True)
+                threading.Thread(target=_worker_loop, args=(opts, self._tasks, self._results, None), daemon=True)
             ]
         self._sent_end = self._finished = False
         for p in self._procs:
