@@ -21,6 +21,7 @@ from pgrecv.errors import (
     PgrecvError,
     PublicationError,
     ServerConfigError,
+    ServerError,
     SlotError,
     UsageError,
 )
@@ -176,4 +177,6 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
         if "password authentication failed" in low or "no password supplied" in low:
             return ConnectionFailed(f"{msg}: check the password (-W to be asked, or .pgpass)", detail=detail)
         return ConnectionFailed(f"cannot connect: {msg}", detail=detail)
+    if getattr(getattr(exc, "diag", None), "sqlstate", None):  # the server's own words: not a bug here
+        return ServerError(f"server error: {msg}", detail=detail)
     return PgrecvError(f"server error: {msg}", detail=detail)

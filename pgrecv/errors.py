@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     INPUT = 9  # bad input files (spark-apply and friends)
     SERVER_ENV = 10  # no PostgreSQL binaries for a throwaway server
     STREAM_LOST = 11  # the stream ended or broke and --no-loop forbids reconnecting
+    SERVER = 12  # the server refused a statement for a reason of its own (its message says which)
     INTERRUPTED = 130  # stopped by SIGINT before finishing
 
 
@@ -74,6 +75,12 @@ class ServerEnvError(PgrecvError):
     """No usable PostgreSQL binaries for a throwaway server."""
 
     exit_code = ExitCode.SERVER_ENV
+
+
+class ServerError(PgrecvError):
+    """An error the server reported that pgrecv has no specific advice for: not a bug of pgrecv."""
+
+    exit_code = ExitCode.SERVER
 
 
 class StreamLost(PgrecvError):

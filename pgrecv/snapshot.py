@@ -49,12 +49,13 @@ import psycopg
 from psycopg import sql
 
 from pgrecv import events as ev
-from pgrecv.conn import ConnOptions, connect, translate
+from pgrecv.conn import ConnOptions, connect, server_message, translate
 from pgrecv.errors import (
     ConnectionFailed,
     OutputError,
     PgrecvError,
     ServerConfigError,
+    ServerError,
     SlotError,
     UsageError,
 )
@@ -630,6 +631,16 @@ def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, coordinator: int |
                     raise ServerConfigError(
                         f"{exc.diag.message_primary}: GRANT SELECT to this role, or leave the table out with --table"
                     ) from None
+                except psycopg.Error as exc:
+                    err = translate(exc)
+                    if not isinstance(err, ServerError):
+                        raise err from None
+                    raise ServerError(
+                        f"the server failed copying {task.table.qualified}: {server_message(exc)}; fix the cause "
+                        "(the publication's row filter runs in the copy too), or leave the table out with --table, "
+                        "and run pgrecv snapshot again",
+                        detail=err.detail,
+                    ) from None
                 results.put(("done", task.seq, rows))
                 if delay:
                     time.sleep(delay)
@@ -724,6 +735,9 @@ class _Workers:
                     running -= 1
                 else:
                     raise _error_class(a)(b)
+        except BaseException:
+            self.close()  # before the caller removes the temp files: no worker may start another one
+            raise
         finally:
             if bar is not None:
                 bar.stop()
