@@ -14,6 +14,13 @@ block with anything unexpected (a conversion error, a JSON ``null`` document, a 
 returns None, so the caller writes that block through the reference encoder, which also reports
 every error. Tests prove both paths byte-identical on real servers.
 
+Where the C module :mod:`pgrecv._copyfast` is built (``pip install`` compiles it; it is optional),
+it takes the two loops that still cost per row: reading (one ``PQgetCopyData`` per row, in C,
+without the GIL) and encoding blocks whose columns are all of the kinds above that need no
+escaping, without the GIL. That roughly halves the client's CPU per row, which matters because the
+client shares the machine with the server's COPY. It declines to the Python code what it does not
+do, so the output is the same with and without it (tested both ways).
+
 The text of a value is exactly what psycopg would give: its COPY unescaping handles the escapes
 PostgreSQL's COPY TO writes (``\\b \\f \\n \\r \\t \\v \\\\``) and leaves any other backslash as
 it is, and so does :func:`unescape`. It assumes UTF-8 (the caller checks the client encoding).
@@ -35,6 +42,11 @@ from pgrecv.errors import DecodeError
 from pgrecv.lsn import lsn_str
 from pgrecv.values import JSON_NULL, text_converter
 
+try:
+    from pgrecv import _copyfast
+except ImportError:  # built without a C compiler: the Python paths do it all, more slowly
+    _copyfast = None  # type: ignore[assignment]
+
 _NULL: Final = b"\\N"
 _ESC_RE: Final = re.compile(rb"\\[btnvfr\\]")
 _ESC: Final[dict[bytes, bytes]] = {
@@ -47,7 +59,8 @@ _PLAIN: Final = bytes(b for b in range(256) if b >= 0x20 and b not in b'"\\')
 _RAW_OIDS: Final = frozenset({20, 21, 23, 26, 28, 5069})  # int8 int2 int4 oid xid xid8: decimal text
 # numeric, date, time, timestamp, timestamptz, timetz, interval, uuid, pg_lsn: ASCII without '"' or '\\'
 _QUOTE_OIDS: Final = frozenset({1700, 1082, 1083, 1114, 1184, 1266, 1186, 2950, 3220})
-RAW, QUOTE, BOOL, TEXT, OTHER = range(5)
+Buffer = bytes | memoryview
+RAW, QUOTE, BOOL, TEXT, OTHER = range(5)  # numbered as in _copyfast.c
 BLOCK_BYTES: Final = 1 << 18  # COPY bytes per block: big enough that per-block work is noise
 
 
@@ -92,9 +105,14 @@ def _text(v: bytes) -> bytes:
 
 
 class BlockEncoder:
-    """Encodes blocks of one relation's COPY text lines as snapshot records; see the module doc."""
+    """Encodes blocks of one relation's COPY text lines as snapshot records; see the module doc.
 
-    def __init__(self, relation: ev.Relation, snapshot_lsn: int) -> None:
+    A relation whose columns are all of the RAW, QUOTE, BOOL and TEXT kinds first tries the C
+    encoder of :mod:`pgrecv._copyfast` (unless ``native`` is false), which declines a block it
+    cannot do exactly (a text with a quote, a backslash or a control byte) to the Python path.
+    """
+
+    def __init__(self, relation: ev.Relation, snapshot_lsn: int, native: bool = True) -> None:
         self._n = len(relation.columns)
         kinds = [_kind(c) for c in relation.columns]
         self._kinds = [k for k, _ in kinds]
@@ -113,6 +131,12 @@ class BlockEncoder:
         self._keys = [(b"," if i else b"") + orjson.dumps(c.name) + b":" for i, c in enumerate(relation.columns)]
         self._tail = b'},"unchanged_toast":[]}\n'
         self._formats: dict[tuple[bool, ...], tuple[bytes, list[bytes], bytes]] = {}
+        self._out = bytearray()  # the C encoder's output, reused for every block
+        self._native: Callable[[bytes], tuple[int, int] | None] | None = None
+        if native and self._n and all(k <= TEXT for k in self._kinds) and _copyfast is not None:
+            kind_bytes, keys, encode = bytes(self._kinds), tuple(self._keys), _copyfast.encode
+            head, tail, out = self._head, self._tail, self._out
+            self._native = lambda block: encode(block, out, kind_bytes, head, keys, tail)
 
     def _format(self, quoted: tuple[bool, ...]) -> tuple[bytes, list[bytes], bytes]:
         """The bytes around a block's fields: (first, the n between the fields of a row and the
@@ -125,8 +149,27 @@ class BlockEncoder:
         fmt = self._formats[quoted] = (segs[0], [*segs[1:-1], segs[-1] + segs[0]], segs[-1])
         return fmt
 
-    def encode(self, block: bytes) -> tuple[bytes, int] | None:
+    def write_to(self, block: bytes, write: Callable[[Buffer], object]) -> int | None:
+        """Writes the JSON lines of ``block`` (whole COPY lines) with ``write``; returns the row
+        count, or None having written nothing: the caller takes the reference path.
+
+        ``write`` must not keep what it is given: a view of a buffer that the next block reuses.
+        """
+        if self._native is not None and (native := self._native(block)) is not None:
+            nbytes, rows = native
+            with memoryview(self._out) as view:
+                write(view[:nbytes])
+            return rows
+        done = self.encode(block, native=False)
+        if done is None:
+            return None
+        write(done[0])
+        return done[1]
+
+    def encode(self, block: bytes, native: bool = True) -> tuple[bytes, int] | None:
         """(the JSON lines, the row count) of ``block`` (whole COPY lines), or None: use the reference."""
+        if native and self._native is not None and (done := self._native(block)) is not None:
+            return bytes(memoryview(self._out)[: done[0]]), done[1]
         n = self._n
         if not n:
             return None
@@ -180,45 +223,105 @@ class BlockEncoder:
 
 
 def read_blocks(
-    conn: psycopg.Connection[Any], check: Callable[[], None] = lambda: None, size: int | None = None
+    conn: psycopg.Connection[Any],
+    check: Callable[[], None] = lambda: None,
+    size: int | None = None,
+    native: bool = True,
 ) -> Iterator[bytes]:
     """The rows of the COPY TO in progress on ``conn`` as blocks of whole lines (bytes).
 
-    Reads CopyData messages (one row each) through libpq directly, appending them to one buffer:
-    a fraction of the cost of psycopg's per-row generator. A block is cut when libpq's input is
-    drained and it holds ``size`` bytes (default BLOCK_BYTES). Ends after the COPY's final result; raises the server's
+    Reads CopyData messages (one row each) through libpq directly: in C without the GIL when
+    :mod:`pgrecv._copyfast` is built and bound to psycopg's libpq (:func:`native_reader`), else one
+    ``get_copy_data`` call per row from Python, appending to one buffer (a fraction of the cost of
+    psycopg's per-row generator, but still about half of the snapshot's CPU). A block holds about
+    ``size`` bytes (default BLOCK_BYTES). Ends after the COPY's final result; raises the server's
     error as psycopg does. ``check`` runs at each wait (at most every second).
     """
     size = BLOCK_BYTES if size is None else size
     pgconn = conn.pgconn
-    get = pgconn.get_copy_data
     poller = select.poll()
     poller.register(pgconn.socket, select.POLLIN)
-    buf = bytearray()
-    while True:
-        nbytes, data = get(1)
-        if nbytes > 0:
-            buf += data
-            continue
-        if nbytes < 0:
-            break
-        if len(buf) >= size:
-            yield bytes(buf)
-            buf.clear()
+
+    def wait() -> None:
         while not poller.poll(1000):
             check()
         pgconn.consume_input()
-    if buf:
-        yield bytes(buf)
-    if nbytes == -2:
+
+    read = native_reader(conn) if native else None
+    if read is not None:
+        ptr: int = getattr(pgconn, "pgconn_ptr", None) or 0
+        parts: list[bytes] = []
+        have = 0
+        while True:
+            status, data = read(ptr, size - have)
+            if data:
+                parts.append(data)
+                have += len(data)
+                if have >= size:
+                    yield parts[0] if len(parts) == 1 else b"".join(parts)
+                    parts, have = [], 0
+            if status == 0:
+                wait()
+            elif status < 0:
+                break
+        if parts:
+            yield b"".join(parts)
+    else:
+        get = pgconn.get_copy_data
+        buf = bytearray()
+        while True:
+            status, row = get(1)
+            if status > 0:
+                buf += row
+                continue
+            if status < 0:
+                break
+            if len(buf) >= size:
+                yield bytes(buf)
+                buf.clear()
+            wait()
+        if buf:
+            yield bytes(buf)
+    if status == -2:
         raise psycopg.OperationalError(pgconn.get_error_message())
     while pgconn.is_busy():
-        while not poller.poll(1000):
-            check()
-        pgconn.consume_input()
+        wait()
     error: psycopg.Error | None = None
     while (res := pgconn.get_result()) is not None:
         if res.status != pq.ExecStatus.COMMAND_OK and error is None:
             error = psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
     if error is not None:
         raise error
+
+
+_bound: bool | None = None  # pgrecv._copyfast bound to psycopg's libpq: not yet tried, yes, no
+
+
+def native_reader(conn: psycopg.Connection[Any]) -> Callable[[int, int], tuple[int, bytes]] | None:
+    """``pgrecv._copyfast.read`` if it can serve ``conn``, else None (the Python loop is used).
+
+    The C reader must call the libpq that psycopg loaded (PGconn's layout is private to a
+    release): it is bound to the one libpq mapped in this process, on Linux, and trusted for a
+    connection only if that libpq reports the connection's backend pid as psycopg does.
+    """
+    global _bound
+    if _copyfast is None:
+        return None
+    if _bound is None:
+        _bound = False
+        try:
+            with open("/proc/self/maps") as maps:  # address perms offset dev inode path (may hold spaces)
+                paths = {f[5].strip() for ln in maps if "/libpq" in ln and len(f := ln.split(maxsplit=5)) == 6}
+            paths = {p for p in paths if p.rpartition("/")[2].startswith("libpq") and ".so" in p}
+            if len(paths) == 1:
+                _copyfast.bind(paths.pop())
+                _bound = True
+        except OSError:
+            pass
+    if not _bound:
+        return None
+    pgconn = conn.pgconn
+    ptr = getattr(pgconn, "pgconn_ptr", None)  # in both of psycopg's libpq wrappers, not in its Protocol
+    if not ptr or _copyfast.backend_pid(ptr) != pgconn.backend_pid:
+        return None
+    return _copyfast.read

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,26 @@ def _writer_task(tmp_path: Path) -> Any:
     cols = (ev.Column("id", 23, -1, "integer", True), ev.Column("s", 25, -1, "text", False))
     rel = ev.Relation(1, "public", "t", "d", cols)
     return Task(1, Table(rel, ("id", "s"), None, 1, 1), None, None, str(tmp_path / "x.part"), "x.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("pages", "range_pages", "jobs", "ranges"),
+    [(100, 20, 2, 6), (100, 25, 2, 4), (100, 30, 3, 6), (100, 200, 2, 1), (100, 20, 1, 1), (3, 1, 8, 3)],
+)
+def test_plan_cuts_a_multiple_of_jobs_ranges(
+    tmp_path: Path, pages: int, range_pages: int, jobs: int, ranges: int
+) -> None:
+    """No job is left copying a last range alone: 5 ranges on 2 jobs become 6 (but never more than pages)."""
+    from pgrecv.snapshot import Table, _plan
+
+    rel = ev.Relation(1, "public", "t", "d", (ev.Column("id", 23, -1, "integer", True),))
+    tasks = _plan([Table(rel, ("id",), None, pages, 0)], tmp_path, 0x100, jobs, range_pages)
+    assert len(tasks) == ranges
+    bounds = [(t.lo, t.hi) for t in tasks]
+    assert bounds[0][0] is None and bounds[-1][1] is None  # the whole table, the end open
+    assert all(a[1] == b[0] for a, b in pairwise(bounds))  # no gap, no overlap
+    sizes = [(hi or pages) - (lo or 0) for lo, hi in bounds]
+    assert sum(sizes) == pages and max(sizes) - min(sizes) <= max(sizes) // 2 + 1
 
 
 def test_block_writer_writes_every_block_in_order(tmp_path: Path) -> None:

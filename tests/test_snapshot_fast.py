@@ -118,9 +118,17 @@ def _both_paths(dsn: str, tmp_path: Path, table: str) -> tuple[bytes, bytes, int
     return out[0], out[1], counts[0]
 
 
+@pytest.fixture(params=["c", "python"])
+def native(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both fast paths: with the C part of pgrecv._copyfast, and without it (as if not built)."""
+    if request.param == "python":
+        monkeypatch.setattr(fast, "_copyfast", None)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("block_bytes", [300, fast.BLOCK_BYTES])
 def test_edge_values_identical_to_reference(
-    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int, native: str
 ) -> None:
     _fill_edge(db_dsn, 200)
     monkeypatch.setattr(fast, "BLOCK_BYTES", block_bytes)  # small: many blocks, some declined, some not
@@ -133,7 +141,7 @@ def test_edge_values_identical_to_reference(
 
 
 def test_bench_like_table_identical_and_fast_kinds(
-    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str
 ) -> None:
     with psycopg.connect(db_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE t (id bigint PRIMARY KEY, name text, amount numeric, at timestamptz, ok bool, n int)")
@@ -142,19 +150,47 @@ def test_bench_like_table_identical_and_fast_kinds(
             "CASE WHEN g % 7 = 0 THEN NULL ELSE g % 2 = 0 END, NULLIF(g % 1000, 3) FROM generate_series(1, 5000) g"
         )
     declined: list[bytes] = []
-    real_encode = fast.BlockEncoder.encode
+    real_write_to = fast.BlockEncoder.write_to
 
-    def encode(self: fast.BlockEncoder, block: bytes) -> tuple[bytes, int] | None:
-        done = real_encode(self, block)
-        if done is None:
+    def write_to(self: fast.BlockEncoder, block: bytes, write: Any) -> int | None:
+        rows = real_write_to(self, block, write)
+        if rows is None:
             declined.append(block)
-        return done
+        return rows
 
-    monkeypatch.setattr(fast.BlockEncoder, "encode", encode)
+    monkeypatch.setattr(fast.BlockEncoder, "write_to", write_to)
     monkeypatch.setattr(fast, "BLOCK_BYTES", 4096)
+    counting = _Counting(fast._copyfast)
+    if native == "c":
+        monkeypatch.setattr(fast, "_copyfast", counting)
     got, want, n = _both_paths(db_dsn, tmp_path, "public.t")
     assert n == 5000 and got == want
     assert declined == [], "every block of these types takes the fast path"
+    if native == "c":  # and it was the C one, reading and encoding
+        assert counting.calls["read"] > 0 and counting.calls["encode"] > 50
+        assert counting.results["encode"] == counting.calls["encode"]
+
+
+class _Counting:
+    """pgrecv._copyfast, counting the calls of read and encode and their results other than None."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.calls = {"read": 0, "encode": 0}
+        self.results = {"read": 0, "encode": 0}
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.real, name)
+        if name not in self.calls:
+            return real
+
+        def counted(*args: Any) -> Any:
+            self.calls[name] += 1
+            done = real(*args)
+            self.results[name] += done is not None
+            return done
+
+        return counted
 
 
 def _copy_escape(s: str) -> bytes:
@@ -226,7 +262,9 @@ def text_table(pg_server: Any) -> Any:
 
 @given(st.lists(st.tuples(st.one_of(st.none(), _TEXT), st.booleans()), min_size=1, max_size=30))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_random_texts_from_the_server(text_table: str, tmp_path: Path, values: list[tuple[str | None, bool]]) -> None:
+def test_random_texts_from_the_server(
+    text_table: str, tmp_path: Path, native: str, values: list[tuple[str | None, bool]]
+) -> None:
     with psycopg.connect(text_table, autocommit=True) as c:
         c.execute("TRUNCATE h")
         with c.cursor() as cur:
@@ -236,3 +274,158 @@ def test_random_texts_from_the_server(text_table: str, tmp_path: Path, values: l
             )
     got, want, n = _both_paths(text_table, tmp_path, "public.h")
     assert n == len(values) and got == want
+
+
+# --- the C part (pgrecv._copyfast) -----------------------------------------------------------
+
+
+def test_c_part_is_built_and_bound(db_dsn: str) -> None:
+    """The install built the C part and it found psycopg's libpq: the tests above ran through it."""
+    assert fast._copyfast is not None, "pgrecv._copyfast was not built (is a C compiler installed?)"
+    with psycopg.connect(db_dsn) as conn:
+        assert fast.native_reader(conn) is not None
+
+
+@pytest.mark.parametrize("size", [1, 5000, fast.BLOCK_BYTES])
+def test_read_blocks_c_and_python_identical(db_dsn: str, size: int) -> None:
+    query = (
+        "COPY (SELECT g, repeat(chr(65 + g % 26), CASE WHEN g % 1000 = 0 THEN 100000 ELSE g % 50 END), "
+        "E'tab\\there' FROM generate_series(1, 20000) g) TO STDOUT"
+    )
+    got = {}
+    with psycopg.connect(db_dsn) as conn:
+        for native in (True, False):
+            with conn.cursor().copy(query):
+                blocks = list(fast.read_blocks(conn, size=size, native=native))
+            assert all(b.endswith(b"\n") for b in blocks)
+            assert all(len(b) >= size for b in blocks[:-1])
+            got[native] = b"".join(blocks)
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the COPY was finished properly
+    assert got[True] == got[False]
+    assert got[True].count(b"\n") == 20000 and b"1000\t" + b"M" * 100000 + b"\ttab\\there\n" in got[True]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_read_blocks_raises_the_servers_error(db_dsn: str, native: bool) -> None:
+    seen = 0
+    with psycopg.connect(db_dsn) as conn:
+        query = "COPY (SELECT 1 / (15000 - g) FROM generate_series(1, 20000) g) TO STDOUT"
+        with pytest.raises(psycopg.errors.DivisionByZero), conn.cursor().copy(query):
+            for block in fast.read_blocks(conn, size=1000, native=native):
+                seen += block.count(b"\n")
+        conn.rollback()
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+    assert 0 < seen < 15000  # rows before the error came through; the error was raised, not swallowed
+
+
+def _c(enc: fast.BlockEncoder, block: bytes) -> tuple[bytes, int] | None:
+    """The C encoder alone: (JSON lines, rows), or None where it declines."""
+    assert enc._native is not None
+    done = enc._native(block)
+    return None if done is None else (bytes(enc._out[: done[0]]), done[1])
+
+
+_SIMPLE = ev.Relation(
+    8,
+    "s",
+    "simple",
+    "d",
+    (
+        ev.Column("k", 20, -1, "bigint", True),
+        ev.Column("t", 25, -1, "text", False),
+        ev.Column("n", 1700, -1, "numeric", False),
+        ev.Column("b", 16, -1, "boolean", False),
+        ev.Column("v", 1043, -1, "character varying", False),
+    ),
+)
+_SIMPLE_ROW = st.tuples(
+    st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1).map(str)),
+    st.one_of(st.none(), _TEXT),
+    st.one_of(st.none(), st.decimals(allow_nan=False, places=2).map(str), st.just("NaN")),
+    st.one_of(st.none(), st.sampled_from(["t", "f"])),
+    st.one_of(st.none(), _TEXT),
+)
+
+
+@given(st.lists(_SIMPLE_ROW, min_size=1, max_size=20))
+@settings(max_examples=300, deadline=None)
+def test_c_encoder_matches_python_and_reference(rows: list[tuple[str | None, ...]]) -> None:
+    block = b"".join(b"\t".join(b"\\N" if v is None else _copy_escape(v) for v in row) + b"\n" for row in rows)
+    want: list[bytes] = []
+    JsonlEncoder(want.append).snapshot_rows(_SIMPLE, rows, CP)
+    python = fast.BlockEncoder(_SIMPLE, CP, native=False).encode(block)
+    assert python == (b"".join(want[1:]), len(rows))
+    c = fast.BlockEncoder(_SIMPLE, CP).encode(block)  # C, or Python where C declines
+    assert c == python
+    plain = all(v is None or not (set(v) & set('"\\') or min(v, default=" ") < " ") for v in _texts(rows))
+    assert (
+        _c(fast.BlockEncoder(_SIMPLE, CP), block) is not None
+    ) == plain  # C declines exactly the texts that need escaping
+
+
+def _texts(rows: list[tuple[str | None, ...]]) -> list[str | None]:
+    return [v for row in rows for v in (row[1], row[4])]
+
+
+_PIECES = [b"\t", b"\n", b"\\N", b"\\", b"t", b"f", b'"', b"1", b"\x01", b"\xff", b"ab"]
+
+
+@given(st.binary(max_size=200) | st.lists(st.sampled_from(_PIECES), max_size=60).map(b"".join))
+@settings(max_examples=1000, deadline=None)
+def test_c_encoder_on_malformed_blocks(block: bytes) -> None:
+    """Whatever the bytes: no crash, and the C encoder declines or agrees with the Python path."""
+    c = _c(fast.BlockEncoder(_SIMPLE, CP), block)
+    if c is not None:
+        assert block.endswith(b"\n") and all(line.count(b"\t") == 4 for line in block[:-1].split(b"\n"))
+        assert c == fast.BlockEncoder(_SIMPLE, CP, native=False).encode(block)
+
+
+def test_c_encoder_declines() -> None:
+    enc = fast.BlockEncoder(_SIMPLE, CP)
+    ok = b"1\tx\t1.5\tt\ty\n"
+    assert _c(enc, ok) is not None
+    for bad in (
+        b"",  # nothing
+        b"1\tx\t1.5\tt\ty",  # no final newline
+        b"1\tx\t1.5\tt\n",  # a field missing
+        b"1\tx\t1.5\tt\ty\tz\n",  # a field too many
+        ok + b"1\tx\t1.5\tyes\ty\n",  # not a COPY bool
+        b'1\t"q"\t1.5\tt\ty\n',  # a quote: the Python path escapes it
+        b"1\tx\\\\y\t1.5\tt\ty\n",  # an escape
+        b"1\tx\t1.5\tt\ty\x01\n",  # a control byte
+    ):
+        assert _c(enc, bad) is None, bad
+    nulls = b"\\N\t\\N\t\\N\t\\N\t\\N\n"
+    assert _c(enc, nulls) == enc.encode(nulls, native=False) is not None
+    long = ok * 50  # the buffer is reused: a shorter block after a longer one leaves no trace of it
+    assert _c(enc, long) == enc.encode(long, native=False)
+    assert _c(enc, ok) == enc.encode(ok, native=False)
+
+
+def test_write_to_hands_out_views_of_one_buffer() -> None:
+    enc = fast.BlockEncoder(_SIMPLE, CP)
+    got: list[bytes] = []
+    blocks = [b"1\tx\t1.5\tt\ty\n" * 100, b'2\t"q"\t\\N\tf\t\\N\n', b"3\tz\t0\tf\tw\n"]
+    for block in blocks:  # C, Python (a quote), C again
+        assert enc.write_to(block, lambda view: got.append(bytes(view))) == block.count(b"\n")
+    assert got == [enc.encode(b, native=False)[0] for b in blocks]  # type: ignore[index]
+    kept: list[Any] = []
+    enc.write_to(blocks[0], kept.append)  # a writer that keeps the view breaks the contract, loudly
+    with pytest.raises(BufferError):
+        enc.write_to(blocks[0] * 2, kept.append)
+
+
+def test_read_blocks_c_with_notices_during_the_copy(db_dsn: str) -> None:
+    """libpq calls psycopg's notice handler from inside the C loop (which runs without the GIL)."""
+    notices: list[str] = []
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        conn.execute(
+            "CREATE FUNCTION pg_temp.noisy(i int) RETURNS int LANGUAGE plpgsql AS "
+            "$$ BEGIN IF i % 1000 = 0 THEN RAISE NOTICE 'row %', i; END IF; RETURN i; END $$"
+        )
+        assert fast.native_reader(conn) is not None
+        with conn.cursor().copy("COPY (SELECT pg_temp.noisy(g) FROM generate_series(1, 10000) g) TO STDOUT"):
+            data = b"".join(fast.read_blocks(conn, size=100))
+    assert data == b"".join(b"%d\n" % i for i in range(1, 10001))
+    assert notices == [f"row {i}" for i in range(1000, 10001, 1000)]
