@@ -84,13 +84,22 @@ def describe(conninfo: str) -> str:
 
 def connect(opts: ConnOptions, *, replication: bool = False, autocommit: bool = True) -> psycopg.Connection[Any]:
     """Connect like the PostgreSQL tools do: prompt for a password (-W, or when needed unless -w)."""
+    return connect_keeping(opts, replication=replication, autocommit=autocommit)[0]
+
+
+def connect_keeping(
+    opts: ConnOptions, *, replication: bool = False, autocommit: bool = True
+) -> tuple[psycopg.Connection[Any], ConnOptions]:
+    """:func:`connect`, and the options to connect again without asking again: with the password
+    typed at the prompt, if one was asked for (a command opening several connections asks once)."""
     if opts.prompt is True and opts.password is None:
         opts = replace(opts, password=_ask_password())
     try:
-        return _connect(opts, replication, autocommit)
+        return _connect(opts, replication, autocommit), opts
     except psycopg.OperationalError as exc:
         if opts.prompt is None and opts.password is None and _needs_password(exc) and _interactive():
-            return connect(replace(opts, password=_ask_password()), replication=replication, autocommit=autocommit)
+            again = replace(opts, password=_ask_password())
+            return connect_keeping(again, replication=replication, autocommit=autocommit)
         raise translate(exc) from None
 
 

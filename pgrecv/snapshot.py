@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ import psycopg
 from psycopg import sql
 
 from pgrecv import events as ev
-from pgrecv.conn import ConnOptions, connect, server_message, translate
+from pgrecv.conn import ConnOptions, connect, connect_keeping, server_message, translate
 from pgrecv.errors import (
     ConnectionFailed,
     OutputError,
@@ -169,14 +169,10 @@ def run_snapshot(
         raise UsageError(f"pgrecv snapshot writes slots for pgoutput or test_decoding, not {plugin}")
     if publication and plugin != "pgoutput":
         raise UsageError("--publication applies to the pgoutput plugin only")
-    if opts.prompt is True and opts.password is None:  # ask once: the workers connect too
-        import getpass
-
-        opts = replace(opts, password=getpass.getpass("Password: "), prompt=False)
     directory = Path(output_dir)
     lock_fd = _prepare_dir(directory)
     try:
-        workers = _Workers(opts, jobs)  # before any connection is open: worker processes fork
+        workers = _Workers(jobs)  # before any connection is open: worker processes fork
         try:
             return _run(
                 opts, slot, directory, plugin, publication, tables, jobs, range_size, two_phase, failover, progress,
@@ -205,7 +201,8 @@ def _run(
 ) -> SnapshotResult:
     from pgrecv.slots import get_slot, resolve_publication, server_major
 
-    with connect(opts) as meta:
+    meta, opts = connect_keeping(opts)  # a password asked for here serves every later connection
+    with meta:
         if plugin == "pgoutput":
             publication = resolve_publication(meta, publication)
         block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
@@ -236,7 +233,7 @@ def _run(
         tasks = _plan(table_list, directory, cp, jobs, max(1, range_size // block_size))
         tmp_paths = [Path(t.tmp) for t in tasks]
         log(f"{len(table_list)} tables, {len(tasks)} files, {jobs} job(s)")
-        rows = workers.run(snapshot_name, cp, tasks, progress)
+        rows = workers.run(opts, snapshot_name, cp, tasks, progress)
         # The snapshot counts only if the exporting connection outlived every import and COPY.
         try:
             rconn.execute("IDENTIFY_SYSTEM").fetchall()
@@ -603,17 +600,22 @@ def _exit_if_orphaned(coordinator: int | None) -> None:
         os._exit(1)
 
 
-def _next_task(tasks: Any, coordinator: int | None) -> tuple[str, int, Task] | None:
+# What a worker is given: how to connect (with a password typed at a prompt: asked once), the
+# snapshot to import, the consistent point, the task.
+_Item = tuple[ConnOptions, str, int, Task]
+
+
+def _next_task(tasks: Any, coordinator: int | None) -> _Item | None:
     """The next (snapshot name, CP, task) or the sentinel, checking the coordinator while waiting."""
     while True:
         try:
-            item: tuple[str, int, Task] | None = tasks.get(timeout=1.0)
+            item: _Item | None = tasks.get(timeout=1.0)
             return item
         except queue.Empty:
             _exit_if_orphaned(coordinator)
 
 
-def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, coordinator: int | None) -> None:
+def _worker_loop(tasks: Any, results: Any, coordinator: int | None) -> None:
     """A worker: copy tasks until the sentinel, importing the snapshot before its first task."""
     try:
         delay = float(os.environ.get(DELAY_ENV, "0") or 0)
@@ -621,7 +623,7 @@ def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, coordinator: int |
         if item is None:
             results.put(("exit", None, None))
             return
-        snapshot_name, cp, task = item
+        opts, snapshot_name, cp, task = item
         with connect(opts) as conn:
             _import(conn, snapshot_name)
             if delay:
@@ -653,7 +655,7 @@ def _worker_loop(opts: ConnOptions, tasks: Any, results: Any, coordinator: int |
                 item = _next_task(tasks, coordinator)
                 if item is None:
                     break
-                _name, _cp, task = item
+                task = item[3]
             conn.execute("ROLLBACK")
         results.put(("exit", None, None))
     except PgrecvError as exc:
@@ -674,7 +676,7 @@ class _Workers:
     gets the sentinel first exits without connecting.
     """
 
-    def __init__(self, opts: ConnOptions, jobs: int) -> None:
+    def __init__(self, jobs: int) -> None:
         self._procs: list[Any]
         if jobs > 1:
             forkable = "fork" in mp.get_all_start_methods() and threading.active_count() == 1
@@ -682,15 +684,13 @@ class _Workers:
             self._tasks: Any = ctx.Queue()
             self._results: Any = ctx.Queue()
             self._procs = [
-                ctx.Process(target=_worker_loop, args=(opts, self._tasks, self._results, os.getpid()), daemon=True)
+                ctx.Process(target=_worker_loop, args=(self._tasks, self._results, os.getpid()), daemon=True)
                 for _ in range(jobs)
             ]
         else:
             self._tasks = queue.Queue()
             self._results = queue.Queue()
-            self._procs = [
-                threading.Thread(target=_worker_loop, args=(opts, self._tasks, self._results, None), daemon=True)
-            ]
+            self._procs = [threading.Thread(target=_worker_loop, args=(self._tasks, self._results, None), daemon=True)]
         self._sent_end = self._finished = False
         for p in self._procs:
             p.start()
@@ -711,11 +711,11 @@ class _Workers:
         for p in self._procs:
             p.join(timeout=5)
 
-    def run(self, snapshot_name: str, cp: int, tasks: list[Task], progress: bool) -> dict[int, int]:
+    def run(self, opts: ConnOptions, snapshot_name: str, cp: int, tasks: list[Task], progress: bool) -> dict[int, int]:
         """Run the tasks; returns rows per task seq. Raises the first error."""
         # biggest first, so that the long ones do not start last
         for t in sorted(tasks, key=lambda t: -(t.table.pages if t.lo is None and t.hi is None else 0)):
-            self._tasks.put((snapshot_name, cp, t))
+            self._tasks.put((opts, snapshot_name, cp, t))
         self._end()
         bar = _Progress(tasks) if progress else None
         rows: dict[int, int] = {}

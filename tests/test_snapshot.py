@@ -551,3 +551,59 @@ def test_create_with_snapshot(db_dsn: str, tmp_path: Path) -> None:
     assert manifest["tables"] == ["public.odd"] and manifest["slot"] == "c"
     assert sum(f["rows"] for f in manifest["files"]) == len(ODD_TEXTS) + 1
     assert _slots(db_dsn) == ["c"]
+
+
+def _in_a_terminal(args: list[str], answer: bytes, env: dict[str, str]) -> tuple[int, bytes]:
+    """Run pgrecv with a pseudo-terminal as its controlling terminal, typing ``answer`` at every
+    "Password:" prompt; returns (exit code, everything it wrote to the terminal)."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: pgrecv, nothing else
+        os.execve(sys.executable, [sys.executable, "-m", "pgrecv", *args], env)
+    out, answered = b"", 0
+    try:
+        while select.select([fd], [], [], 120)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the child is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+            if out.count(b"Password:") > answered:
+                answered += 1
+                os.write(fd, answer + b"\n")
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_password_is_asked_once_for_every_connection(pg_server: Any, tmp_path: Path, jobs: str) -> None:
+    """A password typed at the prompt serves the coordinator, the exporting connection and every worker."""
+    from psycopg.conninfo import make_conninfo
+
+    from pgrecv.server import TempServer
+
+    hba = ["host all alice 127.0.0.1/32 scram-sha-256", "host replication alice 127.0.0.1/32 scram-sha-256"]
+    with TempServer(pg_server.install, hba_lines=hba) as server:
+        sql(server.dsn(), "CREATE ROLE alice LOGIN REPLICATION PASSWORD 'Typed-s3cret'")
+        sql(server.dsn(), "CREATE TABLE t (id int PRIMARY KEY, v text)")
+        sql(server.dsn(), "INSERT INTO t SELECT g, repeat('x', 50) FROM generate_series(1, 5000) g")
+        sql(server.dsn(), "GRANT SELECT ON t TO alice")
+        sql(server.dsn(), "CREATE PUBLICATION pub FOR ALL TABLES")
+        alice = make_conninfo(server.dsn(), user="alice")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["PGPASSFILE"] = str(tmp_path / "no-pgpass")
+        out = tmp_path / "out"
+        args = ["snapshot", "-d", alice, "--slot", "s", "--output-dir", str(out), "--jobs", jobs]
+        code, said = _in_a_terminal([*args, "--range-size", "64kB"], b"Typed-s3cret", env)
+        assert code == 0, said.decode(errors="replace")
+        assert said.count(b"Password:") == 1 and b"Typed-s3cret" not in said
+        files = [f for f in _final_files(out) if ".snapshot-" in f]
+        assert len(files) > (1 if jobs == "2" else 0)  # with two jobs, t was split: workers connected
+        rows = [orjson.loads(x) for f in files for x in (out / f).read_bytes().splitlines()]
+        assert sorted(r["new"]["id"] for r in rows if r["op"] == "snapshot") == list(range(1, 5001))
