@@ -9,10 +9,10 @@
  * libpq already loaded in the process and looks its functions up with dlopen(RTLD_NOLOAD).
  *
  * encode(): COPY text lines to snapshot JSON lines for the columns that need no more than
- * copying, quoting or t/f -> true/false (BlockEncoder's RAW, QUOTE, BOOL and TEXT kinds), without
- * the GIL. It declines (returns None) whatever it does not do exactly as the reference encoder
- * (pgrecv.jsonl) would: a text value holding a quote, a backslash or a control byte, a malformed
- * line. The caller then takes its Python path; tests prove all paths byte-identical.
+ * copying, quoting, t/f -> true/false or escaping a text (BlockEncoder's RAW, QUOTE, BOOL and TEXT
+ * kinds), without the GIL. It declines (returns None) what it does not do exactly as the
+ * reference encoder (pgrecv.jsonl) would: a malformed line, a text that is not valid UTF-8. The
+ * caller then takes its Python path; tests prove all paths byte-identical.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -155,6 +155,89 @@ put(char *o, const char *src, Py_ssize_t n)
     return o + n;
 }
 
+/* Is s[0:n] UTF-8 as Python decodes it (no overlong forms, no surrogates, nothing past U+10FFFF)? */
+static int
+valid_utf8(const unsigned char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        int more;
+        unsigned char lo = 0x80, hi = 0xBF; /* the range of the byte after c */
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            more = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            more = 2;
+            if (c == 0xE0)
+                lo = 0xA0;
+            else if (c == 0xED)
+                hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            more = 3;
+            if (c == 0xF0)
+                lo = 0x90;
+            else if (c == 0xF4)
+                hi = 0x8F;
+        } else {
+            return 0;
+        }
+        if (n - i <= more || s[i + 1] < lo || s[i + 1] > hi)
+            return 0;
+        for (int k = 2; k <= more; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* A text field that needs more than quotes: COPY's escapes undone as psycopg undoes them
+ * (\b \f \n \r \t \v \\; any other backslash stays), then escaped as orjson escapes a str
+ * (\" \\ \b \t \n \f \r, \u00XX for the other control bytes). */
+static char *
+escaped_text(char *o, const char *p, Py_ssize_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '\\' && i + 1 < len) {
+            switch (p[i + 1]) {
+            case 'b': c = '\b'; i++; break;
+            case 'f': c = '\f'; i++; break;
+            case 'n': c = '\n'; i++; break;
+            case 'r': c = '\r'; i++; break;
+            case 't': c = '\t'; i++; break;
+            case 'v': c = '\v'; i++; break;
+            case '\\': i++; break;
+            default: break;
+            }
+        }
+        switch (c) {
+        case '"': o = put(o, "\\\"", 2); break;
+        case '\\': o = put(o, "\\\\", 2); break;
+        case '\b': o = put(o, "\\b", 2); break;
+        case '\t': o = put(o, "\\t", 2); break;
+        case '\n': o = put(o, "\\n", 2); break;
+        case '\f': o = put(o, "\\f", 2); break;
+        case '\r': o = put(o, "\\r", 2); break;
+        default:
+            if (c < 0x20) {
+                o = put(o, "\\u00", 4);
+                *o++ = hex[c >> 4];
+                *o++ = hex[c & 15];
+            } else {
+                *o++ = (char)c;
+            }
+        }
+    }
+    *o++ = '"';
+    return o;
+}
+
 /* Writes the JSON lines of block[0:len] to o; returns the end, or NULL to decline. */
 static char *
 fill(char *o, const char *p, const char *end, Py_ssize_t n, const char *kinds, piece head, const piece *keys,
@@ -165,12 +248,14 @@ fill(char *o, const char *p, const char *end, Py_ssize_t n, const char *kinds, p
         for (Py_ssize_t j = 0; j < n; j++) {
             char want = j == n - 1 ? '\n' : '\t';
             const char *q = p;
-            int plain = 1;
+            int plain = 1, wide = 0;
             if (kinds[j] == TEXT) {
                 while (q < end && *q != '\t' && *q != '\n') {
                     unsigned char c = (unsigned char)*q++;
                     if (c < 0x20 || c == '"' || c == '\\')
                         plain = 0;
+                    else if (c >= 0x80)
+                        wide = 1;
                 }
             } else {
                 while (q < end && *q != '\t' && *q != '\n')
@@ -188,8 +273,13 @@ fill(char *o, const char *p, const char *end, Py_ssize_t n, const char *kinds, p
                     o = put(o, p, len);
                     break;
                 case TEXT:
-                    if (!plain)
+                    /* Not valid UTF-8: the Python path decides (it checks such a column as a whole). */
+                    if (wide && !valid_utf8((const unsigned char *)p, len))
                         return NULL;
+                    if (!plain) {
+                        o = escaped_text(o, p, len);
+                        break;
+                    }
                     /* fall through */
                 case QUOTE:
                     *o++ = '"';
@@ -252,7 +342,7 @@ encode(PyObject *Py_UNUSED(self), PyObject *args)
         }
         key[j].ptr = PyBytes_AS_STRING(k);
         key[j].len = PyBytes_GET_SIZE(k);
-        fixed += key[j].len + 4; /* a value grows by 4 bytes at most: f -> false */
+        fixed += key[j].len + 4; /* a value grows by 4 bytes, f -> false, besides its escapes */
     }
     const char *p = block.buf, *end = p + block.len;
     if (block.len == 0 || end[-1] != '\n') {
@@ -262,11 +352,12 @@ encode(PyObject *Py_UNUSED(self), PyObject *args)
     Py_ssize_t rows = 0;
     for (const char *q = p; (q = memchr(q, '\n', (size_t)(end - q))) != NULL; q++)
         rows++;
-    if (rows > (PY_SSIZE_T_MAX - block.len) / fixed) {
+    /* An escaped text byte takes 6 bytes at most (0x01 -> \u0001); the quotes are in fixed. */
+    if (block.len > PY_SSIZE_T_MAX / 8 || rows > (PY_SSIZE_T_MAX / 2 - block.len * 6) / fixed) {
         PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t bound = block.len + rows * fixed;
+    Py_ssize_t bound = block.len * 6 + rows * fixed;
     if (PyByteArray_GET_SIZE(out) < bound && PyByteArray_Resize(out, bound) < 0)
         goto done;
     /* Held while the GIL is released: nobody can resize out meanwhile. */

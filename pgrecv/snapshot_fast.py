@@ -16,10 +16,11 @@ every error. Tests prove both paths byte-identical on real servers.
 
 Where the C module :mod:`pgrecv._copyfast` is built (``pip install`` compiles it; it is optional),
 it takes the two loops that still cost per row: reading (one ``PQgetCopyData`` per row, in C,
-without the GIL) and encoding blocks whose columns are all of the kinds above that need no
-escaping, without the GIL. That roughly halves the client's CPU per row, which matters because the
-client shares the machine with the server's COPY. It declines to the Python code what it does not
-do, so the output is the same with and without it (tested both ways).
+without the GIL) and encoding blocks whose columns all are of the kinds above (ints, quoted
+types, bools, texts, escaped in C where they need it), without the GIL. That roughly halves the
+client's CPU per row, which matters because the client shares the machine with the server's
+COPY. It declines to the Python code what it does not do, so the output is the same with and
+without it (tested both ways).
 
 The text of a value is exactly what psycopg would give: its COPY unescaping handles the escapes
 PostgreSQL's COPY TO writes (``\\b \\f \\n \\r \\t \\v \\\\``) and leaves any other backslash as
@@ -109,7 +110,7 @@ class BlockEncoder:
 
     A relation whose columns are all of the RAW, QUOTE, BOOL and TEXT kinds first tries the C
     encoder of :mod:`pgrecv._copyfast` (unless ``native`` is false), which declines a block it
-    cannot do exactly (a text with a quote, a backslash or a control byte) to the Python path.
+    cannot do exactly (a malformed line, a text that is not UTF-8) to the Python path.
     """
 
     def __init__(self, relation: ev.Relation, snapshot_lsn: int, native: bool = True) -> None:

@@ -355,16 +355,7 @@ def test_c_encoder_matches_python_and_reference(rows: list[tuple[str | None, ...
     JsonlEncoder(want.append).snapshot_rows(_SIMPLE, rows, CP)
     python = fast.BlockEncoder(_SIMPLE, CP, native=False).encode(block)
     assert python == (b"".join(want[1:]), len(rows))
-    c = fast.BlockEncoder(_SIMPLE, CP).encode(block)  # C, or Python where C declines
-    assert c == python
-    plain = all(v is None or not (set(v) & set('"\\') or min(v, default=" ") < " ") for v in _texts(rows))
-    assert (
-        _c(fast.BlockEncoder(_SIMPLE, CP), block) is not None
-    ) == plain  # C declines exactly the texts that need escaping
-
-
-def _texts(rows: list[tuple[str | None, ...]]) -> list[str | None]:
-    return [v for row in rows for v in (row[1], row[4])]
+    assert _c(fast.BlockEncoder(_SIMPLE, CP), block) == python  # C alone: it declines no valid text
 
 
 _PIECES = [b"\t", b"\n", b"\\N", b"\\", b"t", b"f", b'"', b"1", b"\x01", b"\xff", b"ab"]
@@ -390,11 +381,21 @@ def test_c_encoder_declines() -> None:
         b"1\tx\t1.5\tt\n",  # a field missing
         b"1\tx\t1.5\tt\ty\tz\n",  # a field too many
         ok + b"1\tx\t1.5\tyes\ty\n",  # not a COPY bool
-        b'1\t"q"\t1.5\tt\ty\n',  # a quote: the Python path escapes it
-        b"1\tx\\\\y\t1.5\tt\ty\n",  # an escape
-        b"1\tx\t1.5\tt\ty\x01\n",  # a control byte
+        b"1\t\xff\t1.5\tt\ty\n",  # not UTF-8
+        b'1\t\xc3"\t1.5\tt\ty\n',  # not UTF-8, in a text to escape
+        b"1\t\xed\xa0\x80\t1.5\tt\ty\n",  # a surrogate
+        b"1\t\xc0\xaf\t1.5\tt\ty\n",  # an overlong form
+        b"1\t\xf4\x90\x80\x80\t1.5\tt\ty\n",  # past U+10FFFF
+        b"1\t\xe2\x82\t1.5\tt\ty\n",  # cut short
     ):
         assert _c(enc, bad) is None, bad
+    for good in (
+        b'1\t"q"\t1.5\tt\ty\n',  # a quote
+        b"1\tx\\\\y \\n \\t \\v \\b \\f \\r \\x \\\t1.5\tt\ty\n",  # COPY's escapes, others, one at the end
+        b"1\tx\x01\x1f\x7f\t1.5\tt\ty\n",  # control bytes
+        '1\t\u00e9\u20ac\U0001f600 "\t1.5\tt\t\u00e9\n'.encode(),  # UTF-8 of 2, 3 and 4 bytes
+    ):
+        assert _c(enc, good) == enc.encode(good, native=False) is not None, good
     nulls = b"\\N\t\\N\t\\N\t\\N\t\\N\n"
     assert _c(enc, nulls) == enc.encode(nulls, native=False) is not None
     long = ok * 50  # the buffer is reused: a shorter block after a longer one leaves no trace of it
