@@ -1,8 +1,8 @@
 /* The C half of pgrecv snapshot's hot path (the Python half is pgrecv/snapshot_fast.py).
  *
- * read(): libpq hands out COPY data one CopyData message, that is one row, per PQgetCopyData call; from
- * Python each call costs a tuple, a memoryview and a buffer object. read() makes those calls in a
- * C loop, without the GIL, and returns many rows as one bytes object.
+ * read(): libpq hands out COPY data one CopyData message, that is one row, per PQgetCopyData
+ * call; from Python each call costs a tuple, a memoryview and a buffer object. read() makes those
+ * calls in a C loop, without the GIL, and returns many rows as one bytes object.
  *
  * It must call the very libpq that created the connection (PGconn is opaque and its layout
  * changes between releases), so nothing is linked at build time: bind() takes the path of the
@@ -17,7 +17,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -391,8 +390,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "pgrecv._copyfast", "COPY TO data read in bulk and encoded as snapshot JSON lines.", -1, methods,
-    NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "pgrecv._copyfast", "COPY TO data read in bulk and encoded as snapshot JSON lines.",
+    -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
