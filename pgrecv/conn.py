@@ -82,25 +82,40 @@ def describe(conninfo: str) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(d.items()))
 
 
+# A password typed at a prompt and accepted by the server: the process's later connections
+# (pgrecv start's reconnects, the snapshot's several connections) use it instead of asking again,
+# as pg_recvlogical does.
+_typed_password: str | None = None
+
+
 def connect(opts: ConnOptions, *, replication: bool = False, autocommit: bool = True) -> psycopg.Connection[Any]:
-    """Connect like the PostgreSQL tools do: prompt for a password (-W, or when needed unless -w)."""
-    return connect_keeping(opts, replication=replication, autocommit=autocommit)[0]
-
-
-def connect_keeping(
-    opts: ConnOptions, *, replication: bool = False, autocommit: bool = True
-) -> tuple[psycopg.Connection[Any], ConnOptions]:
-    """:func:`connect`, and the options to connect again without asking again: with the password
-    typed at the prompt, if one was asked for (a command opening several connections asks once)."""
-    if opts.prompt is True and opts.password is None:
-        opts = replace(opts, password=_ask_password())
+    """Connect like the PostgreSQL tools do: prompt for a password (-W, or when needed unless -w),
+    once per process."""
+    global _typed_password
+    opts, typed = with_typed_password(opts), None
+    if opts.password is None and opts.prompt is True:
+        opts = replace(opts, password=(typed := _ask_password()))
     try:
-        return _connect(opts, replication, autocommit), opts
+        conn = _connect(opts, replication, autocommit)
     except psycopg.OperationalError as exc:
-        if opts.prompt is None and opts.password is None and _needs_password(exc) and _interactive():
-            again = replace(opts, password=_ask_password())
-            return connect_keeping(again, replication=replication, autocommit=autocommit)
-        raise translate(exc) from None
+        if not (opts.prompt is None and opts.password is None and _needs_password(exc) and _interactive()):
+            raise translate(exc) from None
+        opts = replace(opts, password=(typed := _ask_password()))
+        try:
+            conn = _connect(opts, replication, autocommit)
+        except psycopg.OperationalError as again:
+            raise translate(again) from None
+    if typed is not None:
+        _typed_password = typed
+    return conn
+
+
+def with_typed_password(opts: ConnOptions) -> ConnOptions:
+    """``opts`` with the password typed in this process, if any: for processes that cannot ask
+    (snapshot workers, forked before the first connection)."""
+    if opts.password is None and _typed_password is not None:
+        return replace(opts, password=_typed_password)
+    return opts
 
 
 def _connect(opts: ConnOptions, replication: bool, autocommit: bool) -> psycopg.Connection[Any]:

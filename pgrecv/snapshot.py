@@ -50,7 +50,7 @@ import psycopg
 from psycopg import sql
 
 from pgrecv import events as ev
-from pgrecv.conn import ConnOptions, connect, connect_keeping, server_message, translate
+from pgrecv.conn import ConnOptions, connect, server_message, translate, with_typed_password
 from pgrecv.errors import (
     ConnectionFailed,
     OutputError,
@@ -201,8 +201,7 @@ def _run(
 ) -> SnapshotResult:
     from pgrecv.slots import get_slot, resolve_publication, server_major
 
-    meta, opts = connect_keeping(opts)  # a password asked for here serves every later connection
-    with meta:
+    with connect(opts) as meta:
         if plugin == "pgoutput":
             publication = resolve_publication(meta, publication)
         block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
@@ -233,7 +232,7 @@ def _run(
         tasks = _plan(table_list, directory, cp, jobs, max(1, range_size // block_size))
         tmp_paths = [Path(t.tmp) for t in tasks]
         log(f"{len(table_list)} tables, {len(tasks)} files, {jobs} job(s)")
-        rows = workers.run(opts, snapshot_name, cp, tasks, progress)
+        rows = workers.run(with_typed_password(opts), snapshot_name, cp, tasks, progress)
         # The snapshot counts only if the exporting connection outlived every import and COPY.
         try:
             rconn.execute("IDENTIFY_SYSTEM").fetchall()
@@ -600,8 +599,8 @@ def _exit_if_orphaned(coordinator: int | None) -> None:
         os._exit(1)
 
 
-# What a worker is given: how to connect (with a password typed at a prompt: asked once), the
-# snapshot to import, the consistent point, the task.
+# What a worker is given: how to connect (with the password typed at the coordinator's prompt,
+# if any), the snapshot to import, the consistent point, the task.
 _Item = tuple[ConnOptions, str, int, Task]
 
 
@@ -655,7 +654,7 @@ def _worker_loop(tasks: Any, results: Any, coordinator: int | None) -> None:
                 item = _next_task(tasks, coordinator)
                 if item is None:
                     break
-                task = item[3]
+                *_, task = item
             conn.execute("ROLLBACK")
         results.put(("exit", None, None))
     except PgrecvError as exc:

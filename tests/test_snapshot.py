@@ -24,7 +24,7 @@ from pgrecv import events as ev
 from pgrecv.jsonl import JsonlEncoder
 from pgrecv.pgtypes import type_name
 from pgrecv.values import JSON_NULL, text_converter
-from tests.util import err, pgrecv, sql
+from tests.util import Terminal, err, pgrecv, sql
 
 SCHEMA = json.loads(resources.files("pgrecv").joinpath("schema/event-v1.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -553,34 +553,6 @@ def test_create_with_snapshot(db_dsn: str, tmp_path: Path) -> None:
     assert _slots(db_dsn) == ["c"]
 
 
-def _in_a_terminal(args: list[str], answer: bytes, env: dict[str, str]) -> tuple[int, bytes]:
-    """Run pgrecv with a pseudo-terminal as its controlling terminal, typing ``answer`` at every
-    "Password:" prompt; returns (exit code, everything it wrote to the terminal)."""
-    import pty
-    import select
-
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: pgrecv, nothing else
-        os.execve(sys.executable, [sys.executable, "-m", "pgrecv", *args], env)
-    out, answered = b"", 0
-    try:
-        while select.select([fd], [], [], 120)[0]:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:  # EIO: the child is gone
-                break
-            if not chunk:
-                break
-            out += chunk
-            if out.count(b"Password:") > answered:
-                answered += 1
-                os.write(fd, answer + b"\n")
-    finally:
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), out
-
-
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_password_is_asked_once_for_every_connection(pg_server: Any, tmp_path: Path, jobs: str) -> None:
     """A password typed at the prompt serves the coordinator, the exporting connection and every worker."""
@@ -600,9 +572,9 @@ def test_password_is_asked_once_for_every_connection(pg_server: Any, tmp_path: P
         env["PGPASSFILE"] = str(tmp_path / "no-pgpass")
         out = tmp_path / "out"
         args = ["snapshot", "-d", alice, "--slot", "s", "--output-dir", str(out), "--jobs", jobs]
-        code, said = _in_a_terminal([*args, "--range-size", "64kB"], b"Typed-s3cret", env)
-        assert code == 0, said.decode(errors="replace")
-        assert said.count(b"Password:") == 1 and b"Typed-s3cret" not in said
+        term = Terminal([*args, "--range-size", "64kB"], b"Typed-s3cret", env)
+        assert term.wait() == 0, term.output.decode(errors="replace")
+        assert term.prompts == 1 and b"Typed-s3cret" not in term.output
         files = [f for f in _final_files(out) if ".snapshot-" in f]
         assert len(files) > (1 if jobs == "2" else 0)  # with two jobs, t was split: workers connected
         rows = [orjson.loads(x) for f in files for x in (out / f).read_bytes().splitlines()]

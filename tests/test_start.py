@@ -18,7 +18,7 @@ import pytest
 
 from pgrecv.errors import ExitCode
 from pgrecv.lsn import LSN
-from tests.util import err, pgrecv, sql
+from tests.util import Terminal, err, pgrecv, sql
 
 
 def spawn(*args: str, stdout: Any = subprocess.DEVNULL, stderr_path: Path | None = None) -> subprocess.Popen[bytes]:
@@ -457,3 +457,41 @@ def test_no_replication_privilege_is_an_error_not_a_retry_loop(table: str, tmp_p
         assert "reconnecting" not in err(proc) and "REPLICATION" in err(proc) and err(proc).count("\n") == 1
     finally:
         sql(table, "DROP OWNED BY reader; DROP ROLE reader")
+
+
+@pytest.mark.parametrize("ask", ["-W", "when needed"])
+def test_password_is_asked_once_across_reconnects(pg_server: Any, tmp_path: Path, ask: str) -> None:
+    """pgrecv start opens a connection to check the slot, one to stream, and one more at each
+    reconnect: the password typed at the first prompt serves them all, as with pg_recvlogical."""
+    from psycopg.conninfo import make_conninfo
+
+    from pgrecv.server import TempServer
+
+    hba = ["host all alice 127.0.0.1/32 scram-sha-256", "host replication alice 127.0.0.1/32 scram-sha-256"]
+    with TempServer(pg_server.install, hba_lines=hba) as server:
+        dsn = server.dsn()
+        sql(dsn, "CREATE ROLE alice LOGIN REPLICATION PASSWORD 'Typed-s3cret'")
+        sql(dsn, "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR ALL TABLES")
+        assert pgrecv("create", "-d", dsn, "--slot", "s").returncode == 0
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["PGPASSFILE"] = str(tmp_path / "no-pgpass")
+        out = tmp_path / "out.jsonl"
+        args = ["start", "-d", make_conninfo(dsn, user="alice"), "--slot", "s", "-f", str(out), "-F", "100ms"]
+        term = Terminal([*args, "-W"] if ask == "-W" else args, b"Typed-s3cret", env)
+        try:
+            wait_for(lambda: slot_info(dsn, "s")["active_pid"] is not None, what="streaming")
+            insert_txns(dsn, 1, 2)
+            wait_for(lambda: out.exists() and out.read_bytes().count(b'"op":"commit"') == 2, what="first output")
+            sql(dsn, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'")
+            insert_txns(dsn, 3, 2)
+            wait_for(lambda: out.read_bytes().count(b'"op":"commit"') >= 4, timeout=60, what="output after reconnect")
+            os.kill(term.pid, signal.SIGINT)
+            assert term.wait(30) == 0, term.output.decode(errors="replace")
+        finally:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(term.pid, signal.SIGKILL)
+                term.wait(5)
+    assert term.prompts == 1 and b"Typed-s3cret" not in term.output, term.output.decode(errors="replace")
+    assert b"reconnecting" in term.output  # the reconnect did happen, without a prompt
+    ids = sorted(r["new"]["id"] for t in committed(records(out.read_bytes())) for r in t)
+    assert ids == sorted(i * 1000 + g for i in range(1, 5) for g in range(1, 4))

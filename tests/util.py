@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -26,3 +28,48 @@ def sql(dsn: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.execute(statement, params)
         return cur.fetchall() if cur.description else []
+
+
+class Terminal:
+    """``python -m pgrecv`` with a pseudo-terminal as its controlling terminal, ``answer`` typed at
+    every "Password:" prompt; ``output`` is everything it wrote to the terminal."""
+
+    def __init__(self, args: list[str], answer: bytes, env: dict[str, str]) -> None:
+        import pty
+
+        self.pid, self._fd = pty.fork()
+        if self.pid == 0:  # the child: pgrecv, nothing else
+            os.execve(sys.executable, [sys.executable, "-m", "pgrecv", *args], env)
+        self.output = b""
+        self._answer = answer
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        answered = 0
+        while True:
+            try:
+                chunk = os.read(self._fd, 4096)
+            except OSError:  # EIO: the child is gone
+                return
+            if not chunk:
+                return
+            self.output += chunk
+            if self.output.count(b"Password:") > answered:
+                answered += 1
+                os.write(self._fd, self._answer + b"\n")
+
+    @property
+    def prompts(self) -> int:
+        return self.output.count(b"Password:")
+
+    def wait(self, timeout: float = 120) -> int:
+        """The exit code (the child is killed after ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while (done := os.waitpid(self.pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(self.pid, 9)
+            time.sleep(0.05)
+        self._reader.join(5)
+        os.close(self._fd)
+        return os.waitstatus_to_exitcode(done[1])
