@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 import select
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, Final
 
 import orjson
@@ -108,12 +109,12 @@ def _text(v: bytes) -> bytes:
 class BlockEncoder:
     """Encodes blocks of one relation's COPY text lines as snapshot records; see the module doc.
 
-    A relation whose columns are all of the RAW, QUOTE, BOOL and TEXT kinds first tries the C
-    encoder of :mod:`pgrecv._copyfast` (unless ``native`` is false), which declines a block it
-    cannot do exactly (a malformed line, a text that is not UTF-8) to the Python path.
+    :meth:`write_to`, for a relation whose columns all are of the RAW, QUOTE, BOOL and TEXT kinds,
+    first tries the C encoder of :mod:`pgrecv._copyfast`, which declines a block it cannot do
+    exactly (a malformed line, a text that is not UTF-8) to :meth:`encode`, the Python path.
     """
 
-    def __init__(self, relation: ev.Relation, snapshot_lsn: int, native: bool = True) -> None:
+    def __init__(self, relation: ev.Relation, snapshot_lsn: int) -> None:
         self._n = len(relation.columns)
         kinds = [_kind(c) for c in relation.columns]
         self._kinds = [k for k, _ in kinds]
@@ -134,7 +135,7 @@ class BlockEncoder:
         self._formats: dict[tuple[bool, ...], tuple[bytes, list[bytes], bytes]] = {}
         self._out = bytearray()  # the C encoder's output, reused for every block
         self._native: Callable[[bytes], tuple[int, int] | None] | None = None
-        if native and self._n and all(k <= TEXT for k in self._kinds) and _copyfast is not None:
+        if self._n and all(k <= TEXT for k in self._kinds) and _copyfast is not None:
             kind_bytes, keys, encode = bytes(self._kinds), tuple(self._keys), _copyfast.encode
             head, tail, out = self._head, self._tail, self._out
             self._native = lambda block: encode(block, out, kind_bytes, head, keys, tail)
@@ -161,16 +162,15 @@ class BlockEncoder:
             with memoryview(self._out) as view:
                 write(view[:nbytes])
             return rows
-        done = self.encode(block, native=False)
+        done = self.encode(block)
         if done is None:
             return None
         write(done[0])
         return done[1]
 
-    def encode(self, block: bytes, native: bool = True) -> tuple[bytes, int] | None:
-        """(the JSON lines, the row count) of ``block`` (whole COPY lines), or None: use the reference."""
-        if native and self._native is not None and (done := self._native(block)) is not None:
-            return bytes(memoryview(self._out)[: done[0]]), done[1]
+    def encode(self, block: bytes) -> tuple[bytes, int] | None:
+        """(the JSON lines, the row count) of ``block`` (whole COPY lines) in Python, or None: use
+        the reference."""
         n = self._n
         if not n:
             return None
@@ -250,11 +250,10 @@ def read_blocks(
 
     read = native_reader(conn) if native else None
     if read is not None:
-        ptr: int = getattr(pgconn, "pgconn_ptr", None) or 0
         parts: list[bytes] = []
         have = 0
         while True:
-            status, data = read(ptr, size - have)
+            status, data = read(size - have)
             if data:
                 parts.append(data)
                 have += len(data)
@@ -298,8 +297,9 @@ def read_blocks(
 _bound: bool | None = None  # pgrecv._copyfast bound to psycopg's libpq: not yet tried, yes, no
 
 
-def native_reader(conn: psycopg.Connection[Any]) -> Callable[[int, int], tuple[int, bytes]] | None:
-    """``pgrecv._copyfast.read`` if it can serve ``conn``, else None (the Python loop is used).
+def native_reader(conn: psycopg.Connection[Any]) -> Callable[[int], tuple[int, bytes]] | None:
+    """``pgrecv._copyfast.read`` bound to ``conn`` (it takes the byte limit) if it can serve
+    ``conn``, else None (the Python loop is used).
 
     The C reader must call the libpq that psycopg loaded (PGconn's layout is private to a
     release): it is bound to the one libpq mapped in this process, on Linux, and trusted for a
@@ -325,4 +325,4 @@ def native_reader(conn: psycopg.Connection[Any]) -> Callable[[int, int], tuple[i
     ptr = getattr(pgconn, "pgconn_ptr", None)  # in both of psycopg's libpq wrappers, not in its Protocol
     if not ptr or _copyfast.backend_pid(ptr) != pgconn.backend_pid:
         return None
-    return _copyfast.read
+    return partial(_copyfast.read, ptr)

@@ -346,7 +346,7 @@ def test_c_encoder_matches_python_and_reference(rows: list[tuple[str | None, ...
     block = b"".join(b"\t".join(b"\\N" if v is None else _copy_escape(v) for v in row) + b"\n" for row in rows)
     want: list[bytes] = []
     JsonlEncoder(want.append).snapshot_rows(_SIMPLE, rows, CP)
-    python = fast.BlockEncoder(_SIMPLE, CP, native=False).encode(block)
+    python = fast.BlockEncoder(_SIMPLE, CP).encode(block)
     assert python == (b"".join(want[1:]), len(rows))
     assert _c(fast.BlockEncoder(_SIMPLE, CP), block) == python  # C alone: it declines no valid text
 
@@ -361,7 +361,7 @@ def test_c_encoder_on_malformed_blocks(block: bytes) -> None:
     c = _c(fast.BlockEncoder(_SIMPLE, CP), block)
     if c is not None:
         assert block.endswith(b"\n") and all(line.count(b"\t") == 4 for line in block[:-1].split(b"\n"))
-        assert c == fast.BlockEncoder(_SIMPLE, CP, native=False).encode(block)
+        assert c == fast.BlockEncoder(_SIMPLE, CP).encode(block)
 
 
 def test_c_encoder_declines() -> None:
@@ -388,21 +388,21 @@ def test_c_encoder_declines() -> None:
         b"1\tx\x01\x1f\x7f\t1.5\tt\ty\n",  # control bytes
         '1\t\u00e9\u20ac\U0001f600 "\t1.5\tt\t\u00e9\n'.encode(),  # UTF-8 of 2, 3 and 4 bytes
     ):
-        assert _c(enc, good) == enc.encode(good, native=False) is not None, good
+        assert _c(enc, good) == enc.encode(good) is not None, good
     nulls = b"\\N\t\\N\t\\N\t\\N\t\\N\n"
-    assert _c(enc, nulls) == enc.encode(nulls, native=False) is not None
+    assert _c(enc, nulls) == enc.encode(nulls) is not None
     long = ok * 50  # the buffer is reused: a shorter block after a longer one leaves no trace of it
-    assert _c(enc, long) == enc.encode(long, native=False)
-    assert _c(enc, ok) == enc.encode(ok, native=False)
+    assert _c(enc, long) == enc.encode(long)
+    assert _c(enc, ok) == enc.encode(ok)
 
 
 def test_write_to_hands_out_views_of_one_buffer() -> None:
     enc = fast.BlockEncoder(_SIMPLE, CP)
     got: list[bytes] = []
-    blocks = [b"1\tx\t1.5\tt\ty\n" * 100, b'2\t"q"\t\\N\tf\t\\N\n', b"3\tz\t0\tf\tw\n"]
-    for block in blocks:  # C, Python (a quote), C again
+    blocks = [b"1\tx\t1.5\tt\ty\n" * 100, b"2\t\xff\t\\N\tf\t\\N\n", b'3\t"z"\t0\tf\tw\n']
+    for block in blocks:  # C, Python (C declines the invalid UTF-8; Python copies it as it is), C
         assert enc.write_to(block, lambda view: got.append(bytes(view))) == block.count(b"\n")
-    assert got == [enc.encode(b, native=False)[0] for b in blocks]  # type: ignore[index]
+    assert got == [enc.encode(b)[0] for b in blocks]  # type: ignore[index]
     kept: list[Any] = []
     enc.write_to(blocks[0], kept.append)  # a writer that keeps the view breaks the contract, loudly
     with pytest.raises(BufferError):
