@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -78,6 +79,23 @@ def _stderr_to_devnull(enabled: bool) -> Iterator[None]:
         os.close(saved)
 
 
+def _private_conf_dir() -> str:
+    """A Spark config directory only this process can have made: Spark's launcher sources
+    ``spark-env.sh`` from it, so a name another user could create first would run their code as
+    ours. ``mkdtemp`` makes it 0700 under an unpredictable name; it goes when the process exits
+    (the JVM reads it once, at launch)."""
+    conf_dir = tempfile.mkdtemp(prefix="pgrecv-spark-conf-")
+    atexit.register(shutil.rmtree, conf_dir, True)
+    fd = os.open(
+        os.path.join(conf_dir, "log4j2.properties"),
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+        0o600,
+    )
+    with os.fdopen(fd, "w") as f:
+        f.write(QUIET_LOG4J2)
+    return conf_dir
+
+
 def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) -> Any:
     """A SparkSession: the active one (spark-submit), else a new one with quiet defaults."""
     from pyspark.sql import SparkSession
@@ -88,10 +106,7 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
             active.conf.set(k, v)
         return active
     if quiet and "SPARK_CONF_DIR" not in os.environ:
-        conf_dir = Path(tempfile.gettempdir()) / f"pgrecv-spark-conf-{os.getuid()}"
-        conf_dir.mkdir(exist_ok=True)
-        (conf_dir / "log4j2.properties").write_text(QUIET_LOG4J2)
-        os.environ["SPARK_CONF_DIR"] = str(conf_dir)
+        os.environ["SPARK_CONF_DIR"] = _private_conf_dir()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1") if master is None or master.startswith("local") else None
     builder = SparkSession.builder.appName("pgrecv spark-apply")
     builder = builder.master(master or "local[*]")

@@ -1,0 +1,53 @@
+"""The SparkSession's private config directory: nothing another local user prepared is used."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
+
+_PROBE = """
+import os, stat, sys
+from pgrecv.spark.sparkops import start_session
+spark = start_session("local[1]", {})
+conf_dir = os.environ["SPARK_CONF_DIR"]
+st = os.stat(conf_dir)
+print(conf_dir)
+print(oct(stat.S_IMODE(st.st_mode)), st.st_uid == os.getuid())
+print(spark.range(3).count())
+spark.stop()
+"""
+
+
+def test_a_planted_config_directory_is_never_used(tmp_path: Path) -> None:
+    """Another user creates the name the old code predicted, with a spark-env.sh (which Spark's
+    launcher sources) and a symlink where log4j2.properties goes: neither may take effect."""
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir(mode=0o1777)
+    planted = shared_tmp / f"pgrecv-spark-conf-{os.getuid()}"
+    planted.mkdir()
+    marker = tmp_path / "PWNED"
+    (planted / "spark-env.sh").write_text(f"id > {marker}\n")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (planted / "log4j2.properties").symlink_to(victim)
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+    env["TMPDIR"] = str(shared_tmp)
+
+    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=180)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    conf_dir, mode_line, count = done.stdout.split("\n")[:3]
+    assert not marker.exists(), "the planted spark-env.sh ran"
+    assert victim.read_text() == "precious\n", "the planted symlink was written through"
+    assert Path(conf_dir) != planted and Path(conf_dir).parent == shared_tmp
+    assert mode_line == "0o700 True"
+    assert count == "3"
+    assert not Path(conf_dir).exists(), "the private config directory outlives the process"
+    assert stat.S_ISDIR(planted.lstat().st_mode)  # the other user's directory is left alone
