@@ -353,11 +353,8 @@ class FileSink(_BufferedSink):
         if not self._regular:
             self._fdraw.attach(fd, 0, str(self.path))
             return Resume()
-        try:
+        with contextlib.suppress(OSError):  # a directory we may write in but not list: leftovers stay
             _remove_leftovers(self.path.parent, _temp_name_re(self.state_path.name))
-        except OSError as exc:
-            os.close(fd)
-            raise output_error(exc, self.path.parent, "clean up in") from None
         commit: int | None = None
         end: int | None = None
         try:
@@ -592,6 +589,7 @@ class DirSink(_BufferedSink):
         d = self.directory
         leftovers = re.compile(
             rf"{re.escape(TMP_PREFIX)}{_MKSTEMP_RANDOM}{re.escape(TMP_SUFFIX)}|{_temp_name_re(self.STATE_NAME).pattern}"
+            rf"|{re.escape(TMP_PREFIX)}snapshot-\d+-\d{{4}}\.part"  # pgrecv snapshot's (pgrecv.snapshot._plan)
         )
         try:
             _remove_leftovers(d, leftovers)  # a crash's, never confirmed

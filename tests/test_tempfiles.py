@@ -100,6 +100,7 @@ def test_recovery_deletes_only_temporary_files_pgrecv_made(shared: Path, secret:
     """A crash's leftovers go; what another user put there under look-alike names stays."""
     d = shared
     theirs = [".tmp-1234-1.part", ".tmp-abcdefgh.part", ".pgrecv-state.tmp", ".pgrecv-state.abcdefgh.tmp"]
+    theirs += [".tmp-snapshot-9-0001.part"]  # a name pgrecv makes, but not our file
     for name in theirs:
         as_user(other, "touch", str(d / name))
     plant_link(other, secret, d / ".tmp-linkedto.part")
@@ -107,7 +108,10 @@ def test_recovery_deletes_only_temporary_files_pgrecv_made(shared: Path, secret:
         tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=d),
         tempfile.mkstemp(prefix=".pgrecv-state.", suffix=".tmp", dir=d),
         tempfile.mkstemp(prefix=".out.jsonl.pgrecv-state.", suffix=".tmp", dir=d),
+        tempfile.mkstemp(prefix=".tmp-snapshot-1234-", suffix=".part", dir=d),  # see below
     ]
+    os.rename(ours[-1][1], d / ".tmp-snapshot-1234-0001.part")  # a killed `pgrecv snapshot`'s
+    ours[-1] = (ours[-1][0], str(d / ".tmp-snapshot-1234-0001.part"))
     for fd, _ in ours:
         os.close(fd)
     sink = DirSink(d)
