@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pgrecv.errors import ExitCode
+from pgrecv.lsn import LSN
 from tests.test_start import committed, records, slot_info
 from tests.util import err, pgrecv, sql
 
@@ -118,3 +119,24 @@ def test_a_trusted_resume_still_resumes(table: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, err(proc)
     assert ids_in(out.read_bytes()) == [1, 2]
     assert slot_info(table, "s")["confirmed"] > confirmed
+
+
+def test_startpos_of_an_asynchronous_commit_is_accepted(pg_server: object, tmp_path: Path) -> None:
+    """With synchronous_commit=off a commit lies past the flushed WAL (IDENTIFY_SYSTEM's position)
+    for up to wal_writer_delay: the check uses the insert position, so its LSN is not refused."""
+    from pgrecv.server import TempServer
+
+    settings = {"synchronous_commit": "off", "wal_writer_delay": "10s"}
+    with TempServer(pg_server.install, settings=settings) as server:  # type: ignore[attr-defined]
+        dsn = server.dsn()
+        sql(dsn, "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR ALL TABLES")
+        assert pgrecv("create", "-d", dsn, "--slot", "s").returncode == 0
+        sql(dsn, "CHECKPOINT")  # everything so far flushed; the WAL writer now sleeps 10 s
+        sql(dsn, "INSERT INTO t VALUES (1, 'async')")
+        (insert_lsn, flush_lsn), *_ = sql(
+            dsn, "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text"
+        )
+        assert LSN.parse(insert_lsn) > LSN.parse(flush_lsn), "the commit is not flushed yet"
+        out = tmp_path / "o.jsonl"
+        proc = pgrecv("start", "-d", dsn, "--slot", "s", "-I", insert_lsn, "--until-caught-up", "-f", str(out))
+        assert proc.returncode == 0, err(proc)
