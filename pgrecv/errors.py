@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     SERVER_ENV = 10  # no PostgreSQL binaries for a throwaway server
     STREAM_LOST = 11  # the stream ended or broke and --no-loop forbids reconnecting
     SERVER = 12  # the server refused a statement for a reason of its own (its message says which)
+    POSITION = 13  # a start or resume position the server cannot have produced: nothing confirmed
     INTERRUPTED = 130  # stopped by SIGINT before finishing
 
 
@@ -81,6 +82,12 @@ class ServerError(PgrecvError):
     """An error the server reported that pgrecv has no specific advice for: not a bug of pgrecv."""
 
     exit_code = ExitCode.SERVER
+
+
+class PositionError(PgrecvError):
+    """A start or resume position ahead of the server's WAL: confirming it would skip data."""
+
+    exit_code = ExitCode.POSITION
 
 
 class StreamLost(PgrecvError):

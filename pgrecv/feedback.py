@@ -9,6 +9,10 @@ Three positions, as in the protocol's standby status update:
 
 While idle (no transaction open, everything written is durable) a keepalive's WAL end is
 confirmed too, so that a slot whose tables see no changes does not hold WAL forever.
+
+All three start at 0 (which the server ignores) and move only on what this process received
+and made durable: never on a start position, which is only a request (``-I``, or a record left
+by an earlier run) and may name WAL that does not exist.
 """
 
 from __future__ import annotations
@@ -27,11 +31,8 @@ class Feedback:
     last_sent_flush: int = -1
     next_status: float = 0.0  # monotonic deadline of the next periodic status update
 
-    def start(self, position: int, now: float) -> None:
-        """A new connection starts streaming at ``position`` (everything before is done)."""
-        self.received = max(self.received, position)
-        self.written = max(self.written, position)
-        self.flushed = max(self.flushed, position)
+    def start(self, now: float) -> None:
+        """A new connection starts streaming: positions carry over, the status timer restarts."""
         self.last_sent_flush = -1
         self.next_status = now + self.status_interval
 

@@ -9,6 +9,7 @@ Blocking in C would leave signals unhandled and status updates unsent, so every 
 from __future__ import annotations
 
 import selectors
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,32 @@ class ReplicationConnection:
         row = self.conn.execute("IDENTIFY_SYSTEM").fetchone()
         assert row is not None
         return LSN.parse(str(row[2]))
+
+    def wal_position(self) -> LSN:
+        """The furthest WAL position that exists on the server: IDENTIFY_SYSTEM's (the flush
+        position; on a standby, the replayed one) or, on a primary, the insert position, which
+        is further when commits are asynchronous (``synchronous_commit=off`` commits lie past
+        the flushed WAL until the WAL writer catches up)."""
+        furthest = self.identify_system()
+        try:
+            row = self.conn.execute(
+                "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_insert_lsn()::text END"
+            ).fetchone()
+        except psycopg.Error:
+            return furthest  # IDENTIFY_SYSTEM alone: stricter, never wrong for what was streamed
+        if row is not None and row[0] is not None:
+            furthest = max(furthest, LSN.parse(str(row[0])))
+        return furthest
+
+    def slot_confirmed(self, slot: str) -> LSN | None:
+        """The slot's confirmed_flush_lsn (None if unknown): for messages only."""
+        try:
+            row = self.conn.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+        except psycopg.Error:
+            return None
+        return LSN.parse(str(row[0])) if row is not None and row[0] is not None else None
 
     def query(self, statement: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         return self.conn.execute(statement, params).fetchall()
@@ -97,26 +124,41 @@ class ReplicationConnection:
         self.streaming = False
         return reason
 
-    def finish(self, final_status: bytes | None) -> None:
+    def finish(self, final_status: bytes | None, timeout: float = 10.0) -> None:
         """A clean stop: the last status update, CopyDone, and the rest of the server's data dropped
-        (it is beyond what was written and confirmed, so the next run gets it again)."""
+        (it is beyond what was written and confirmed, so the next run gets it again).
+
+        A walsender in the middle of a large transaction answers CopyDone only after sending the
+        rest of it, which can take seconds to minutes; after ``timeout`` the connection is just
+        closed. Nothing is lost either way: the final status update went out first, and if the
+        server did not act on it the next run skips what the output already holds.
+        """
         if not self.streaming:
             return
+        deadline = time.monotonic() + timeout
         try:
             if final_status is not None:
                 self.send(final_status)
             self.pgconn.put_copy_end()
             self.pgconn.flush()
-            deadline_waits = 0
+            get = self.pgconn.get_copy_data
+            countdown = 1024
             while True:
-                n, _ = self.pgconn.get_copy_data(1)
+                n, _ = get(1)
                 if n == -1:
                     break
+                if n > 0:
+                    countdown -= 1
+                    if countdown:
+                        continue
+                    countdown = 1024
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.streaming = False
+                    self.conn.close()  # the walsender sees the connection go and stops
+                    return
                 if n == 0:
-                    deadline_waits += 1
-                    if deadline_waits > 100:  # 10 s: the server did not acknowledge; give up
-                        break
-                    self.wait(0.1)
+                    self.wait(min(left, 0.1))
             while self.pgconn.get_result() is not None:
                 pass
         except (psycopg.OperationalError, StreamEnded):

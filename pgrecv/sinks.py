@@ -31,10 +31,11 @@ import os
 import re
 import stat
 import sys
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -49,8 +50,12 @@ DIR_MODE = 0o700
 BUFFER_SIZE = 1 << 17
 STATE_VERSION = 1
 TMP_PREFIX = ".tmp-"  # hidden and without the suffix: neither `ls *.jsonl` nor Path.glob sees it
+TMP_SUFFIX = ".part"
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 _FINAL_RE = re.compile(r"([0-9A-F]{16})-([0-9A-F]{16})(?:\.[\w.-]*)?")
+# what a final name looks like to a careless eye (lower-case hex, other suffixes): refused, not ignored
+_LOOKS_FINAL_RE = re.compile(r"([0-9A-Fa-f]{16})-([0-9A-Fa-f]{16})(?:\..*)?", re.DOTALL)
+_MKSTEMP_RANDOM = r"[a-z0-9_]{8}"  # tempfile.mkstemp's random part: recovery deletes only such names
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,12 @@ class Resume:
 
     last_commit_lsn: int | None = None
     last_end_lsn: int | None = None
+    source: str | None = field(default=None, compare=False)  # the file that says so, for messages
+
+    @property
+    def furthest(self) -> int:
+        """The highest WAL position the output claims to hold (0: none)."""
+        return max(self.last_commit_lsn or 0, self.last_end_lsn or 0)
 
     @property
     def start_lsn(self) -> int:
@@ -215,7 +226,9 @@ class Sink(ABC):
 
     @abstractmethod
     def durable(self) -> int | None:
-        """Make everything up to the last boundary durable; the end LSN that now is (None: none yet)."""
+        """Make everything up to the last boundary durable; the end LSN of the last unit written
+        *since open()* that now is (None: none yet). Never a position merely read back from an
+        earlier run's record: that one is what :class:`Resume` reports, for the runner to check."""
 
     def tick(self, now: float) -> None:  # noqa: B027 - optional hook
         """Periodic and cheap; ``now`` is ``time.monotonic()``."""
@@ -340,6 +353,8 @@ class FileSink(_BufferedSink):
         if not self._regular:
             self._fdraw.attach(fd, 0, str(self.path))
             return Resume()
+        with contextlib.suppress(OSError):  # a directory we may write in but not list: leftovers stay
+            _remove_leftovers(self.path.parent, _temp_name_re(self.state_path.name))
         commit: int | None = None
         end: int | None = None
         try:
@@ -376,8 +391,8 @@ class FileSink(_BufferedSink):
         self._fdraw.attach(fd, offset, str(self.path))
         self._b_off, self._b_commit, self._b_end = offset, commit, end
         self._write_state()
-        self._durable_end = end
-        return Resume(commit, end)
+        self._durable_end = None  # nothing of this run yet: the old end is the runner's to check
+        return Resume(commit, end, str(self.state_path))
 
     def _open_file(self) -> tuple[int, int]:
         try:
@@ -483,7 +498,8 @@ class FileSink(_BufferedSink):
 class DirSink(_BufferedSink):
     """``--output-dir DIR``: files that appear complete or not at all, named to sort by LSN.
 
-    Records go to a hidden temporary file (``.tmp-PID-N.part``). A file is finished only at a
+    Records go to a hidden temporary file (``.tmp-XXXXXXXX.part``, from mkstemp: O_EXCL, O_NOFOLLOW,
+    an unpredictable name, as the directory may be shared). A file is finished only at a
     unit boundary: flushed, fsync'd, renamed to ``FIRST-LAST.jsonl`` and the directory fsync'd;
     FIRST and LAST are commit LSNs as 16 upper-case hex digits (the file's first unit and the
     highest in it), so names sort lexically in stream order. A reader listing DIR never sees a
@@ -502,8 +518,11 @@ class DirSink(_BufferedSink):
 
     Resume: the greatest LAST among final names, and the state file ``DIR/.pgrecv-state`` (the
     last finished file's commit and end LSN, replaced after the rename is durable), whichever is
-    further: consumers may take files away, the state stays. Temporary files left by a crash are
-    deleted at :meth:`open`; what they held was never confirmed. An advisory lock on
+    further: consumers may take files away, the state stays. A final name must parse, and no two
+    files' LSN ranges may overlap: anything else is an error naming the file, since resuming after
+    a stray or hand-edited name would skip data. Temporary files left by a crash are deleted at
+    :meth:`open` (only names pgrecv makes, only regular files of ours); what they held was never
+    confirmed. An advisory lock on
     ``DIR/.pgrecv.lock`` keeps a second pgrecv out.
     """
 
@@ -527,7 +546,6 @@ class DirSink(_BufferedSink):
         self.suffix = suffix
         self._clock = clock
         self._lock_fd = -1
-        self._seq = 0
         self._tmp: Path | None = None
         # the file being written
         self._b_off = 0
@@ -541,6 +559,7 @@ class DirSink(_BufferedSink):
         self._final_end: int | None = None
         self._final_name: str | None = None
         self._state_end: int | None = None  # end LSN last written to the state file
+        self._run_end: int | None = None  # end LSN of the last unit this run made final
 
     # opening
 
@@ -553,7 +572,7 @@ class DirSink(_BufferedSink):
         except OSError as exc:
             raise output_error(exc, d, "create the output directory") from None
         try:
-            self._lock_fd = os.open(d / self.LOCK_NAME, _OPEN_FLAGS, FILE_MODE)
+            self._lock_fd = os.open(d / self.LOCK_NAME, _OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
         except OSError as exc:
             raise output_error(exc, d, "write in the output directory") from None
         try:
@@ -568,39 +587,40 @@ class DirSink(_BufferedSink):
 
     def _recover(self) -> Resume:
         d = self.directory
-        newest: tuple[int, str] | None = None
+        leftovers = re.compile(
+            rf"{re.escape(TMP_PREFIX)}{_MKSTEMP_RANDOM}{re.escape(TMP_SUFFIX)}|{_temp_name_re(self.STATE_NAME).pattern}"
+            rf"|{re.escape(TMP_PREFIX)}snapshot-\d+-\d{{4}}\.part"  # pgrecv snapshot's (pgrecv.snapshot._plan)
+        )
         try:
-            with os.scandir(d) as it:
-                for entry in it:
-                    if entry.name.startswith(TMP_PREFIX) or entry.name == self.STATE_NAME + ".tmp":
-                        os.unlink(entry.path)  # a crash's leftover, never confirmed
-                    elif (m := _FINAL_RE.fullmatch(entry.name)) is not None:
-                        last = int(m.group(2), 16)
-                        if newest is None or last > newest[0]:
-                            newest = (last, entry.name)
+            _remove_leftovers(d, leftovers)  # a crash's, never confirmed
+            ranges = _final_ranges(d)
         except OSError as exc:
             raise output_error(exc, d, "read the output directory") from None
-        state = _read_state(d / self.STATE_NAME, what=d, has_offset=False)
+        newest = max(ranges, default=None, key=lambda r: r[1])
+        state_path = d / self.STATE_NAME
+        state = _read_state(state_path, what=d, has_offset=False)
         commit: int | None = None
         end: int | None = None
+        source: str | None = None
         if state is not None and state["commit_lsn"] is not None:
-            commit, end = state["commit_lsn"], state["end_lsn"]
+            commit, end, source = state["commit_lsn"], state["end_lsn"], str(state_path)
             self._final_name = state.get("file")
-        if newest is not None and (commit is None or newest[0] > commit):
-            commit, end = newest[0], None  # finished after the state was last written: end unknown
-            self._final_name = newest[1]
+        if newest is not None and (commit is None or newest[1] > commit):
+            commit, end = newest[1], None  # finished after the state was last written: end unknown
+            self._final_name, source = newest[2], str(d / newest[2])
         self._final_commit, self._final_end, self._state_end = commit, end, end
         if commit is not None:
             self._max_commit = commit
-        return Resume(commit, end)
+        return Resume(commit, end, source)
 
     def _new_file(self) -> None:
-        self._seq += 1
-        tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{self._seq}.part"
         try:
-            fd = os.open(tmp, _OPEN_FLAGS | os.O_EXCL, FILE_MODE)
+            fd, name = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=TMP_SUFFIX, dir=self.directory)
+            # appends: a write after discard_partial's ftruncate lands at the new end, not past a hole
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
         except OSError as exc:
             raise self._raw.fail(exc, "create") from None
+        tmp = Path(name)
         self._tmp = tmp
         self._fdraw.attach(fd, 0, str(self.directory))
         self._b_off = 0
@@ -646,7 +666,7 @@ class DirSink(_BufferedSink):
             }
             _write_atomic(self.directory / self.STATE_NAME, doc)
             self._state_end = self._final_end
-        return self._final_end
+        return self._run_end
 
     def reopen(self) -> None:
         """SIGHUP: finish the current file (at once, or at the boundary of the unit being written)."""
@@ -678,6 +698,7 @@ class DirSink(_BufferedSink):
             return  # nothing with a newer commit LSN (a lone ROLLBACK PREPARED): its name would clash
         if self._b_off == 0:  # complete units that wrote nothing: the position moves, no file
             self._final_commit, self._final_end = self._max_commit, self._last_end
+            self._run_end = self._last_end
             self._first = None
             return
         name = f"{first:016X}-{self._max_commit:016X}{self.suffix}"
@@ -699,6 +720,7 @@ class DirSink(_BufferedSink):
         except OSError as exc:
             raise self._raw.fail(exc, "publish") from None
         self._final_commit, self._final_end, self._final_name = self._max_commit, self._last_end, name
+        self._run_end = self._last_end
         self._first = None
         if not last:
             self._new_file()
@@ -770,12 +792,69 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _temp_name_re(name: str) -> re.Pattern[str]:
+    """The names :func:`_write_atomic` gives the temporary files for ``name``."""
+    return re.compile(rf"{re.escape(name)}\.{_MKSTEMP_RANDOM}\.tmp")
+
+
+def _remove_leftovers(directory: Path, names: re.Pattern[str]) -> None:
+    """Delete a crash's temporary files: only names we make, only regular files we own (the
+    directory may be shared: another user's file or link there is none of our business)."""
+    uid = os.geteuid()
+    with os.scandir(directory) as it:
+        for entry in it:
+            if names.fullmatch(entry.name) is None:
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+
+def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:
+    """(FIRST, LAST, name) of the final files, checked: names parse, ranges do not overlap."""
+    ranges: list[tuple[int, int, str]] = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            m = _FINAL_RE.fullmatch(entry.name)
+            if m is None:
+                if _LOOKS_FINAL_RE.fullmatch(entry.name) is not None:
+                    raise OutputError(
+                        f"cannot resume from {directory}: {entry.name} looks like an output file but does not "
+                        "parse (FIRST-LAST, 16 upper-case hexadecimal digits each, then a suffix of letters, "
+                        "digits, '.', '_' or '-'): rename or move it out of the directory"
+                    )
+                continue
+            first, last = int(m.group(1), 16), int(m.group(2), 16)
+            if first > last:
+                raise OutputError(
+                    f"cannot resume from {directory}: {entry.name} starts after it ends; "
+                    "it is not pgrecv's: move it out of the directory"
+                )
+            ranges.append((first, last, entry.name))
+    ranges.sort()
+    top: tuple[int, int, str] | None = None  # the range reaching furthest so far
+    for r in ranges:
+        if top is not None and r[0] < top[1] and r[:2] != top[:2]:  # an identical range is a copy
+            raise OutputError(
+                f"cannot resume from {directory}: the LSN ranges of {top[2]} and {r[2]} overlap, so one "
+                "of them is not from this stream: move it out of the directory"
+            )
+        if top is None or r[1] > top[1]:
+            top = r
+    return ranges
+
+
 def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Replace ``path`` with ``doc`` so that a crash leaves the old or the new one, whole."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Replace ``path`` with ``doc`` so that a crash leaves the old or the new one, whole.
+
+    The temporary file comes from mkstemp (O_EXCL, O_NOFOLLOW, an unpredictable name, 0600): in
+    a shared directory another user's link under a name we would pick cannot redirect the write.
+    """
     data = json.dumps(doc).encode() + b"\n"
+    tmp: str | None = None
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             view = memoryview(data)
             while view:
@@ -784,9 +863,14 @@ def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        tmp = None
         _fsync_dir(path.parent)
     except OSError as exc:
         raise output_error(exc, path, "write the state file") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] | None:
@@ -804,6 +888,10 @@ def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] |
         for key in ("commit_lsn", "end_lsn"):
             value = doc.get(key)
             doc[key] = None if value is None else int(LSN.parse(value))
+        if (doc["commit_lsn"] is None) != (doc["end_lsn"] is None):
+            raise ValueError("commit_lsn and end_lsn go together")
+        if doc["commit_lsn"] is not None and doc["commit_lsn"] > doc["end_lsn"]:
+            raise ValueError(f"commit_lsn {lsn_str(doc['commit_lsn'])} is after end_lsn {lsn_str(doc['end_lsn'])}")
         if has_offset:
             offset = doc.get("offset")
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:

@@ -9,6 +9,18 @@ Duplicates: the server resends every transaction whose commit it has not been to
 On each (re)connect streaming starts at the end of the last transaction already in the output
 (from the sink's state, or from this run), and the server skips what lies before that position;
 transactions whose Begin says they commit at or before it are dropped here as well.
+
+Positions that cannot be trusted: a start position (``-I``) or a resume position (the output's
+record) ahead of the server's WAL would make the server skip everything up to it, and any later
+confirmation would make that loss permanent. They are refused before streaming starts
+(:class:`~pgrecv.errors.PositionError`), and in no case is a start or resume position itself
+confirmed: only ends of transactions received and made durable in this run, and keepalive
+positions received in this run (see :mod:`pgrecv.feedback`).
+
+Stopping: the stop flag set by SIGINT/SIGTERM is looked at every few hundred messages, and every
+few thousand rows while a reassembled streamed transaction is replayed, so a stop takes effect
+mid-transaction; the unit being written is cut back and the server's unsent rest is not waited
+for beyond ``--fsync-interval``.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import io
+import itertools
 import os
 import signal
 import time
@@ -26,20 +39,21 @@ from typing import Any, Protocol
 
 from pgrecv import events as ev
 from pgrecv.conn import ConnOptions, connect
-from pgrecv.errors import ConnectionFailed, SlotError, StreamLost, UsageError
+from pgrecv.errors import ConnectionFailed, PositionError, SlotError, StreamLost, UsageError
 from pgrecv.fastpath import FastInserts
 from pgrecv.feedback import Feedback
 from pgrecv.jsonl import JsonlEncoder
 from pgrecv.lsn import lsn_str
 from pgrecv.plugins import Decoder, PgOutputSettings, make_decoder, plan_options
 from pgrecv.replication import ReplicationConnection, StreamEnded
-from pgrecv.sinks import Sink
+from pgrecv.sinks import Resume, Sink
 from pgrecv.slots import logical_slot
 from pgrecv.status import StatusLine
 from pgrecv.wire import XLOGDATA_HEADER, parse_keepalive
 
 OPS = ("insert", "update", "delete", "truncate", "message")
 BACKOFF_MAX = 30.0
+REPLAY_BATCH = 4096  # rows of a reassembled transaction handled between two looks at the stop flag
 
 
 class Formatter(Protocol):
@@ -128,6 +142,8 @@ class Streamer:
         self.reopen_requested = False
         self.target: int | None = None  # --until-caught-up: the server's WAL position at start
         self.resume_start = 0  # where the output's durable record says to start
+        self.resume = Resume()
+        self.stop_at: float | None = None  # monotonic time of the stop signal
         self.skip_until = 0  # transactions committing at or before this are in the output already
         self._file_seen = 0  # sink.file_started when the formatter was made
         self._feed: Callable[[ev.Event], None] | None = None
@@ -151,6 +167,8 @@ class Streamer:
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop_requested = True
+        if self.stop_at is None:
+            self.stop_at = time.monotonic()
 
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
         self.reopen_requested = True
@@ -177,6 +195,7 @@ class Streamer:
                 resume = self.sink.open()
                 if self.sink.warning:
                     self.log(f"warning: {self.sink.warning}", 0)
+                self.resume = resume
                 self.resume_start = resume.start_lsn
                 self.skip_until = resume.last_commit_lsn or 0
                 if self.resume_start:
@@ -234,6 +253,8 @@ class Streamer:
 
     def _stream(self, rc: ReplicationConnection) -> None:
         cfg = self.cfg
+        if not self._started_once:
+            self._check_positions(rc)
         if cfg.until_caught_up and self.target is None:
             self.target = rc.identify_system()
             self.log(f"streaming until caught up with {lsn_str(self.target)}")
@@ -241,7 +262,7 @@ class Streamer:
         rc.start(cfg.slot, start, cfg.options)
         self._started_once = True
         now = time.monotonic()
-        self.feedback.start(start, now)
+        self.feedback.start(now)
         self._next_fsync = now + cfg.fsync_interval
         self.log(f"streaming from slot {cfg.slot} at {lsn_str(start)}")
         decoder = make_decoder(cfg.plugin, cfg.options) if self.decode_needed else None
@@ -254,6 +275,29 @@ class Streamer:
         finally:
             if assembler is not None:
                 assembler.close()
+
+    def _check_positions(self, rc: ReplicationConnection) -> None:
+        """Refuse a start or resume position the server cannot have produced, before the slot is
+        touched: streaming from it would skip every change up to it."""
+        server = rc.wal_position()
+        startpos = self.cfg.startpos
+        if startpos is not None and startpos > server:
+            raise PositionError(
+                f"-I/--startpos {lsn_str(startpos)} is ahead of the server's WAL ({lsn_str(server)}), "
+                f"so every change up to it would be skipped; nothing was confirmed: {self._slot_hint(rc)}"
+            )
+        resume = self.resume
+        if resume.furthest > server:
+            raise PositionError(
+                f"{resume.source or 'the output'} says the output holds changes up to {lsn_str(resume.furthest)}, "
+                f"ahead of the server's WAL ({lsn_str(server)}): it was edited or belongs to another server; "
+                "nothing was confirmed: move it out of the way (or write to a new output) and run again"
+            )
+
+    def _slot_hint(self, rc: ReplicationConnection) -> str:
+        confirmed = rc.slot_confirmed(self.cfg.slot)
+        where = f" (the slot is at {lsn_str(confirmed)})" if confirmed is not None else ""
+        return f"give a position the server has reached{where}, or leave -I out"
 
     def _new_formatter(self) -> None:
         """A fresh formatter per connection and per output file: a new file repeats the relation
@@ -297,8 +341,12 @@ class Streamer:
                     if feed is None:
                         handle(buf[25:], start)
                     else:
-                        for msg, lsn in feed(buf[25:], start):
-                            handle(msg, lsn)
+                        items = feed(buf[25:], start)
+                        if items.__class__ is tuple:
+                            for msg, lsn in items:
+                                handle(msg, lsn)
+                        else:  # a whole streamed transaction, possibly millions of rows
+                            self._replay(rc, items, handle)
                     if endpos is not None and start == endpos:
                         self.stats.stop_reason = f"reached end position {lsn_str(endpos)}"
                         raise _Stop
@@ -315,6 +363,15 @@ class Streamer:
                 rc.wait(max(0.0, min(self._next_fsync, feedback.next_status) - time.monotonic()))
                 continue
             raise StreamEnded(rc.end_of_copy())
+
+    def _replay(self, rc: ReplicationConnection, items: Any, handle: Callable[[Any, int], None]) -> None:
+        """Hand a reassembled transaction on in batches, with the periodic duties (stop flag,
+        fsync, status updates) between batches, as between messages in :meth:`_pump`."""
+        it = iter(items)
+        while batch := list(itertools.islice(it, REPLAY_BATCH)):
+            for msg, lsn in batch:
+                handle(msg, lsn)
+            self._periodic(rc)
 
     def _keepalive(self, rc: ReplicationConnection, buf: Any, assembler: Any) -> None:
         ka = parse_keepalive(buf)
@@ -382,7 +439,10 @@ class Streamer:
         if discard is not None and self._in_txn:
             discard()
         self.feedback.on_durable(self.sink.durable())
-        rc.finish(self.feedback.message(time.monotonic()))
+        now = time.monotonic()
+        # within --fsync-interval of the signal (at least a moment, for the server to answer)
+        budget = self.cfg.fsync_interval - (now - self.stop_at) if self.stop_at is not None else 10.0
+        rc.finish(self.feedback.message(now), timeout=min(10.0, max(0.5, budget)))
         if self.status is not None:
             self.status.clear()
         self.log(

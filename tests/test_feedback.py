@@ -37,11 +37,11 @@ def test_parse_messages() -> None:
 
 def test_flush_only_moves_with_durable_output() -> None:
     fb = Feedback(status_interval=10)
-    fb.start(100, now=0)
+    fb.start(now=0)
     fb.on_written(200)
-    assert fb.flushed == 100
+    assert fb.flushed == 0
     msg = struct.unpack(">cQQQq?", fb.message(now=1))
-    assert msg[1:4] == (200, 100, 100)
+    assert msg[1:4] == (200, 0, 0)  # 0 is InvalidXLogRecPtr: the server ignores it
     fb.on_durable(200)
     assert struct.unpack(">cQQQq?", fb.message(now=2))[2] == 200
     fb.on_durable(150)  # never backwards
@@ -50,10 +50,10 @@ def test_flush_only_moves_with_durable_output() -> None:
 
 def test_keepalive_confirmed_only_when_idle_and_durable() -> None:
     fb = Feedback(status_interval=10)
-    fb.start(100, now=0)
+    fb.start(now=0)
     fb.on_written(200)
     assert fb.on_keepalive(Keepalive(500, 0, False), idle=True) is False
-    assert fb.flushed == 100  # written output is not durable yet
+    assert fb.flushed == 0  # written output is not durable yet
     fb.on_durable(200)
     fb.on_keepalive(Keepalive(500, 0, True), idle=False)
     assert fb.flushed == 200  # a transaction is open
@@ -64,7 +64,7 @@ def test_keepalive_confirmed_only_when_idle_and_durable() -> None:
 
 def test_periodic_deadline() -> None:
     fb = Feedback(status_interval=10)
-    fb.start(0, now=100)
+    fb.start(now=100)
     assert not fb.due(105)
     assert fb.due(110)
     fb.message(now=110)
@@ -73,8 +73,17 @@ def test_periodic_deadline() -> None:
 
 def test_restart_keeps_positions() -> None:
     fb = Feedback(status_interval=10)
-    fb.start(100, now=0)
+    fb.start(now=0)
     fb.on_written(300)
     fb.on_durable(300)
-    fb.start(50, now=5)  # a reconnect never moves positions backwards
+    fb.start(now=5)  # a reconnect never moves positions backwards
     assert (fb.written, fb.flushed) == (300, 300)
+
+
+def test_nothing_is_confirmed_that_this_run_did_not_receive() -> None:
+    """Issue 11 item 2: a start position is a request, not something received."""
+    fb = Feedback(status_interval=10)
+    fb.start(now=0)
+    assert struct.unpack(">cQQQq?", fb.message(now=1))[1:4] == (0, 0, 0)
+    fb.on_keepalive(Keepalive(0x156B5D8, 0, False), idle=True)  # a real position from the server
+    assert struct.unpack(">cQQQq?", fb.message(now=2))[2] == 0x156B5D8

@@ -39,6 +39,7 @@ from pgrecv.sinks import (
 )
 
 FINAL = re.compile(r"[0-9A-F]{16}-[0-9A-F]{16}\.jsonl")
+RANDOM_TMP = re.compile(r"\.[a-z0-9_]{8}\.tmp$")  # mkstemp's part of a temporary state file name
 
 
 def txn(n: int, rows: int = 3, size: int = 40) -> list[bytes]:
@@ -255,7 +256,7 @@ def test_file_durable_fsyncs_data_before_publishing_state(tmp_path: Path, monkey
     real_fsync, real_replace = os.fsync, os.replace
 
     def fsync(fd: int) -> None:
-        events.append("fsync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        events.append("fsync " + RANDOM_TMP.sub(".RANDOM.tmp", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
         real_fsync(fd)
 
     def replace(src: Any, dst: Any) -> None:
@@ -270,7 +271,7 @@ def test_file_durable_fsyncs_data_before_publishing_state(tmp_path: Path, monkey
     sink.durable()
     assert events == [
         "fsync out.jsonl",
-        "fsync .out.jsonl.pgrecv-state.tmp",
+        "fsync .out.jsonl.pgrecv-state.RANDOM.tmp",
         "replace .out.jsonl.pgrecv-state",
         f"fsync {tmp_path.name}",
     ]
@@ -722,6 +723,7 @@ def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monke
 
     def fsync(fd: int) -> None:
         name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        name = RANDOM_TMP.sub(".RANDOM.tmp", name)
         events.append("fsync " + ("DIR" if name == tmp_path.name else "TMP" if name.startswith(".tmp-") else name))
         real_fsync(fd)
 
@@ -746,7 +748,7 @@ def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monke
         "fsync TMP",
         "rename TMP FINAL",
         "fsync DIR",
-        "fsync .pgrecv-state.tmp",
+        "fsync .pgrecv-state.RANDOM.tmp",
         "replace .pgrecv-state",
         "fsync DIR",
     ]
@@ -1067,3 +1069,63 @@ def test_big_records_pass_the_buffer(tmp_path: Path) -> None:
     sink.boundary(*lsns(1))
     sink.close()
     assert (tmp_path / "out").read_bytes() == big
+
+
+# --- records that cannot be trusted (issue 11, item 2) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["00000000000000ff-0000000000000100.jsonl"], "does not parse"),
+        (["0000000000000200-0000000000000100.jsonl"], "starts after it ends"),
+        (["0000000000000001-00000000000000FF.jsonl", "0000000000000010-0000000000000020.jsonl"], "overlap"),
+    ],
+)
+def test_dir_refuses_names_it_cannot_resume_from(tmp_path: Path, names: list[str], message: str) -> None:
+    for name in names:
+        (tmp_path / name).write_text("")
+    with pytest.raises(OutputError, match=rf"cannot resume from {re.escape(str(tmp_path))}: .*{message}.*move"):
+        DirSink(tmp_path).open()
+
+
+def test_dir_accepts_ranges_that_touch_and_copies_of_one_file(tmp_path: Path) -> None:
+    """pgrecv itself can publish FIRST equal to the previous LAST (a unit with an older commit LSN
+    opens the next file); a backup copy under another suffix has an identical range."""
+    for name in ("0000000000000001-0000000000000010.jsonl", "0000000000000010-0000000000000020.jsonl",
+                 "0000000000000010-0000000000000020.jsonl.bak"):  # fmt: skip
+        (tmp_path / name).write_text("")
+    resume = DirSink(tmp_path).open()
+    assert resume == Resume(0x20, None)
+    assert resume.source == str(tmp_path / "0000000000000010-0000000000000020.jsonl")
+
+
+def test_state_with_commit_after_end_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "out.jsonl").write_bytes(b"")
+    doc = {"version": 1, "offset": 0, "commit_lsn": "0/200", "end_lsn": "0/100"}
+    (tmp_path / ".out.jsonl.pgrecv-state").write_text(json.dumps(doc))
+    with pytest.raises(OutputError, match=r"commit_lsn 0/200 is after end_lsn 0/100.*delete it"):
+        FileSink(tmp_path / "out.jsonl").open()
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_durable_reports_only_what_this_run_wrote(tmp_path: Path, kind: str) -> None:
+    """What an earlier run recorded is for the runner to check against the server, never to be
+    confirmed as if this run had made it durable."""
+
+    def make() -> FileSink | DirSink:
+        return FileSink(tmp_path / "out.jsonl") if kind == "file" else DirSink(tmp_path / "d")
+
+    sink = make()
+    sink.open()
+    feed(sink, 1)
+    assert sink.durable() == lsns(1)[1]
+    sink.close()
+    again = make()
+    resume = again.open()
+    assert resume.last_commit_lsn == lsns(1)[0] and resume.source is not None
+    assert resume.furthest == lsns(1)[1]
+    assert again.durable() is None
+    feed(again, 2)
+    assert again.durable() == lsns(2)[1]
+    again.close()

@@ -36,6 +36,7 @@ EXIT_MEANING = {
     ExitCode.SERVER_ENV: "No PostgreSQL binaries for a throwaway server (demo).",
     ExitCode.STREAM_LOST: "The stream ended or the connection broke, and --no-loop forbids reconnecting.",
     ExitCode.SERVER: "The server refused a statement for a reason of its own; its message says which.",
+    ExitCode.POSITION: "A start or resume position ahead of the server's WAL; nothing was confirmed.",
     ExitCode.INTERRUPTED: "Interrupted by SIGINT.",
 }
 
