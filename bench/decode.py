@@ -7,7 +7,10 @@
   builder is first checked against an Insert captured from PostgreSQL 15 (below) and against every
   Insert of the golden files, so the numbers are about the bytes a server really sends.
 * golden: every captured pgoutput file under ``--golden`` decoded with its protocol version.
-* ``--jsonl``: decode plus the JSONL encoder, the client's whole CPU path per row but the socket.
+* ``--jsonl``: decode plus the JSONL encoder, the client's whole CPU path per row but the socket;
+  also without the generated per-relation row function (``jsonl._Compiled.fast``, made with
+  ``exec``) and with the fused insert path of ``pgrecv.fastpath`` (also ``exec``): the two code
+  generators are kept only as long as these lines show them paying for themselves.
 
 The copy baseline is ``bytes(memoryview(msg))`` per message (what receiving costs at least); the
 ratio says how many copies one decode is worth. Numbers vary with the machine; compare ratios.
@@ -189,15 +192,46 @@ def copy_all(msgs: Sequence[bytes]) -> Callable[[], object]:
     return run
 
 
-def jsonl_all(msgs: Sequence[bytes]) -> Callable[[], object]:
+def jsonl_all(msgs: Sequence[bytes], generated: bool = True) -> Callable[[], object]:
+    from pgrecv import jsonl
+
+    def run() -> None:
+        out: list[bytes] = []
+        feed = jsonl.JsonlEncoder(out.append).feed
+        decode = PgOutputDecoder(1).decode
+        for m in msgs:
+            feed(decode(m, 1))
+
+    if generated:
+        return run
+
+    def general_loop_only() -> None:
+        real = jsonl._Compiled._generate
+        jsonl._Compiled._generate = lambda self, rel: lambda t: None  # type: ignore[method-assign]
+        try:
+            run()
+        finally:
+            jsonl._Compiled._generate = real  # type: ignore[method-assign]
+
+    return general_loop_only
+
+
+def fused_all(msgs: Sequence[bytes]) -> Callable[[], object]:
+    from pgrecv.fastpath import FastInserts
     from pgrecv.jsonl import JsonlEncoder
 
     def run() -> None:
         out: list[bytes] = []
-        feed = JsonlEncoder(out.append).feed
-        decode = PgOutputDecoder(1).decode
+        encoder = JsonlEncoder(out.append)
+        decoder = PgOutputDecoder(1)
+        fast = FastInserts(encoder, decoder, out.append)
         for m in msgs:
-            feed(decode(m, 1))
+            if m[0] == 0x49 and fast.insert(m, 1):
+                continue
+            event = decoder.decode(m, 1)
+            encoder.feed(event)
+            if isinstance(event, Insert):
+                fast.learn(event)
 
     return run
 
@@ -232,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.jsonl:
         t_json = best_of(args.runs, jsonl_all(msgs))
         report("decode + JSONL", rows, "rows", t_json, t_copy)
+        t_loop = best_of(args.runs, jsonl_all(msgs, generated=False))
+        report("decode + JSONL, general loop only", rows, "rows", t_loop, t_copy)
+        t_fused = best_of(args.runs, fused_all(msgs))
+        report("fused insert path (pgrecv.fastpath)", rows, "rows", t_fused, t_copy)
+        print(f"generated row function: {t_loop / t_json:.2f}x faster; fused path: {t_json / t_fused:.2f}x faster")
 
     if golden:
         all_msgs = [m for _, _, ms in golden for m in ms]

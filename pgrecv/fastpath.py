@@ -2,10 +2,11 @@
 
 The reference path decodes the message into an :class:`~pgrecv.events.Insert`
 (:mod:`pgrecv.decode.pgoutput`) and encodes that (:mod:`pgrecv.jsonl`). For a relation whose columns
-are all of a few common types, this module generates one function per relation that goes from the
-message bytes straight to the line the reference path would write, byte for byte: integers are
-already valid JSON in their text form, numeric, date/time, uuid and similar texts need no escaping,
-and only text columns go through orjson. Profiling showed the intermediate event, tuple and dicts
+all have a kind other than OTHER in :mod:`pgrecv.jsonl_format`'s table, this module generates one
+function per relation that goes from the message bytes straight to the line the reference path
+would write, byte for byte, with the record's bytes around the image cut from the reference's own
+layout: integers are already valid JSON in their text form, numeric, date/time, uuid and similar
+texts need only quotes, and only text columns go through orjson. Profiling showed the intermediate event, tuple and dicts
 to cost more than half of a row's time on the stream's hot path.
 
 It is only an accelerator: anything it does not handle (another type, NULL-free checks failing,
@@ -25,41 +26,21 @@ import orjson
 from pgrecv.decode.pgoutput import PgOutputDecoder
 from pgrecv.events import Insert, Relation
 from pgrecv.jsonl import JsonlEncoder
-from pgrecv.values import text_converter
+from pgrecv.jsonl_format import IMAGE_TAIL, Kind, column_keys, column_kind, image_splice, row_record
 
 _U32: Final = struct.Struct(">I").unpack_from
 _U16: Final = struct.Struct(">H").unpack_from
-
-# How a column's text becomes JSON bytes, by type OID, where that is exactly what the reference
-# path writes. "raw": the text is a JSON number; "quote": a string needing no escapes; "text": any
-# string (escaped by orjson); "bool": t/f.
-_KINDS: Final[dict[int, str]] = {
-    20: "raw", 21: "raw", 23: "raw", 26: "raw",  # int8 int2 int4 oid
-    16: "bool",
-    1700: "quote", 1082: "quote", 1083: "quote", 1114: "quote", 1184: "quote", 1266: "quote",
-    1186: "quote", 2950: "quote", 3220: "quote",  # numeric, date/time types, interval, uuid, pg_lsn
-    25: "text", 1043: "text", 1042: "text", 19: "text",  # text varchar bpchar name
-}  # fmt: skip
-# What the reference converters must be for the table above to hold (checked at import).
-_EXPECTED_CONVERTER: Final[dict[str, Any]] = {"raw": int, "quote": None, "text": None}
+# A row's lsn is spliced in per message: the record's head is cut around it.
+_LSN_NULL: Final = b'"lsn":null'
+_LSN_KEY: Final = b'"lsn":'
 
 RowFn = Callable[[Any, int, bytes, bytes], bytes | None]
 
 
-def _kind(oid: int) -> str | None:
-    kind = _KINDS.get(oid)
-    if kind is None:
-        return None
-    conv = text_converter(oid, "")
-    if kind == "bool":
-        return kind if conv is not None and conv("t") is True and conv("f") is False else None
-    return kind if conv is _EXPECTED_CONVERTER[kind] else None
-
-
 def compile_row(relation: Relation) -> RowFn | None:
     """The generated function for ``relation``, or None when a column type is not covered."""
-    kinds = [_kind(c.type_oid) for c in relation.columns]
-    if any(k is None for k in kinds):
+    kinds = [column_kind(c.type_oid, c.type_name)[0] for c in relation.columns]
+    if Kind.OTHER in kinds:
         return None
     n = len(kinds)
     lines = [
@@ -70,15 +51,15 @@ def compile_row(relation: Relation) -> RowFn | None:
     lines.append("    pos = 8")
     parts: list[str] = ["head", "(b'\"%X/%X\"' % (lsn >> 32, lsn & 0xFFFFFFFF) if lsn else b'null')", "mid"]
     ns: dict[str, Any] = {"U16": _U16, "U32": _U32, "dumps": orjson.dumps}
-    for i, (col, kind) in enumerate(zip(relation.columns, kinds, strict=True)):
-        key = (b"" if i == 0 else b",") + orjson.dumps(col.name) + b":"
-        ns[f"K{i}"] = key
+    keys = column_keys([c.name for c in relation.columns])
+    for i, kind in enumerate(kinds):
+        ns[f"K{i}"] = keys[i]
         parts += [f"K{i}", f"v{i}"]
-        if kind == "raw":
+        if kind == Kind.RAW:
             value = "data[s:pos]"
-        elif kind == "bool":
+        elif kind == Kind.BOOL:
             value = "(b'true' if data[s] == 116 else b'false')"
-        elif kind == "quote":
+        elif kind == Kind.QUOTE:
             value = "b'\"' + data[s:pos] + b'\"'"
         else:
             value = "dumps(str(data[s:pos], 'utf-8'))"
@@ -95,7 +76,7 @@ def compile_row(relation: Relation) -> RowFn | None:
             "        return None",
         ]
     lines += ["    if pos != len(data):", "        return None", f"    return b''.join(({', '.join(parts)}, TAIL))"]
-    ns["TAIL"] = b'},"unchanged_toast":[]}\n'
+    ns["TAIL"] = IMAGE_TAIL
     exec(compile("\n".join(lines), f"<pgrecv fast insert {relation.namespace}.{relation.name}>", "exec"), ns)
     fn: RowFn = ns["row"]
     return fn
@@ -135,15 +116,14 @@ class FastInserts:
             xid, commit_lsn, commit_time, gid = ctx
             if gid is not None:  # rows of a prepared transaction carry more fields
                 return False
-            dumps = orjson.dumps
             cache[0] = ctx
-            cache[1] = b"".join((
-                b'{"v":1,"op":"insert","schema":', dumps(rel.namespace), b',"table":', dumps(rel.name),
-                b',"xid":', dumps(xid), b',"commit_lsn":', dumps(commit_lsn), b',"lsn":',
-            ))  # fmt: skip
-            cache[2] = b"".join(
-                (b',"commit_time":', dumps(commit_time), b',"key":', dumps(list(rel.key_names)), b',"new":{')
+            record = row_record(
+                "insert", rel.namespace, rel.name, xid, commit_lsn, None, commit_time, list(rel.key_names)
             )
+            head, _ = image_splice(record)
+            before, found, after = head.partition(_LSN_NULL)
+            assert found, "row_record has an lsn field"
+            cache[1], cache[2] = before + _LSN_KEY, after
         try:
             line = fn(data, lsn, cache[1], cache[2])
         except (IndexError, struct.error, UnicodeDecodeError, TypeError, ValueError):

@@ -25,10 +25,9 @@ import orjson
 from pgrecv import events as ev
 from pgrecv.errors import DecodeError
 from pgrecv.events import UNCHANGED, pg_time_iso
+from pgrecv.jsonl_format import FORMAT_VERSION, image_splice, row_record, snapshot_record
 from pgrecv.lsn import lsn_str
 from pgrecv.values import JSON_NULL, binary_converter, text_converter
-
-FORMAT_VERSION: Final = 1
 
 _dumps: Final = orjson.dumps
 _OPT: Final = orjson.OPT_APPEND_NEWLINE
@@ -274,7 +273,7 @@ class JsonlEncoder:
         lsn = lsn_str(e.final_lsn)
         t = _time_or_none(e.commit_time)
         self._set_context(e.xid, lsn, t)
-        self._emit({"v": 1, "op": "begin", "xid": e.xid, "commit_lsn": lsn, "commit_time": t})
+        self._emit({"v": FORMAT_VERSION, "op": "begin", "xid": e.xid, "commit_lsn": lsn, "commit_time": t})
 
     def _release(self, end: ev.Commit | ev.Prepare) -> None:
         """Write a held-back transaction now that its end tells its commit (or prepare) LSN."""
@@ -289,7 +288,7 @@ class JsonlEncoder:
             lsn = _lsn_or_none(end.commit_lsn)
             t = _time_or_none(ctime)
             self._set_context(xid, lsn, t)
-            self._emit({"v": 1, "op": "begin", "xid": xid, "commit_lsn": lsn, "commit_time": t})
+            self._emit({"v": FORMAT_VERSION, "op": "begin", "xid": xid, "commit_lsn": lsn, "commit_time": t})
         else:
             self._set_context(xid, None, None, end.gid, _lsn_or_none(end.prepare_lsn))
             self._emit(_prepare_record("begin_prepare", end, xid))
@@ -301,7 +300,7 @@ class JsonlEncoder:
         xid = e.xid if e.xid is not None else self._xid
         self._emit(
             {
-                "v": 1,
+                "v": FORMAT_VERSION,
                 "op": "commit",
                 "xid": xid,
                 "commit_lsn": lsn_str(e.commit_lsn),
@@ -312,7 +311,7 @@ class JsonlEncoder:
         self._set_context(None, None, None)
 
     def _origin(self, e: ev.Origin) -> None:
-        self._emit({"v": 1, "op": "origin", "name": e.name, "commit_lsn": _lsn_or_none(e.commit_lsn)})
+        self._emit({"v": FORMAT_VERSION, "op": "origin", "name": e.name, "commit_lsn": _lsn_or_none(e.commit_lsn)})
 
     # --- schema ---------------------------------------------------------------------------
 
@@ -325,7 +324,7 @@ class JsonlEncoder:
         self._compile(e)
         self._emit(
             {
-                "v": 1,
+                "v": FORMAT_VERSION,
                 "op": "relation",
                 "oid": e.oid,
                 "schema": e.namespace,
@@ -346,7 +345,7 @@ class JsonlEncoder:
         )
 
     def _type(self, e: ev.TypeInfo) -> None:
-        self._emit({"v": 1, "op": "type", "oid": e.oid, "schema": e.namespace, "name": e.name})
+        self._emit({"v": FORMAT_VERSION, "op": "type", "oid": e.oid, "schema": e.namespace, "name": e.name})
 
     def _compile(self, rel: ev.Relation) -> _Compiled:
         c = self._compiled.get(id(rel))
@@ -365,18 +364,9 @@ class JsonlEncoder:
         for every row: they are encoded once and the row's image is spliced in.
         """
         c = self._lookup(relation)
-        head = _dumps(
-            {
-                "v": 1,
-                "op": "snapshot",
-                "schema": c.schema,
-                "table": c.table,
-                "snapshot_lsn": lsn_str(snapshot_lsn),
-                "key": c.key,
-            }
-        )
-        prefix = head[:-1] + b',"new":'
-        suffix = b',"unchanged_toast":[]}\n'
+        record = snapshot_record(c.schema, c.table, lsn_str(snapshot_lsn), c.key)
+        prefix, suffix = image_splice(record)
+        prefix, suffix = prefix[:-1], suffix[1:]  # around a whole image, braces included
         fast = c.fast
         write = self._write
         n = 0
@@ -384,7 +374,7 @@ class JsonlEncoder:
             try:
                 new = fast(tup)
                 if new is None:  # a JSON null document (or an odd row): the general loop
-                    rec = orjson.loads(head)
+                    rec = dict(record)
                     rec["new"], rec["unchanged_toast"], jnull = c.image(tup)
                     if jnull:
                         rec["json_nulls"] = jnull
@@ -414,17 +404,16 @@ class JsonlEncoder:
         if c is None or c.relation is not rel:
             c = self._lookup(rel)
         lsn = e.lsn
-        rec = {
-            "v": 1,
-            "op": op,
-            "schema": c.schema,
-            "table": c.table,
-            "xid": self._xid if e.xid is None else e.xid,
-            "commit_lsn": self._commit_lsn,
-            "lsn": _LSN_FMT % (lsn >> 32, lsn & 0xFFFFFFFF) if lsn else None,
-            "commit_time": self._commit_time,
-            "key": c.key,
-        }
+        rec = row_record(
+            op,
+            c.schema,
+            c.table,
+            self._xid if e.xid is None else e.xid,
+            self._commit_lsn,
+            _LSN_FMT % (lsn >> 32, lsn & 0xFFFFFFFF) if lsn else None,
+            self._commit_time,
+            c.key,
+        )
         return rec, c
 
     def _finish_row(self, rec: Record) -> None:
@@ -471,7 +460,7 @@ class JsonlEncoder:
 
     def _truncate(self, e: ev.Truncate) -> None:
         rec: Record = {
-            "v": 1,
+            "v": FORMAT_VERSION,
             "op": "truncate",
             "tables": [{"schema": r.namespace, "table": r.name} for r in e.relations],
             "cascade": e.cascade,
@@ -494,7 +483,7 @@ class JsonlEncoder:
             content = _b64(e.content)
             encoding = "base64"
         rec: Record = {
-            "v": 1,
+            "v": FORMAT_VERSION,
             "op": "message",
             "transactional": e.transactional,
             "prefix": e.prefix,
@@ -517,17 +506,17 @@ class JsonlEncoder:
 
     def _stream_start(self, e: ev.StreamStart) -> None:
         self._set_context(e.xid, None, None)
-        self._emit({"v": 1, "op": "stream_start", "xid": e.xid, "first": e.first})
+        self._emit({"v": FORMAT_VERSION, "op": "stream_start", "xid": e.xid, "first": e.first})
 
     def _stream_stop(self, e: ev.StreamStop) -> None:
         xid = self._xid
         self._set_context(None, None, None)
-        self._emit({"v": 1, "op": "stream_stop", "xid": xid})
+        self._emit({"v": FORMAT_VERSION, "op": "stream_stop", "xid": xid})
 
     def _stream_commit(self, e: ev.StreamCommit) -> None:
         self._emit(
             {
-                "v": 1,
+                "v": FORMAT_VERSION,
                 "op": "stream_commit",
                 "xid": e.xid,
                 "commit_lsn": lsn_str(e.commit_lsn),
@@ -539,7 +528,7 @@ class JsonlEncoder:
     def _stream_abort(self, e: ev.StreamAbort) -> None:
         self._emit(
             {
-                "v": 1,
+                "v": FORMAT_VERSION,
                 "op": "stream_abort",
                 "xid": e.xid,
                 "subxid": e.subxid,
@@ -565,7 +554,7 @@ class JsonlEncoder:
     def _commit_prepared(self, e: ev.CommitPrepared) -> None:
         self._emit(
             {
-                "v": 1,
+                "v": FORMAT_VERSION,
                 "op": "commit_prepared",
                 "xid": e.xid,
                 "gid": e.gid,
@@ -578,7 +567,7 @@ class JsonlEncoder:
     def _rollback_prepared(self, e: ev.RollbackPrepared) -> None:
         self._emit(
             {
-                "v": 1,
+                "v": FORMAT_VERSION,
                 "op": "rollback_prepared",
                 "xid": e.xid,
                 "gid": e.gid,
@@ -616,7 +605,7 @@ def _old_image(rec: Record, c: _Compiled, tup: ev.Tuple, kind: ev.OldKind) -> No
 
 def _prepare_record(op: str, e: ev.BeginPrepare | ev.Prepare | ev.StreamPrepare, xid: int | None) -> Record:
     return {
-        "v": 1,
+        "v": FORMAT_VERSION,
         "op": op,
         "xid": xid,
         "gid": e.gid,

@@ -41,8 +41,9 @@ from psycopg import pq
 
 from pgrecv import events as ev
 from pgrecv.errors import DecodeError
+from pgrecv.jsonl_format import Kind, column_keys, column_kind, image_splice, snapshot_record
 from pgrecv.lsn import lsn_str
-from pgrecv.values import JSON_NULL, text_converter
+from pgrecv.values import JSON_NULL
 
 try:
     from pgrecv import _copyfast
@@ -58,11 +59,8 @@ _BOOL: Final[dict[bytes, bytes]] = {b"t": b"true", b"f": b"false", _NULL: b"null
 # Bytes that a JSON string holds as they are (orjson escapes only '"', '\\' and controls < 0x20):
 # a text column whose bytes all are such (and valid UTF-8, as the server sends) is just quoted.
 _PLAIN: Final = bytes(b for b in range(256) if b >= 0x20 and b not in b'"\\')
-_RAW_OIDS: Final = frozenset({20, 21, 23, 26, 28, 5069})  # int8 int2 int4 oid xid xid8: decimal text
-# numeric, date, time, timestamp, timestamptz, timetz, interval, uuid, pg_lsn: ASCII without '"' or '\\'
-_QUOTE_OIDS: Final = frozenset({1700, 1082, 1083, 1114, 1184, 1266, 1186, 2950, 3220})
 Buffer = bytes | memoryview
-RAW, QUOTE, BOOL, TEXT, OTHER = range(5)  # numbered as in _copyfast.c
+RAW, QUOTE, BOOL, TEXT, OTHER = Kind  # the numbers _copyfast.c knows them by
 BLOCK_BYTES: Final = 1 << 18  # COPY bytes per block: big enough that per-block work is noise
 
 
@@ -86,20 +84,6 @@ def parse_block(block: bytes) -> list[ev.Tuple]:
         raise DecodeError(f"COPY data is not valid UTF-8 ({exc.reason}); check the server's encoding") from None
 
 
-def _kind(col: ev.Column) -> tuple[int, Callable[[str], object] | None]:
-    conv = text_converter(col.type_oid, col.type_name)
-    if conv is None:
-        return (QUOTE if col.type_oid in _QUOTE_OIDS else TEXT), None
-    if conv is int and col.type_oid in _RAW_OIDS:
-        return RAW, None
-    try:
-        if conv("t") is True and conv("f") is False:
-            return BOOL, None
-    except (ValueError, TypeError):
-        pass
-    return OTHER, conv
-
-
 def _text(v: bytes) -> bytes:
     if v == _NULL:
         return b"null"
@@ -116,22 +100,12 @@ class BlockEncoder:
 
     def __init__(self, relation: ev.Relation, snapshot_lsn: int) -> None:
         self._n = len(relation.columns)
-        kinds = [_kind(c) for c in relation.columns]
+        kinds = [column_kind(c.type_oid, c.type_name) for c in relation.columns]
         self._kinds = [k for k, _ in kinds]
         self._convs = [c for _, c in kinds]
-        head = orjson.dumps(
-            {
-                "v": 1,
-                "op": "snapshot",
-                "schema": relation.namespace,
-                "table": relation.name,
-                "snapshot_lsn": lsn_str(snapshot_lsn),
-                "key": list(relation.key_names),
-            }
-        )
-        self._head = head[:-1] + b',"new":{'
-        self._keys = [(b"," if i else b"") + orjson.dumps(c.name) + b":" for i, c in enumerate(relation.columns)]
-        self._tail = b'},"unchanged_toast":[]}\n'
+        record = snapshot_record(relation.namespace, relation.name, lsn_str(snapshot_lsn), list(relation.key_names))
+        self._head, self._tail = image_splice(record)
+        self._keys = column_keys([c.name for c in relation.columns])
         self._formats: dict[tuple[bool, ...], tuple[bytes, list[bytes], bytes]] = {}
         self._out = bytearray()  # the C encoder's output, reused for every block
         self._native: Callable[[bytes], tuple[int, int] | None] | None = None

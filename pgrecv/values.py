@@ -52,6 +52,7 @@ __all__ = [
     "TextConverter",
     "ValueFormatError",
     "binary_converter",
+    "bool_from_text",
     "parse_array",
     "text_converter",
 ]
@@ -88,7 +89,7 @@ class _Lookup(dict[str, bool]):
         raise ValueFormatError(f"not a boolean: {key[:40]!r}")
 
 
-_bool_from_text: Final = _Lookup({"t": True, "f": False, "true": True, "false": False}).__getitem__
+bool_from_text: Final = _Lookup({"t": True, "f": False, "true": True, "false": False}).__getitem__
 
 
 def _float_from_text(text: str) -> float | str:
@@ -332,7 +333,7 @@ def _unquoted_escaped(text: str, i: int, delim: str) -> tuple[str, int]:
 # --- text converters by type ------------------------------------------------------------------
 
 _TEXT_SCALARS: Final[dict[int, TextConverter]] = {
-    16: _bool_from_text,
+    16: bool_from_text,
     20: int,
     21: int,
     23: int,
