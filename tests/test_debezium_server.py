@@ -47,6 +47,12 @@ def test_snapshot_then_start_and_resume(db_dsn: str, db_conn: psycopg.Connection
     assert len(snap) == 50 and {e["op"] for e in snap} == {"r"}
     assert snap[0]["source"]["snapshot"] == "true" and snap[0]["source"]["db"] == db_conn.info.dbname
     assert snap[0]["after"]["at"] == "2026-01-01T00:00:00Z" and snap[2]["after"]["n"] == "1.00000000000000000000"
+    # with worker processes (--jobs 2) the same rows
+    other = tmp_path / "jobs"
+    proc = pgrecv("snapshot", "-d", db_dsn, "-S", "s2", "--output-dir", str(other), "--format", "debezium", "-j", "2")
+    assert proc.returncode == 0, err(proc)
+    assert sorted(e["after"]["id"] for e in _envelopes(other)) == sorted(e["after"]["id"] for e in snap)
+    db_conn.execute("SELECT pg_drop_replication_slot('s2')")
 
     def run() -> None:
         proc = pgrecv(
