@@ -205,10 +205,10 @@ def peek(
         if fmt == "auto":
             fmt = "pretty" if out.is_terminal else "jsonl"
         if fmt.startswith("debezium"):
-            from pgrecv.debezium_cli import debezium_factory
+            from pgrecv.debezium_cli import debezium_factory, peek_closer
 
             enc = debezium_factory(opts, fmt, slot)(out.write)
-            sink, raw, close = enc.feed, None, enc.close
+            sink, raw, close = enc.feed, None, peek_closer(enc, consume)
         else:
             sink, raw, close = _formatter(fmt, out)
 

@@ -7,6 +7,7 @@ from typing import Final
 
 from pgrecv.conn import ConnOptions, connect
 from pgrecv.debezium import DebeziumEncoder
+from pgrecv.errors import UsageError
 
 FORMATS: Final = ("debezium", "debezium-schema")
 """``--format`` values: envelopes alone, or wrapped as ``{"schema": ..., "payload": ...}``."""
@@ -31,3 +32,20 @@ def debezium_factory(opts: ConnOptions, fmt: str, server: str) -> Callable[[Call
         return DebeziumEncoder(write, database=database, server=server, schemas=schemas)
 
     return make
+
+
+def peek_closer(enc: DebeziumEncoder, consume: bool) -> Callable[[], None]:
+    """End of a peek. Rows of a transaction prepared but not yet committed are held back; with
+    ``--consume`` the slot would move past its PREPARE and they could never be written: refuse
+    (before the output is published and before the slot advances)."""
+
+    def close() -> None:
+        held = enc.close()
+        if held and consume:
+            raise UsageError(
+                f"{held} changes of transactions prepared but not yet committed would be skipped by "
+                "--consume with --format debezium (it writes committed rows only): peek without "
+                "--consume, or after COMMIT PREPARED"
+            )
+
+    return close

@@ -114,3 +114,25 @@ def test_spark_apply_reader_refuses_debezium_files(tmp_path: Path) -> None:
     assert [f.name for f in files] == [name]  # it is not skipped silently
     with pytest.raises(InputError, match=f"{name}:1: "):
         Reader().feed_file(files[0], name)
+
+
+def test_peek_consume_stops_before_a_prepared_transaction(db_dsn: str, db_conn: psycopg.Connection[Any]) -> None:
+    """Debezium output holds prepared rows until COMMIT PREPARED; consuming past the PREPARE would
+    lose them, so the slot stays where it was."""
+    db_conn.execute("CREATE TABLE q (id int PRIMARY KEY)")
+    db_conn.execute("CREATE PUBLICATION pub FOR TABLE q")
+    db_conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput', false, true)")  # two-phase
+    db_conn.execute("INSERT INTO q VALUES (1)")
+    db_conn.execute("BEGIN")
+    db_conn.execute("INSERT INTO q VALUES (2)")
+    db_conn.execute("PREPARE TRANSACTION 'g'")
+    before = db_conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 's'").fetchone()
+    proc = pgrecv("peek", "-d", db_dsn, "-S", "s", "--format", "debezium", "--consume")
+    assert proc.returncode == ExitCode.USAGE, err(proc)
+    assert "prepared but not yet committed" in err(proc)
+    after = db_conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 's'").fetchone()
+    assert after == before
+    db_conn.execute("COMMIT PREPARED 'g'")
+    proc = pgrecv("peek", "-d", db_dsn, "-S", "s", "--format", "debezium", "--consume")
+    assert proc.returncode == 0, err(proc)
+    assert [orjson.loads(x)["after"]["id"] for x in proc.stdout.splitlines()] == [1, 2]
