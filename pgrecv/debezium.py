@@ -113,6 +113,7 @@ class DebeziumEncoder:
         self.schemas = schemas
         self._clock = clock
         self._tables: dict[int, _Table] = {}
+        self._by_oid: dict[int, int] = {}  # relation OID -> id() of its latest Relation
         # the transaction being written
         self._xid: int | None = None
         self._commit_lsn: int | None = None
@@ -280,6 +281,11 @@ class DebeziumEncoder:
     def _table(self, rel: ev.Relation) -> _Table:
         t = self._tables.get(id(rel))
         if t is None or t.relation is not rel:
+            if rel.oid:  # a new Relation replaces the table's old one (ALTER TABLE): forget that
+                old = self._by_oid.get(rel.oid)
+                if old is not None and old != id(rel):
+                    self._tables.pop(old, None)
+                self._by_oid[rel.oid] = id(rel)
             t = self._tables[id(rel)] = _Table(rel, self.server, self.schemas)
         return t
 
