@@ -159,11 +159,9 @@ def zoned_timestamp(text: str) -> str:
         return text
     if text.endswith("+00") and len(text) >= 22 and text[4] == "-" and text[10] == " ":
         # the common case (a server in UTC, years 1000-9999): rearranged, no arithmetic
-        frac = text[19:-3]
-        if frac:
-            digits = frac[1:]
-            frac = "." + digits.ljust(3 if len(digits) <= 3 else 6, "0")
-        return f"{text[:10]}T{text[11:19]}{frac}Z"
+        digits = text[20:-3]
+        dot = "." + digits.ljust(3 if len(digits) <= 3 else 6, "0") if digits else ""
+        return f"{text[:10]}T{text[11:19]}{dot}Z"
     us = epoch_micros(text)
     days, rest = divmod(us, 86_400_000_000)
     secs, frac = divmod(rest, 1_000_000)
