@@ -350,6 +350,12 @@ class DebeziumEncoder:
 
     def _update(self, e: ev.Update) -> None:
         t = self._table(e.relation)
+        if e.old_kind == "K" and e.old is not None:
+            # the key changed (the server sends a key image only then): like Debezium, a delete of
+            # the old key and a create of the new row, so that consumers keyed by it stay right
+            self._envelope(t, "d", self._old(t, e.old, e.old_kind), None, e.lsn)
+            self._envelope(t, "c", None, t.image(e.new), e.lsn)
+            return
         self._envelope(t, "u", self._old(t, e.old, e.old_kind), t.image(e.new), e.lsn)
 
     def _delete(self, e: ev.Delete) -> None:

@@ -70,10 +70,12 @@ def test_snapshot_then_start_and_resume(db_dsn: str, db_conn: psycopg.Connection
     everything = _envelopes(out)
     assert everything[: len(first)] == first
     changes = [e for e in everything if e["op"] != "r"]
-    positions = [(e["source"]["sequence"], e["source"]["lsn"]) for e in changes]
-    assert len(positions) == len(set(positions)) == 10 + 5 + 1 + 1
-    assert [e["op"] for e in changes[-2:]] == ["c", "u"]
-    assert changes[-1]["before"] == {"id": 1, "v": None, "at": None, "n": None}  # the key, under default identity
+    positions = [(e["source"]["sequence"], e["source"]["lsn"], e["op"]) for e in changes]
+    assert len(positions) == len(set(positions)) == 10 + 5 + 1 + 2
+    # the key change, under default identity: a delete of the old key (the rest null), a create
+    assert [e["op"] for e in changes[-3:]] == ["c", "d", "c"]
+    assert changes[-2]["before"] == {"id": 1, "v": None, "at": None, "n": None}
+    assert changes[-1]["after"]["id"] == 101
     rows = db_conn.execute("SELECT id, v FROM t").fetchall()
     assert {k: v["v"] for k, v in _apply(everything).items()} == dict(rows)
 
