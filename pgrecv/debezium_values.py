@@ -39,7 +39,7 @@ import orjson
 
 from pgrecv import events as ev
 from pgrecv.pgtypes import ARRAY_DELIMITER, ARRAY_ELEMENT, TYPE_NAMES, oid_for_name
-from pgrecv.values import ValueFormatError, binary_converter, parse_array, text_converter
+from pgrecv.values import ValueFormatError, _ymd, binary_converter, parse_array, text_converter
 
 UNAVAILABLE: Final = "__debezium_unavailable_value"
 """Debezium's ``unavailable.value.placeholder``: an unchanged TOASTed value the server did not send."""
@@ -52,6 +52,7 @@ DATE_INFINITY: Final = 2**31 - 1
 DATE_MINUS_INFINITY: Final = -(2**31)
 
 _UNIX_DAYS_FROM_0000_03_01: Final = 719_468
+_UNIX_TO_PG_DAYS: Final = 10_957  # 1970-01-01 to 2000-01-01
 _DATE_RE: Final = re.compile(r"(\d{4,})-(\d\d)-(\d\d)")
 _STAMP_RE: Final = re.compile(
     r"(\d{4,})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?(?:([+-])(\d\d)(?::(\d\d)(?::(\d\d))?)?)?( BC)?"
@@ -133,15 +134,8 @@ def _timestamp(millis: bool) -> Converter:
 
 
 def _civil(days: int) -> tuple[int, int, int]:
-    z = days + _UNIX_DAYS_FROM_0000_03_01
-    era = z // 146_097
-    doe = z - era * 146_097
-    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    d = doy - (153 * mp + 2) // 5 + 1
-    m = mp + 3 if mp < 10 else mp - 9
-    return yoe + era * 400 + (m <= 2), m, d
+    """(year, month, day) from days since 1970-01-01."""
+    return _ymd(days - _UNIX_TO_PG_DAYS)
 
 
 def _fraction(us: int) -> str:

@@ -10,7 +10,6 @@ same transaction ids, commit LSNs, row LSNs and keys.
 from __future__ import annotations
 
 import base64
-import sys
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
@@ -35,13 +34,10 @@ from pgrecv.debezium_values import (
     zoned_timestamp,
 )
 from pgrecv.decode.pgoutput import PgOutputDecoder
-from pgrecv.decode.test_decoding import TestDecodingParser
 from pgrecv.errors import DecodeError
 from pgrecv.jsonl import JsonlEncoder
 from pgrecv.lsn import LSN
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_crosscheck import Golden, _load, _pgoutput_events
+from tests.test_crosscheck import Golden, _load, _pgoutput_events, _test_decoding_events
 
 GOLDEN = Path(__file__).parent / "golden"
 FILES = sorted(GOLDEN.glob("pg*/*.jsonl"))
@@ -56,12 +52,7 @@ def _raw_events(g: Golden) -> Iterator[ev.Event]:
         for line in g.lines:
             yield decoder.decode(bytes.fromhex(line["data"]), int(LSN.parse(line["lsn"])))
         return
-    parser = TestDecodingParser()
-    for line in g.lines:
-        data: str | bytes = line["data"] if "data" in line else bytes.fromhex(line["data_hex"])
-        event = parser.decode(data, int(LSN.parse(line["lsn"])))
-        if event is not None:
-            yield event
+    yield from _test_decoding_events(g)
 
 
 def _encode(events: Iterator[ev.Event], **kw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, int]:
