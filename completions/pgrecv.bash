@@ -42,7 +42,7 @@ _pgrecv() {
                 --upto-nchanges) return ;;
                 -o|--option) return ;;
                 --publication) return ;;
-                --format) COMPREPLY=($(compgen -W "auto jsonl pretty raw" -- "$cur")); return ;;
+                --format) COMPREPLY=($(compgen -W "auto jsonl pretty raw debezium debezium-schema" -- "$cur")); return ;;
                 -f|--file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 -d|--dbname) return ;;
                 -h|--host) return ;;
@@ -68,12 +68,13 @@ _pgrecv() {
                 --publication) return ;;
                 -P|--plugin) COMPREPLY=($(compgen -W "pgoutput test_decoding" -- "$cur")); return ;;
                 --range-size) return ;;
+                --format) COMPREPLY=($(compgen -W "jsonl debezium debezium-schema" -- "$cur")); return ;;
                 -d|--dbname) return ;;
                 -h|--host) return ;;
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot --output-dir --table -j --jobs --publication -P --plugin --range-size --two-phase -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot --output-dir --table -j --jobs --publication -P --plugin --range-size --two-phase --format -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
         spark-apply)
             case "$prev" in
                 --target) return ;;
@@ -92,7 +93,7 @@ _pgrecv() {
                 --output-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
                 --rotate-size) return ;;
                 --rotate-interval) return ;;
-                --format) COMPREPLY=($(compgen -W "auto jsonl pretty raw" -- "$cur")); return ;;
+                --format) COMPREPLY=($(compgen -W "auto jsonl pretty raw debezium debezium-schema" -- "$cur")); return ;;
                 -o|--option) return ;;
                 -P|--plugin) return ;;
                 --publication) return ;;

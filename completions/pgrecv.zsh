@@ -69,7 +69,7 @@ _pgrecv() {
                 '--upto-nchanges[Stop after about this many changes.]:upto_nchanges: ' \
                 ''*{-o,--option}'[Option passed to the output plugin (repeatable).]:name\[=value\]: ' \
                 '--publication[pgoutput\: the publication (default\: the only one in the database).]:name: ' \
-                '--format[auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote.]:value:(auto jsonl pretty raw)' \
+                '--format[auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; debezium\[-schema\] is Debezium'\''s JSON envelope (docs/debezium.md).]:value:(auto jsonl pretty raw debezium debezium-schema)' \
                 '(-f --file)'{-f,--file}'[Write here instead of stdout ('\''-'\'').]:file:_files' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
@@ -102,6 +102,7 @@ _pgrecv() {
                 '(-P --plugin)'{-P,--plugin}'[Output plugin of the new slot.]:value:(pgoutput test_decoding)' \
                 '--range-size[With --jobs > 1\: split tables bigger than this into ctid ranges of about this size.]:range_size: ' \
                 '--two-phase[Create the slot with two-phase decoding.]' \
+                '--format[pgrecv'\''s JSONL, or Debezium'\''s JSON envelope (op r; docs/debezium.md).]:value:(jsonl debezium debezium-schema)' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
                 '(-p --port)'{-p,--port}'[Server port.]:port: ' \
@@ -132,7 +133,7 @@ _pgrecv() {
                 '--output-dir[Write rotated files here, named by LSN (batch consumers).]:directory:_files -/' \
                 '--rotate-size[--output-dir\: start a new file past this size (e.g. 64MB).]:rotate_size: ' \
                 '--rotate-interval[--output-dir\: start a new file after this long (e.g. 5m).]:rotate_interval: ' \
-                '--format[auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote.]:value:(auto jsonl pretty raw)' \
+                '--format[auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; debezium\[-schema\] is Debezium'\''s JSON envelope (docs/debezium.md).]:value:(auto jsonl pretty raw debezium debezium-schema)' \
                 ''*{-o,--option}'[Option for the output plugin.]:name\[=value\]: ' \
                 '--create[Create the slot first (see pgrecv create).]' \
                 '(-P --plugin)'{-P,--plugin}'[With --create\: the output plugin (default pgoutput).]:plugin: ' \

@@ -174,10 +174,11 @@ def slots(fmt: str, **kw: Any) -> None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["auto", "jsonl", "pretty", "raw"]),
+    type=click.Choice(["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]),
     default="auto",
     show_default=True,
-    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote.",
+    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
+    "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
 )
 @click.option("-f", "--file", "file", metavar="FILE", default="-", help="Write here instead of stdout ('-').")
 @connection_options
@@ -203,7 +204,13 @@ def peek(
     with Output(file) as out:
         if fmt == "auto":
             fmt = "pretty" if out.is_terminal else "jsonl"
-        sink, raw, close = _formatter(fmt, out)
+        if fmt.startswith("debezium"):
+            from pgrecv.debezium_cli import debezium_factory, peek_closer
+
+            enc = debezium_factory(opts, fmt, slot)(out.write)
+            sink, raw, close = enc.feed, None, peek_closer(enc, consume)
+        else:
+            sink, raw, close = _formatter(fmt, out)
 
         def durable() -> None:
             close()
@@ -265,10 +272,11 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["auto", "jsonl", "pretty", "raw"]),
+    type=click.Choice(["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]),
     default="auto",
     show_default=True,
-    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote.",
+    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
+    "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
 )
 @click.option(
     "-o", "--option", "plugin_options", multiple=True, metavar="NAME[=VALUE]", help="Option for the output plugin."
@@ -367,6 +375,8 @@ def start(
         fmt = "pretty" if to_terminal else "jsonl"
     if output_dir and fmt == "pretty":
         raise UsageError("--output-dir writes jsonl or raw files, not pretty tables")
+    if two_phase and fmt.startswith("debezium"):
+        raise UsageError("--format debezium writes committed rows only: it cannot go with --two-phase")
     if create_slot_first:
         made = create_slot(
             opts, slot, plugin or "pgoutput", if_not_exists=if_not_exists, two_phase=two_phase, publication=publication
@@ -410,13 +420,18 @@ def start(
         assemble=slot_plugin == "pgoutput" and option_map.get("streaming", "off") in ("on", "parallel", "true"),
     )
     suffix = ".jsonl" if fmt == "jsonl" else ".raw"
+    make_formatter = _stream_formatter(fmt, to_terminal)
+    if fmt.startswith("debezium"):
+        from pgrecv.debezium_cli import SUFFIX, debezium_factory
+
+        suffix, make_formatter = SUFFIX, debezium_factory(opts, fmt, slot)
     sink = make_sink(file, output_dir, rotate_size, rotate_interval, suffix)
     status = None
     if fmt == "pretty" and to_terminal and sys.stderr.isatty() and not STATE.quiet:
         from pgrecv.status import StatusLine
 
         status = StatusLine(sys.stderr)
-    streamer = Streamer(opts, config, sink, _stream_formatter(fmt, to_terminal), log, status)
+    streamer = Streamer(opts, config, sink, make_formatter, log, status)
     stats = streamer.run()
     log(f"{stats.messages} messages, {stats.transactions} transactions, {stats.rows} rows", 1)
 

@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,7 @@ class Task:
     hi: int | None  # last block (exclusive) or None: to the end (rows appended later included)
     tmp: str
     name: str
+    debezium: tuple[str, str, bool] | None = None  # --format debezium: (database, server, schemas)
 
     def query(self) -> sql.Composed:
         rel = self.table.relation
@@ -161,8 +162,10 @@ def run_snapshot(
     failover: bool = False,
     progress: bool = False,
     log: Callable[[str], None] = lambda _m: None,
+    debezium: tuple[str, str, bool] | None = None,
 ) -> SnapshotResult:
-    """Create ``slot`` with an exported snapshot and write every table's rows to ``output_dir``."""
+    """Create ``slot`` with an exported snapshot and write every table's rows to ``output_dir``
+    (as Debezium ``op: "r"`` envelopes with ``debezium`` = (database, server name, schemas))."""
     if jobs < 1:
         raise UsageError("--jobs must be at least 1")
     if plugin not in ("pgoutput", "test_decoding"):
@@ -176,7 +179,7 @@ def run_snapshot(
         try:
             return _run(
                 opts, slot, directory, plugin, publication, tables, jobs, range_size, two_phase, failover, progress,
-                log, workers,
+                log, workers, debezium,
             )  # fmt: skip
         finally:
             workers.close()
@@ -198,6 +201,7 @@ def _run(
     progress: bool,
     log: Callable[[str], None],
     workers: _Workers,
+    debezium: tuple[str, str, bool] | None = None,
 ) -> SnapshotResult:
     from pgrecv.slots import get_slot, resolve_publication, server_major
 
@@ -230,6 +234,8 @@ def _run(
             table_list = _list_tables(meta, plugin, publication, major, globs, block_size)
             meta.execute("ROLLBACK")
         tasks = _plan(table_list, directory, cp, jobs, max(1, range_size // block_size))
+        if debezium is not None:
+            tasks = [replace(t, debezium=debezium) for t in tasks]
         tmp_paths = [Path(t.tmp) for t in tasks]
         log(f"{len(table_list)} tables, {len(tasks)} files, {jobs} job(s)")
         rows = workers.run(with_typed_password(opts), snapshot_name, cp, tasks, progress)
@@ -448,7 +454,7 @@ def copy_task(
     """
     from pgrecv.snapshot_fast import read_blocks
 
-    if conn.info.encoding != "utf-8":
+    if conn.info.encoding != "utf-8" or task.debezium is not None:  # the block encoder writes JSONL only
         return copy_task_reference(conn, task, cp, report, coordinator)
 
     def check() -> None:
@@ -568,13 +574,17 @@ def copy_task_reference(
     coordinator: int | None = None,
 ) -> int:
     """copy_task through psycopg's row parser and the JSONL encoder: the reference that the fast
-    path must match byte for byte, and the path for a client encoding other than UTF-8."""
+    path must match byte for byte, and the path for a client encoding other than UTF-8 (and for Debezium envelopes)."""
+    from pgrecv.debezium import DebeziumEncoder
     from pgrecv.jsonl import JsonlEncoder
 
     fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
     with open(fd, "wb", buffering=1 << 17) as f:
         write: Callable[[bytes], Any] = f.write
-        enc = JsonlEncoder(write)
+        enc: JsonlEncoder | DebeziumEncoder = JsonlEncoder(write)
+        if task.debezium is not None:
+            database, server, schemas = task.debezium
+            enc = DebeziumEncoder(write, database=database, server=server, schemas=schemas)
         rel = task.table.relation
         n = 0
         with conn.cursor().copy(task.query()) as copy:

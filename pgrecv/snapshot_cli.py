@@ -34,6 +34,14 @@ from pgrecv.options import SIZE, STATE, common_options, conn_opts, connection_op
     help="With --jobs > 1: split tables bigger than this into ctid ranges of about this size.",
 )
 @click.option("--two-phase", is_flag=True, help="Create the slot with two-phase decoding.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "debezium", "debezium-schema"]),
+    default="jsonl",
+    show_default=True,
+    help="pgrecv's JSONL, or Debezium's JSON envelope (op r; docs/debezium.md).",
+)
 @connection_options
 @common_options
 def _snapshot(
@@ -45,6 +53,7 @@ def _snapshot(
     plugin: str,
     range_size: int,
     two_phase: bool,
+    fmt: str,
     **kw: Any,
 ) -> None:
     """Create a slot and copy every published table's rows as of its start (an initial snapshot).
@@ -53,10 +62,17 @@ def _snapshot(
     to them: together they hold every row once, with nothing missed. On failure nothing is
     published and the new slot is dropped; after a kill -9, drop the slot before running again.
     """
+    opts = conn_opts(kw)
+    debezium = None
+    if fmt != "jsonl":
+        from pgrecv.debezium_cli import current_database
+
+        debezium = (current_database(opts), slot, fmt == "debezium-schema")
     run_and_report(
-        conn_opts(kw),
+        opts,
         slot,
         output_dir,
+        debezium=debezium,
         plugin=plugin,
         publication=publication,
         tables=tables,

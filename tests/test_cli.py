@@ -56,7 +56,7 @@ def test_bash_completion_is_valid_and_completes(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
     out = proc.stdout.splitlines()
     assert out[0] == "peek"
-    assert out[1].split() == ["auto", "jsonl", "pretty", "raw"]
+    assert out[1].split() == ["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]
 
 
 def test_help_does_not_import_pyspark() -> None:
