@@ -24,7 +24,7 @@ from pgrecv.server import TempServer, find_installations
 def _versions() -> list[int]:
     raw = os.environ.get("PGRECV_TEST_VERSIONS", "15,18")
     try:
-        return [int(v) for v in raw.replace(" ", "").split(",") if v]
+        return [int(v) for v in raw.replace(",", " ").split()]
     except ValueError:
         raise pytest.UsageError(f"PGRECV_TEST_VERSIONS={raw!r}: expected major versions like 15,18") from None
 
