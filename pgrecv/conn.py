@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
-from psycopg import errors as pgerr
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrecv.errors import (
@@ -99,15 +98,35 @@ def connect(opts: ConnOptions, *, replication: bool = False, autocommit: bool = 
         conn = _connect(opts, replication, autocommit)
     except psycopg.OperationalError as exc:
         if not (opts.prompt is None and opts.password is None and _needs_password(exc) and _interactive()):
-            raise translate(exc) from None
+            raise _refused(exc, opts, replication) from None
         opts = replace(opts, password=(typed := _ask_password()))
         try:
             conn = _connect(opts, replication, autocommit)
         except psycopg.OperationalError as again:
-            raise translate(again) from None
+            raise _refused(again, opts, replication) from None
     if typed is not None:
         _typed_password = typed
     return conn
+
+
+def _refused(exc: psycopg.OperationalError, opts: ConnOptions, replication: bool) -> PgrecvError:
+    """The error for a refused connection. A connection-time FATAL has no SQLSTATE (libpq keeps
+    only its text, translated by the server's lc_messages): when a replication connection is
+    refused for a reason the text does not reveal, ask the server over a plain connection whether
+    the role may replicate at all."""
+    error = translate(exc)
+    if not replication or type(error) is not ConnectionFailed or "FATAL:" not in str(exc):
+        return error
+    try:
+        with _connect(opts, False, True) as conn:
+            row = conn.execute(
+                "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+            ).fetchone()
+    except psycopg.Error:
+        return error
+    if row is not None and row[0] is False:
+        return no_replication_attribute(server_message(exc), error.detail)
+    return error
 
 
 def with_typed_password(opts: ConnOptions) -> ConnOptions:
@@ -155,45 +174,72 @@ def server_message(exc: BaseException) -> str:
     return redact(rest.strip() if fatal else text)
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The server's SQLSTATE, if the error came with one (connection-time errors do not)."""
+    state = getattr(exc, "sqlstate", None) or getattr(getattr(exc, "diag", None), "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+def _source_file(exc: BaseException) -> str:
+    """The server source file that raised the error: names the object kind in any lc_messages."""
+    return str(getattr(getattr(exc, "diag", None), "source_file", None) or "")
+
+
+# SQLSTATEs (never translated) decide; English text is only a fallback for errors that come
+# without one (libpq's connection-time FATALs). GUC names stay untranslated in every catalog.
+_PRIVILEGE = "42501"
+_NOT_IN_PREREQUISITE_STATE = "55000"
+_OBJECT_IN_USE = "55006"
+_DUPLICATE_OBJECT = "42710"
+_UNDEFINED_OBJECT = "42704"
+_UNDEFINED_FILE = "58P01"
+_CONFIGURATION_LIMIT = "53400"
+_TOO_MANY_CONNECTIONS = "53300"
+
+
 def translate(exc: BaseException, *, slot: str | None = None, publication: str | None = None) -> PgrecvError:
     """Map a psycopg error to the one-line user error that says what to do about it."""
     msg = server_message(exc)
     detail = redact(str(exc))
     low = msg.lower()
-    if (
-        isinstance(exc, pgerr.InsufficientPrivilege)
-        or "permission denied to start" in low
-        or "must be superuser or replication role" in low
+    state = sqlstate(exc)
+    source = _source_file(exc)
+    if state == _PRIVILEGE or (
+        state is None and ("permission denied to start" in low or "must be superuser or replication role" in low)
     ):
         if "replication" in low or "superuser" in low or "wal sender" in low or "walsender" in low:
-            return ServerConfigError(
-                f"{msg}: the role needs the REPLICATION attribute (ALTER ROLE name REPLICATION)",
-                detail=detail,
-            )
+            return no_replication_attribute(msg, detail)
         return ServerConfigError(f"{msg}: grant the needed privilege or connect as another role", detail=detail)
-    if "wal_level" in low:
+    if "wal_level" in low and state in (None, _NOT_IN_PREREQUISITE_STATE):
         return ServerConfigError(
             f"{msg}: set wal_level = logical in postgresql.conf and restart the server", detail=detail
         )
-    if isinstance(exc, pgerr.DuplicateObject) and "replication slot" in low:
+    slot_kind = source.startswith("slot") or (not source and "replication slot" in low)
+    if state == _DUPLICATE_OBJECT and slot_kind:
         return SlotError(f"{msg}: use --if-not-exists, or drop it with 'pgrecv drop --slot {slot}'", detail=detail)
-    if isinstance(exc, pgerr.UndefinedObject) and "replication slot" in low:
+    if state == _UNDEFINED_OBJECT and slot_kind:
         return SlotError(f"{msg}: create it with 'pgrecv create --slot {slot}' or check 'pgrecv slots'", detail=detail)
-    if isinstance(exc, pgerr.ObjectInUse) and "slot" in low:
+    if state == _OBJECT_IN_USE and (source.startswith("slot") or "slot" in low):
         return SlotError(f"{msg}: another consumer is using it; stop it first", detail=detail)
-    if "publication" in low and ("does not exist" in low or isinstance(exc, pgerr.UndefinedObject)):
+    if (state == _UNDEFINED_OBJECT and "publication" in source) or (
+        not source and "publication" in low and ("does not exist" in low or state == _UNDEFINED_OBJECT)
+    ):
         return PublicationError(
             f"{msg}: create it with 'pgrecv create --slot S --publication {publication or 'NAME'}' "
             "or CREATE PUBLICATION",
             detail=detail,
         )
-    if isinstance(exc, pgerr.UndefinedFile) or "could not access file" in low:
+    if state == _UNDEFINED_FILE or (state is None and "could not access file" in low):
         return ServerConfigError(
             f"{msg}: the output plugin is not installed on the server; check --plugin", detail=detail
         )
-    if "replication slots can only be used" in low or "max_replication_slots" in low:
+    if (state in (_NOT_IN_PREREQUISITE_STATE, _CONFIGURATION_LIMIT, None) and "max_replication_slots" in low) or (
+        state == _CONFIGURATION_LIMIT and source.startswith("slot")
+    ):
         return ServerConfigError(f"{msg}: raise max_replication_slots and restart the server", detail=detail)
-    if isinstance(exc, pgerr.TooManyConnections) or "number of requested standby connections" in low:
+    if state is None and "replication slots can only be used" in low:
+        return ServerConfigError(f"{msg}: raise max_replication_slots and restart the server", detail=detail)
+    if state == _TOO_MANY_CONNECTIONS or "max_wal_senders" in low:
         return ServerConfigError(f"{msg}: raise max_wal_senders or max_connections", detail=detail)
     if isinstance(exc, psycopg.OperationalError):
         if "pg_hba.conf" in low and "replication" in low:
@@ -201,6 +247,12 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
         if "password authentication failed" in low or "no password supplied" in low:
             return ConnectionFailed(f"{msg}: check the password (-W to be asked, or .pgpass)", detail=detail)
         return ConnectionFailed(f"cannot connect: {msg}", detail=detail)
-    if getattr(getattr(exc, "diag", None), "sqlstate", None):  # the server's own words: not a bug here
+    if state:  # the server's own words: not a bug here
         return ServerError(f"server error: {msg}", detail=detail)
     return PgrecvError(f"server error: {msg}", detail=detail)
+
+
+def no_replication_attribute(msg: str, detail: str | None = None) -> ServerConfigError:
+    return ServerConfigError(
+        f"{msg}: the role needs the REPLICATION attribute (ALTER ROLE name REPLICATION)", detail=detail
+    )
