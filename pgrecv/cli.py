@@ -13,7 +13,7 @@ import orjson
 import psycopg
 
 from pgrecv import __version__
-from pgrecv.conn import translate
+from pgrecv.conn import redact, translate
 from pgrecv.errors import ExitCode, PgrecvError, UsageError
 from pgrecv.lsn import LSN
 from pgrecv.options import (
@@ -480,9 +480,9 @@ def main(argv: list[str] | None = None) -> None:
         error = caught if isinstance(caught, PgrecvError) else translate(caught)
         if error.exit_code == ExitCode.OUTPUT:
             _silence_stdout()
-        click.echo(f"pgrecv: error: {error.message}", err=True)
+        click.echo(f"pgrecv: error: {redact(error.message)}", err=True)
         if STATE.verbose and error.detail and error.detail != error.message:
-            click.echo(f"pgrecv: detail: {error.detail}", err=True)
+            click.echo(f"pgrecv: detail: {redact(error.detail)}", err=True)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         click.echo("pgrecv: interrupted", err=True)

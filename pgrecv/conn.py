@@ -11,6 +11,7 @@ import getpass
 import re
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -37,6 +38,12 @@ class ConnOptions:
     password: str | None = None  # only from -W's prompt; never printed
     prompt: bool | None = None  # True: -W (always prompt); False: -w (never); None: prompt if needed
 
+    def __post_init__(self) -> None:
+        # before anything can fail: every later message is masked, even if -d does not parse
+        remember_secrets(self.dbname)
+        if self.password:
+            _remember(self.password)
+
     def conninfo(self, *, replication: bool = False, **extra: Any) -> str:
         try:
             base = self.dbname if self.dbname and ("=" in self.dbname or "://" in self.dbname) else ""
@@ -49,24 +56,73 @@ class ConnOptions:
             }
             if base == "" and self.dbname:
                 params["dbname"] = self.dbname
-            if "application_name" not in conninfo_to_dict(base):
+            parsed = conninfo_to_dict(base)
+            if "application_name" not in parsed:
                 params.setdefault("application_name", APPLICATION_NAME)
             if replication:
                 params["replication"] = "database"
-            return make_conninfo(base, **{k: v for k, v in params.items() if v is not None})
+            conninfo = make_conninfo(base, **{k: v for k, v in params.items() if v is not None})
         except psycopg.ProgrammingError as exc:
+            # libpq quotes the token it stumbled on, which may be (part of) a password
+            # (an option name is kept: it tells what to fix, and a known password is masked anyway)
+            reason = _QUOTED.sub(_mask_token, _first_line(redact(str(exc))))
             raise UsageError(
-                f"invalid connection string in --dbname: {_first_line(redact(str(exc)))}; "
-                "use key=value pairs or a postgresql:// URI"
+                f"invalid connection string in --dbname: {reason}; use key=value pairs or a postgresql:// URI"
             ) from None
+        if _URI.match(base) and any("@" in str(parsed.get(k) or "") for k in ("host", "hostaddr", "port", "dbname")):
+            # libpq ends the user:password part at the first '@': the rest of the password
+            # would be taken for the host and shown in every message about it
+            raise UsageError(
+                "the --dbname URI has more than one '@' before the host: percent-encode '@' in the user "
+                "name or password as %40 (or pass the password with PGPASSWORD or ~/.pgpass)"
+            )
+        return conninfo
 
 
-_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_PASSWORD_URI = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
+# Keys whose values are secrets, in conninfo strings and URI query parameters.
+SECRET_KEYS = ("password", "sslpassword")
+_URI = re.compile(r"postgres(?:ql)?://", re.IGNORECASE)
+_PASSWORD_KV = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+_PASSWORD_URI = re.compile(r"(://[^:/@\s]*:)([^\s]*)(@)")
+_QUOTED = re.compile(r'"[^"]*"')
+_MIN_MASKED = 3  # shorter secrets would mask ordinary words; the patterns above still catch them
+_known: set[str] = set()
+
+
+def _remember(secret: str) -> None:
+    for form in {secret, unquote(secret, errors="replace"), secret.replace("\\'", "'").replace("\\\\", "\\")}:
+        if len(form) >= _MIN_MASKED:
+            _known.add(form)
+
+
+def remember_secrets(conninfo: str | None) -> None:
+    """Note every password in a --dbname value, valid or not, so that no message shows it."""
+    if not conninfo:
+        return
+    uri = _URI.match(conninfo)
+    if uri:
+        rest = conninfo[uri.end() :]
+        userinfo = rest[: rest.rfind("@")] if "@" in rest else ""
+        if ":" in userinfo:
+            password = userinfo.partition(":")[2]
+            _remember(password)
+            for part in re.split(r"[@/?#:]", password):  # what libpq may take for host, port, path
+                _remember(part)
+    for match in _PASSWORD_KV.finditer(conninfo):
+        value = match.group(2)
+        _remember(value)
+        if value.startswith("'") and value.endswith("'") and len(value) >= 2:
+            _remember(value[1:-1])
+
+
+def _mask_token(match: re.Match[str]) -> str:
+    return match.group(0) if re.fullmatch(r'"[a-z_]*"|"\*+"', match.group(0)) else '"..."'
 
 
 def redact(text: str) -> str:
     """Mask passwords in conninfo strings, URIs and messages that might quote them."""
+    for secret in sorted(_known, key=len, reverse=True):
+        text = text.replace(secret, "********")
     text = _PASSWORD_KV.sub(r"\1********", text)
     return _PASSWORD_URI.sub(r"\1********\3", text)
 
@@ -77,7 +133,8 @@ def describe(conninfo: str) -> str:
         d = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
         return "<invalid conninfo>"
-    d.pop("password", None)
+    for key in SECRET_KEYS:
+        d.pop(key, None)
     return " ".join(f"{k}={v}" for k, v in sorted(d.items()))
 
 
@@ -147,7 +204,9 @@ def _connect(opts: ConnOptions, replication: bool, autocommit: bool) -> psycopg.
 
 
 def _ask_password() -> str:
-    return getpass.getpass("Password: ")
+    password = getpass.getpass("Password: ")
+    _remember(password)
+    return password
 
 
 def _interactive() -> bool:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from pgrecv.conn import ConnOptions
+from pgrecv.conn import ConnOptions, redact
 from pgrecv.errors import UsageError
 from pgrecv.lsn import LSN
 
@@ -32,12 +32,12 @@ STATE = _State()
 def log(message: str, level: int = 1) -> None:
     """A diagnostic line on stderr, shown from verbosity ``level`` on (never with -q)."""
     if not STATE.quiet and STATE.verbose >= level:
-        click.echo(f"pgrecv: {message}", err=True)
+        click.echo(f"pgrecv: {redact(message)}", err=True)
 
 
 def info(message: str) -> None:
     if not STATE.quiet:
-        click.echo(message, err=True)
+        click.echo(redact(message), err=True)
 
 
 class LSNType(click.ParamType):  # type: ignore[type-arg]
