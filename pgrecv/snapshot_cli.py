@@ -7,17 +7,23 @@ from typing import Any
 
 import click
 
-from pgrecv.options import SIZE, STATE, common_options, conn_opts, connection_options, info, log
+from pgrecv.options import NAME, SIZE, STATE, PathType, common_options, conn_opts, connection_options, info, log
 
 
 @click.command("snapshot")
-@click.option("-S", "--slot", required=True, help="Name of the new logical replication slot.")
-@click.option("--output-dir", required=True, metavar="DIR", help="Write the snapshot files here (an empty directory).")
+@click.option("-S", "--slot", type=NAME, required=True, help="Name of the new logical replication slot.")
+@click.option(
+    "--output-dir",
+    type=PathType(),
+    required=True,
+    metavar="DIR",
+    help="Write the snapshot files here (an empty directory).",
+)
 @click.option(
     "--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob, repeatable)."
 )
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker connections.")
-@click.option("--publication", metavar="NAME", help="pgoutput: the publication (default: the only one).")
+@click.option("--publication", type=NAME, metavar="NAME", help="pgoutput: the publication (default: the only one).")
 @click.option(
     "-P",
     "--plugin",
