@@ -13,14 +13,16 @@ import orjson
 import psycopg
 
 from pgrecv import __version__
-from pgrecv.conn import translate
+from pgrecv.conn import redact, translate
 from pgrecv.errors import ExitCode, PgrecvError, UsageError
 from pgrecv.lsn import LSN
 from pgrecv.options import (
     DURATION,
+    NAME,
     SIZE,
     STATE,
     LSNType,
+    PathType,
     common_options,
     conn_opts,
     connection_options,
@@ -44,7 +46,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("-S", "--slot", required=True, help="Name of the logical replication slot.")
+@click.option("-S", "--slot", type=NAME, required=True, help="Name of the logical replication slot.")
 @click.option(
     "-P",
     "--plugin",
@@ -58,6 +60,7 @@ def cli() -> None:
 @click.option("--failover", is_flag=True, help="Synchronise the slot to standbys (PostgreSQL 17+).")
 @click.option(
     "--publication",
+    type=NAME,
     metavar="NAME",
     help="pgoutput: create this publication if missing (FOR ALL TABLES, or the --table list).",
 )
@@ -68,7 +71,13 @@ def cli() -> None:
     metavar="[SCHEMA.]TABLE",
     help="Table for a new publication (repeatable).",
 )
-@click.option("--snapshot", "snapshot_dir", metavar="DIR", help="Also copy existing rows into DIR (pgrecv snapshot).")
+@click.option(
+    "--snapshot",
+    "snapshot_dir",
+    type=PathType(),
+    metavar="DIR",
+    help="Also copy existing rows into DIR (pgrecv snapshot).",
+)
 @connection_options
 @common_options
 def create(
@@ -111,7 +120,7 @@ def create(
 
 
 @cli.command()
-@click.option("-S", "--slot", required=True, help="Name of the slot to drop.")
+@click.option("-S", "--slot", type=NAME, required=True, help="Name of the slot to drop.")
 @click.option("--if-exists", is_flag=True, help="Do not fail if the slot does not exist.")
 @connection_options
 @common_options
@@ -156,10 +165,10 @@ def slots(fmt: str, **kw: Any) -> None:
 
 
 @cli.command()
-@click.option("-S", "--slot", required=True, help="Name of the logical replication slot.")
+@click.option("-S", "--slot", type=NAME, required=True, help="Name of the logical replication slot.")
 @click.option("--consume", is_flag=True, help="Advance the slot past the changes once the output is durable.")
 @click.option("--upto-lsn", type=LSNType(), help="Stop at this LSN.")
-@click.option("--upto-nchanges", type=click.IntRange(min=1), help="Stop after about this many changes.")
+@click.option("--upto-nchanges", type=click.IntRange(1, 2**31 - 1), help="Stop after about this many changes.")
 @click.option(
     "-o",
     "--option",
@@ -169,7 +178,10 @@ def slots(fmt: str, **kw: Any) -> None:
     help="Option passed to the output plugin (repeatable).",
 )
 @click.option(
-    "--publication", metavar="NAME", help="pgoutput: the publication (default: the only one in the database)."
+    "--publication",
+    type=NAME,
+    metavar="NAME",
+    help="pgoutput: the publication (default: the only one in the database).",
 )
 @click.option(
     "--format",
@@ -180,7 +192,9 @@ def slots(fmt: str, **kw: Any) -> None:
     help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
     "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
 )
-@click.option("-f", "--file", "file", metavar="FILE", default="-", help="Write here instead of stdout ('-').")
+@click.option(
+    "-f", "--file", "file", type=PathType(), metavar="FILE", default="-", help="Write here instead of stdout ('-')."
+)
 @connection_options
 @common_options
 def peek(
@@ -264,9 +278,13 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 
 
 @cli.command()
-@click.option("-S", "--slot", required=True, help="Name of the logical replication slot.")
-@click.option("-f", "--file", "file", metavar="FILE", help="Append to this file ('-' for stdout, the default).")
-@click.option("--output-dir", metavar="DIR", help="Write rotated files here, named by LSN (batch consumers).")
+@click.option("-S", "--slot", type=NAME, required=True, help="Name of the logical replication slot.")
+@click.option(
+    "-f", "--file", "file", type=PathType(), metavar="FILE", help="Append to this file ('-' for stdout, the default)."
+)
+@click.option(
+    "--output-dir", type=PathType(), metavar="DIR", help="Write rotated files here, named by LSN (batch consumers)."
+)
 @click.option("--rotate-size", type=SIZE, help="--output-dir: start a new file past this size (e.g. 64MB).")
 @click.option("--rotate-interval", type=DURATION, help="--output-dir: start a new file after this long (e.g. 5m).")
 @click.option(
@@ -284,7 +302,7 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 @click.option("--create", "create_slot_first", is_flag=True, help="Create the slot first (see pgrecv create).")
 @click.option("-P", "--plugin", metavar="PLUGIN", help="With --create: the output plugin (default pgoutput).")
 @click.option("--if-not-exists", is_flag=True, help="With --create: do not fail if the slot exists.")
-@click.option("--publication", metavar="NAME", help="pgoutput: the publication (default: the only one).")
+@click.option("--publication", type=NAME, metavar="NAME", help="pgoutput: the publication (default: the only one).")
 @click.option(
     "--proto-version", type=click.IntRange(1, 4), help="pgoutput protocol (default: the newest the server speaks)."
 )
@@ -463,7 +481,12 @@ def _stream_formatter(fmt: str, to_terminal: bool) -> Callable[[Callable[[bytes]
 
 
 @cli.command()
-@click.option("--bindir", metavar="DIR", help="PostgreSQL binaries to use (default: the newest found on this machine).")
+@click.option(
+    "--bindir",
+    type=PathType(),
+    metavar="DIR",
+    help="PostgreSQL binaries to use (default: the newest found on this machine).",
+)
 @common_options
 def demo(bindir: str | None) -> None:
     """Show the whole path on a throwaway PostgreSQL: slot, changes, decoded output."""
@@ -495,9 +518,9 @@ def main(argv: list[str] | None = None) -> None:
         error = caught if isinstance(caught, PgrecvError) else translate(caught)
         if error.exit_code == ExitCode.OUTPUT:
             _silence_stdout()
-        click.echo(f"pgrecv: error: {error.message}", err=True)
+        click.echo(f"pgrecv: error: {redact(error.message)}", err=True)
         if STATE.verbose and error.detail and error.detail != error.message:
-            click.echo(f"pgrecv: detail: {error.detail}", err=True)
+            click.echo(f"pgrecv: detail: {redact(error.detail)}", err=True)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         click.echo("pgrecv: interrupted", err=True)

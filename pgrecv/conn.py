@@ -11,9 +11,9 @@ import getpass
 import re
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import unquote
 
 import psycopg
-from psycopg import errors as pgerr
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrecv.errors import (
@@ -38,6 +38,12 @@ class ConnOptions:
     password: str | None = None  # only from -W's prompt; never printed
     prompt: bool | None = None  # True: -W (always prompt); False: -w (never); None: prompt if needed
 
+    def __post_init__(self) -> None:
+        # before anything can fail: every later message is masked, even if -d does not parse
+        remember_secrets(self.dbname)
+        if self.password:
+            _remember(self.password)
+
     def conninfo(self, *, replication: bool = False, **extra: Any) -> str:
         try:
             base = self.dbname if self.dbname and ("=" in self.dbname or "://" in self.dbname) else ""
@@ -50,24 +56,73 @@ class ConnOptions:
             }
             if base == "" and self.dbname:
                 params["dbname"] = self.dbname
-            if "application_name" not in conninfo_to_dict(base):
+            parsed = conninfo_to_dict(base)
+            if "application_name" not in parsed:
                 params.setdefault("application_name", APPLICATION_NAME)
             if replication:
                 params["replication"] = "database"
-            return make_conninfo(base, **{k: v for k, v in params.items() if v is not None})
+            conninfo = make_conninfo(base, **{k: v for k, v in params.items() if v is not None})
         except psycopg.ProgrammingError as exc:
+            # libpq quotes the token it stumbled on, which may be (part of) a password
+            # (an option name is kept: it tells what to fix, and a known password is masked anyway)
+            reason = _QUOTED.sub(_mask_token, _first_line(redact(str(exc))))
             raise UsageError(
-                f"invalid connection string in --dbname: {_first_line(redact(str(exc)))}; "
-                "use key=value pairs or a postgresql:// URI"
+                f"invalid connection string in --dbname: {reason}; use key=value pairs or a postgresql:// URI"
             ) from None
+        if _URI.match(base) and any("@" in str(parsed.get(k) or "") for k in ("host", "hostaddr", "port", "dbname")):
+            # libpq ends the user:password part at the first '@': the rest of the password
+            # would be taken for the host and shown in every message about it
+            raise UsageError(
+                "the --dbname URI has more than one '@' before the host: percent-encode '@' in the user "
+                "name or password as %40 (or pass the password with PGPASSWORD or ~/.pgpass)"
+            )
+        return conninfo
 
 
-_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_PASSWORD_URI = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
+# Keys whose values are secrets, in conninfo strings and URI query parameters.
+SECRET_KEYS = ("password", "sslpassword")
+_URI = re.compile(r"postgres(?:ql)?://", re.IGNORECASE)
+_PASSWORD_KV = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+_PASSWORD_URI = re.compile(r"(://[^:/@\s]*:)([^\s]*)(@)")
+_QUOTED = re.compile(r'"[^"]*"')
+_MIN_MASKED = 3  # shorter secrets would mask ordinary words; the patterns above still catch them
+_known: set[str] = set()
+
+
+def _remember(secret: str) -> None:
+    for form in {secret, unquote(secret, errors="replace"), secret.replace("\\'", "'").replace("\\\\", "\\")}:
+        if len(form) >= _MIN_MASKED:
+            _known.add(form)
+
+
+def remember_secrets(conninfo: str | None) -> None:
+    """Note every password in a --dbname value, valid or not, so that no message shows it."""
+    if not conninfo:
+        return
+    uri = _URI.match(conninfo)
+    if uri:
+        rest = conninfo[uri.end() :]
+        userinfo = rest[: rest.rfind("@")] if "@" in rest else ""
+        if ":" in userinfo:
+            password = userinfo.partition(":")[2]
+            _remember(password)
+            for part in re.split(r"[@/?#:]", password):  # what libpq may take for host, port, path
+                _remember(part)
+    for match in _PASSWORD_KV.finditer(conninfo):
+        value = match.group(2)
+        _remember(value)
+        if value.startswith("'") and value.endswith("'") and len(value) >= 2:
+            _remember(value[1:-1])
+
+
+def _mask_token(match: re.Match[str]) -> str:
+    return match.group(0) if re.fullmatch(r'"[a-z_]*"|"\*+"', match.group(0)) else '"..."'
 
 
 def redact(text: str) -> str:
     """Mask passwords in conninfo strings, URIs and messages that might quote them."""
+    for secret in sorted(_known, key=len, reverse=True):
+        text = text.replace(secret, "********")
     text = _PASSWORD_KV.sub(r"\1********", text)
     return _PASSWORD_URI.sub(r"\1********\3", text)
 
@@ -78,7 +133,8 @@ def describe(conninfo: str) -> str:
         d = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
         return "<invalid conninfo>"
-    d.pop("password", None)
+    for key in SECRET_KEYS:
+        d.pop(key, None)
     return " ".join(f"{k}={v}" for k, v in sorted(d.items()))
 
 
@@ -99,15 +155,35 @@ def connect(opts: ConnOptions, *, replication: bool = False, autocommit: bool = 
         conn = _connect(opts, replication, autocommit)
     except psycopg.OperationalError as exc:
         if not (opts.prompt is None and opts.password is None and _needs_password(exc) and _interactive()):
-            raise translate(exc) from None
+            raise _refused(exc, opts, replication) from None
         opts = replace(opts, password=(typed := _ask_password()))
         try:
             conn = _connect(opts, replication, autocommit)
         except psycopg.OperationalError as again:
-            raise translate(again) from None
+            raise _refused(again, opts, replication) from None
     if typed is not None:
         _typed_password = typed
     return conn
+
+
+def _refused(exc: psycopg.OperationalError, opts: ConnOptions, replication: bool) -> PgrecvError:
+    """The error for a refused connection. A connection-time FATAL has no SQLSTATE (libpq keeps
+    only its text, translated by the server's lc_messages): when a replication connection is
+    refused for a reason the text does not reveal, ask the server over a plain connection whether
+    the role may replicate at all."""
+    error = translate(exc)
+    if not replication or type(error) is not ConnectionFailed or "FATAL:" not in str(exc):
+        return error
+    try:
+        with _connect(opts, False, True) as conn:
+            row = conn.execute(
+                "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+            ).fetchone()
+    except psycopg.Error:
+        return error
+    if row is not None and row[0] is False:
+        return no_replication_attribute(server_message(exc), error.detail)
+    return error
 
 
 def with_typed_password(opts: ConnOptions) -> ConnOptions:
@@ -128,7 +204,9 @@ def _connect(opts: ConnOptions, replication: bool, autocommit: bool) -> psycopg.
 
 
 def _ask_password() -> str:
-    return getpass.getpass("Password: ")
+    password = getpass.getpass("Password: ")
+    _remember(password)
+    return password
 
 
 def _interactive() -> bool:
@@ -155,45 +233,72 @@ def server_message(exc: BaseException) -> str:
     return redact(rest.strip() if fatal else text)
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The server's SQLSTATE, if the error came with one (connection-time errors do not)."""
+    state = getattr(exc, "sqlstate", None) or getattr(getattr(exc, "diag", None), "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+def _source_file(exc: BaseException) -> str:
+    """The server source file that raised the error: names the object kind in any lc_messages."""
+    return str(getattr(getattr(exc, "diag", None), "source_file", None) or "")
+
+
+# SQLSTATEs (never translated) decide; English text is only a fallback for errors that come
+# without one (libpq's connection-time FATALs). GUC names stay untranslated in every catalog.
+_PRIVILEGE = "42501"
+_NOT_IN_PREREQUISITE_STATE = "55000"
+_OBJECT_IN_USE = "55006"
+_DUPLICATE_OBJECT = "42710"
+_UNDEFINED_OBJECT = "42704"
+_UNDEFINED_FILE = "58P01"
+_CONFIGURATION_LIMIT = "53400"
+_TOO_MANY_CONNECTIONS = "53300"
+
+
 def translate(exc: BaseException, *, slot: str | None = None, publication: str | None = None) -> PgrecvError:
     """Map a psycopg error to the one-line user error that says what to do about it."""
     msg = server_message(exc)
     detail = redact(str(exc))
     low = msg.lower()
-    if (
-        isinstance(exc, pgerr.InsufficientPrivilege)
-        or "permission denied to start" in low
-        or "must be superuser or replication role" in low
+    state = sqlstate(exc)
+    source = _source_file(exc)
+    if state == _PRIVILEGE or (
+        state is None and ("permission denied to start" in low or "must be superuser or replication role" in low)
     ):
         if "replication" in low or "superuser" in low or "wal sender" in low or "walsender" in low:
-            return ServerConfigError(
-                f"{msg}: the role needs the REPLICATION attribute (ALTER ROLE name REPLICATION)",
-                detail=detail,
-            )
+            return no_replication_attribute(msg, detail)
         return ServerConfigError(f"{msg}: grant the needed privilege or connect as another role", detail=detail)
-    if "wal_level" in low:
+    if "wal_level" in low and state in (None, _NOT_IN_PREREQUISITE_STATE):
         return ServerConfigError(
             f"{msg}: set wal_level = logical in postgresql.conf and restart the server", detail=detail
         )
-    if isinstance(exc, pgerr.DuplicateObject) and "replication slot" in low:
+    slot_kind = source.startswith("slot") or (not source and "replication slot" in low)
+    if state == _DUPLICATE_OBJECT and slot_kind:
         return SlotError(f"{msg}: use --if-not-exists, or drop it with 'pgrecv drop --slot {slot}'", detail=detail)
-    if isinstance(exc, pgerr.UndefinedObject) and "replication slot" in low:
+    if state == _UNDEFINED_OBJECT and slot_kind:
         return SlotError(f"{msg}: create it with 'pgrecv create --slot {slot}' or check 'pgrecv slots'", detail=detail)
-    if isinstance(exc, pgerr.ObjectInUse) and "slot" in low:
+    if state == _OBJECT_IN_USE and (source.startswith("slot") or "slot" in low):
         return SlotError(f"{msg}: another consumer is using it; stop it first", detail=detail)
-    if "publication" in low and ("does not exist" in low or isinstance(exc, pgerr.UndefinedObject)):
+    if (state == _UNDEFINED_OBJECT and "publication" in source) or (
+        not source and "publication" in low and ("does not exist" in low or state == _UNDEFINED_OBJECT)
+    ):
         return PublicationError(
             f"{msg}: create it with 'pgrecv create --slot S --publication {publication or 'NAME'}' "
             "or CREATE PUBLICATION",
             detail=detail,
         )
-    if isinstance(exc, pgerr.UndefinedFile) or "could not access file" in low:
+    if state == _UNDEFINED_FILE or (state is None and "could not access file" in low):
         return ServerConfigError(
             f"{msg}: the output plugin is not installed on the server; check --plugin", detail=detail
         )
-    if "replication slots can only be used" in low or "max_replication_slots" in low:
+    if (state in (_NOT_IN_PREREQUISITE_STATE, _CONFIGURATION_LIMIT, None) and "max_replication_slots" in low) or (
+        state == _CONFIGURATION_LIMIT and source.startswith("slot")
+    ):
         return ServerConfigError(f"{msg}: raise max_replication_slots and restart the server", detail=detail)
-    if isinstance(exc, pgerr.TooManyConnections) or "number of requested standby connections" in low:
+    if state is None and "replication slots can only be used" in low:
+        return ServerConfigError(f"{msg}: raise max_replication_slots and restart the server", detail=detail)
+    if state == _TOO_MANY_CONNECTIONS or "max_wal_senders" in low:
         return ServerConfigError(f"{msg}: raise max_wal_senders or max_connections", detail=detail)
     if isinstance(exc, psycopg.OperationalError):
         if "pg_hba.conf" in low and "replication" in low:
@@ -201,6 +306,12 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
         if "password authentication failed" in low or "no password supplied" in low:
             return ConnectionFailed(f"{msg}: check the password (-W to be asked, or .pgpass)", detail=detail)
         return ConnectionFailed(f"cannot connect: {msg}", detail=detail)
-    if getattr(getattr(exc, "diag", None), "sqlstate", None):  # the server's own words: not a bug here
+    if state:  # the server's own words: not a bug here
         return ServerError(f"server error: {msg}", detail=detail)
     return PgrecvError(f"server error: {msg}", detail=detail)
+
+
+def no_replication_attribute(msg: str, detail: str | None = None) -> ServerConfigError:
+    return ServerConfigError(
+        f"{msg}: the role needs the REPLICATION attribute (ALTER ROLE name REPLICATION)", detail=detail
+    )

@@ -6,8 +6,8 @@ all have a kind other than OTHER in :mod:`pgrecv.jsonl_format`'s table, this mod
 function per relation that goes from the message bytes straight to the line the reference path
 would write, byte for byte, with the record's bytes around the image cut from the reference's own
 layout: integers are already valid JSON in their text form, numeric, date/time, uuid and similar
-texts need only quotes, and only text columns go through orjson. Profiling showed the intermediate event, tuple and dicts
-to cost more than half of a row's time on the stream's hot path.
+texts need only quotes, and only text columns go through orjson. Profiling showed the
+intermediate event, tuple and dicts to cost more than half of a row's time on the stream's hot path.
 
 It is only an accelerator: anything it does not handle (another type, NULL-free checks failing,
 unchanged TOAST, binary values, a streamed chunk, a prepared transaction, a relation the encoder

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from pgrecv.conn import ConnOptions
+from pgrecv.conn import ConnOptions, redact
 from pgrecv.errors import UsageError
 from pgrecv.lsn import LSN
 
@@ -32,12 +32,12 @@ STATE = _State()
 def log(message: str, level: int = 1) -> None:
     """A diagnostic line on stderr, shown from verbosity ``level`` on (never with -q)."""
     if not STATE.quiet and STATE.verbose >= level:
-        click.echo(f"pgrecv: {message}", err=True)
+        click.echo(f"pgrecv: {redact(message)}", err=True)
 
 
 def info(message: str) -> None:
     if not STATE.quiet:
-        click.echo(message, err=True)
+        click.echo(redact(message), err=True)
 
 
 class LSNType(click.ParamType):  # type: ignore[type-arg]
@@ -132,27 +132,79 @@ _SIZE_UNITS = {
 _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
+def _option_name(param: click.Parameter | None) -> str:
+    opts: list[str] = list(getattr(param, "opts", None) or [getattr(param, "name", None) or "option"])
+    return max(opts, key=len)
+
+
 class _UnitType(click.ParamType):  # type: ignore[type-arg]
-    def __init__(self, name: str, units: dict[str, Any], example: str) -> None:
+    """A size or duration with a unit; bounded, so no later arithmetic or timeout overflows."""
+
+    def __init__(self, name: str, units: dict[str, Any], example: str, maximum: float, most: str) -> None:
         self.name = name
         self.units = units
         self.example = example
+        self.maximum = maximum
+        self.most = most
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int | float):
+        if isinstance(value, int | float) and not isinstance(value, bool):
             return value
         text = str(value).strip().lower()
         number = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
         unit = text[len(number) :].strip()
+        option = _option_name(param)
         try:
             amount = float(number)
         except ValueError:
-            self.fail(f"{value!r} is not a {self.name}, e.g. {self.example}", param, ctx)
-        if unit not in self.units or amount < 0:
-            self.fail(f"{value!r} is not a {self.name}, e.g. {self.example}", param, ctx)
+            raise UsageError(f"{option} {value!r} is not a {self.name}: write it like {self.example}") from None
+        if unit not in self.units or not amount >= 0:  # also NaN
+            raise UsageError(f"{option} {value!r} is not a {self.name}: write it like {self.example}")
         result = amount * self.units[unit]
+        if result > self.maximum:  # also inf
+            raise UsageError(f"{option} {value!r} is too large: at most {self.most}")
         return int(result) if self.name == "SIZE" else result
 
 
-SIZE = _UnitType("SIZE", _SIZE_UNITS, "64MB or 1GiB")
-DURATION = _UnitType("DURATION", _TIME_UNITS, "10, 10s, 500ms or 5m")
+SIZE = _UnitType("SIZE", _SIZE_UNITS, "64MB or 1GiB", float(1 << 50), "1PiB")
+# A wait of more than 2**31-1 ms overflows poll()/select() timeouts: 24 days is far below that.
+DURATION = _UnitType("DURATION", _TIME_UNITS, "10, 10s, 500ms or 5m", 24 * 86400.0, "24 days")
+
+NAMEDATALEN = 64  # PostgreSQL's identifier limit, terminator included
+
+
+class NameType(click.ParamType):  # type: ignore[type-arg]
+    """A slot or publication name: the server would cut a longer one to 63 bytes and pgrecv
+    would go on with a name the user never gave."""
+
+    name = "NAME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        option = _option_name(param)
+        if not text:
+            raise UsageError(f"{option} is empty: give a name")
+        size = len(text.encode("utf-8", "surrogateescape"))
+        if size >= NAMEDATALEN:
+            raise UsageError(
+                f"{option} {text!r} is {size} bytes long: PostgreSQL names are at most "
+                f"{NAMEDATALEN - 1} bytes; choose a shorter name"
+            )
+        return text
+
+
+class PathType(click.ParamType):  # type: ignore[type-arg]
+    """A file or directory path that must not be empty ('' would mean the current directory
+    to some calls and fail with a traceback in others)."""
+
+    def __init__(self, name: str = "PATH") -> None:
+        self.name = name
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip():
+            raise UsageError(f"{_option_name(param)} is empty: give a path")
+        return text
+
+
+NAME = NameType()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Literal
@@ -18,6 +19,7 @@ from typing import BinaryIO, Literal
 from pgrecv.errors import OutputError
 
 FILE_MODE = 0o600  # like pg_recvlogical: change data is often sensitive
+TMP_SUFFIX = ".pgrecv-tmp"
 
 Format = Literal["jsonl", "pretty", "raw"]
 
@@ -40,8 +42,10 @@ class Output:
                 self.stream = open(self.path, "wb", buffering=1 << 16)  # noqa: SIM115
                 self.path_is_special = True
                 return
-            self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            # an unpredictable name, created with O_EXCL|O_NOFOLLOW (0600): in a shared directory
+            # nobody can plant a symlink for pgrecv to write through or to publish as the output
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=TMP_SUFFIX, dir=self.path.parent)
+            self._tmp = Path(tmp)
             self.stream = os.fdopen(fd, "wb", buffering=1 << 16)
         except OSError as exc:
             raise OutputError(

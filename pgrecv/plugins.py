@@ -32,6 +32,9 @@ def parse_options(pairs: Sequence[str]) -> list[tuple[str, str]]:
         name, eq, value = pair.partition("=")
         if not name:
             raise UsageError(f"invalid plugin option {pair!r}: expected name=value or name")
+        if name == "proto_version" and not (value.isascii() and value.isdigit() and 1 <= int(value) <= 4):
+            # pgrecv reads the stream with this version too: it must be one pgrecv decodes
+            raise UsageError(f"invalid plugin option {pair!r}: proto_version is a number from 1 to 4")
         out.append((name, value if eq else ""))
     return out
 

@@ -263,9 +263,10 @@ def _conf_value(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = "C"
+    env.update(extra or {})
     return env
 
 
@@ -310,7 +311,8 @@ class TempServer:
     ``settings`` override or extend the defaults (wal_level=logical, 20 slots and senders,
     10 prepared transactions, TimeZone=UTC, ...). ``hba_lines`` go before the trust lines in
     pg_hba.conf, so a test can demand a password for one role. ``fsync`` is off by default: the
-    data is thrown away anyway and it makes commits cheap.
+    data is thrown away anyway and it makes commits cheap. ``env`` adds to the binaries'
+    environment (e.g. ``LOCPATH`` for a locale compiled outside the system's, for lc_messages).
     """
 
     def __init__(
@@ -320,6 +322,7 @@ class TempServer:
         settings: Mapping[str, str] | None = None,
         hba_lines: Sequence[str] = (),
         fsync: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if install is None:
             found = find_installations()
@@ -338,6 +341,7 @@ class TempServer:
         self._settings = dict(settings or {})
         self._hba_lines = list(hba_lines)
         self._fsync = fsync
+        self._env = dict(env or {})
         self.port = 0
         self.host = HOST
         self._dir: Path | None = None
@@ -528,7 +532,7 @@ class TempServer:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     cwd=self.base_dir,
-                    env=_child_env(),
+                    env=_child_env(self._env),
                     timeout=_TIMEOUT + 30,
                     umask=0o077,
                     check=False,

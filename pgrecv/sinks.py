@@ -589,7 +589,7 @@ class DirSink(_BufferedSink):
         d = self.directory
         leftovers = re.compile(
             rf"{re.escape(TMP_PREFIX)}{_MKSTEMP_RANDOM}{re.escape(TMP_SUFFIX)}|{_temp_name_re(self.STATE_NAME).pattern}"
-            rf"|{re.escape(TMP_PREFIX)}snapshot-\d+-\d{{4}}\.part"  # pgrecv snapshot's (pgrecv.snapshot._plan)
+            rf"|{re.escape(TMP_PREFIX)}snapshot-[0-9a-f]+-\d{{4}}\.part"  # pgrecv snapshot's (pgrecv.snapshot._plan)
         )
         try:
             _remove_leftovers(d, leftovers)  # a crash's, never confirmed

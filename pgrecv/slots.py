@@ -6,6 +6,7 @@ pg_recvlogical does, so the same privileges and pg_hba.conf rules apply as for s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,8 @@ def create_slot(
             raise ServerConfigError(f"--failover needs PostgreSQL 17 or newer; this server is {major}")
         if two_phase and major < 14:
             raise ServerConfigError(f"--two-phase needs PostgreSQL 14 or newer; this server is {major}")
-        pub_created = ensure_publication(conn, publication, tables) if publication else False
+        # Everything that can refuse is checked before the publication is made, and a slot
+        # that still fails to be created takes the publication this run made with it.
         existing = get_slot(conn, slot)
         if existing is not None:
             if not if_not_exists:
@@ -85,14 +87,27 @@ def create_slot(
                     f'replication slot "{slot}" exists with plugin {existing["plugin"]}, not {plugin}: '
                     "pass the same --plugin or use another slot name"
                 )
+            pub_created = ensure_publication(conn, publication, tables) if publication else False
             return CreatedSlot(slot, plugin, None, created=False, publication_created=pub_created)
+        pub_created = ensure_publication(conn, publication, tables) if publication else False
         command = _create_command(slot, plugin, major, two_phase=two_phase, failover=failover)
         try:
             row = conn.execute(command).fetchone()
-        except psycopg.Error as exc:
-            raise translate(exc, slot=slot) from None
+        except BaseException as exc:
+            if pub_created and publication:
+                drop_publication(conn, publication)
+            if isinstance(exc, psycopg.Error):
+                raise translate(exc, slot=slot) from None
+            raise
         assert row is not None
         return CreatedSlot(str(row[0]), str(row[3]), LSN.parse(row[1]), created=True, publication_created=pub_created)
+
+
+def drop_publication(conn: psycopg.Connection[Any], name: str) -> None:
+    """Undo a publication this run created, best effort: the error that made us undo it is the
+    one to report."""
+    with contextlib.suppress(psycopg.Error):
+        conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
 
 
 def _create_command(slot: str, plugin: str, major: int, *, two_phase: bool, failover: bool) -> sql.Composed:

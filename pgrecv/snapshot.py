@@ -38,6 +38,9 @@ import multiprocessing as mp
 import os
 import queue
 import re
+import secrets
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -72,6 +75,15 @@ WRITEBACK = 32 << 20  # bytes between asynchronous write-back starts
 DEFAULT_RANGE_SIZE = 64 * 1024 * 1024
 # Test hook: seconds each worker sleeps after importing the snapshot and after each file.
 DELAY_ENV = "PGRECV_SNAPSHOT_DELAY"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_EXCL_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+# Temp names pgrecv makes (or made: the pid-numbered ones of earlier versions): snapshot parts,
+# the manifest's temp file, and `pgrecv start --output-dir`'s parts. Nothing else is removed.
+_LEFTOVER_RE = re.compile(
+    r"\.tmp-(?:snapshot-[0-9a-f]+-\d{4}\.part|\d+-\d+\.part"
+    r"|[0-9A-F]{16}-[0-9A-F]{16}\.snapshot\.manifest\.json(?:\.[a-z0-9_]{8})?)"
+)
 _FINAL_RE = re.compile(r"[0-9A-F]{16}-[0-9A-F]{16}(?:\.[\w.-]*)?")
 _REPLIDENT: dict[str, ev.ReplicaIdentity] = {"d": "d", "n": "n", "f": "f", "i": "i"}
 
@@ -416,7 +428,7 @@ def _plan(tables: list[Table], directory: Path, cp: int, jobs: int, range_pages:
     range alone while the others wait (5 ranges on 2 jobs took 3/5 of the time, 4 take 1/2).
     """
     tasks: list[Task] = []
-    pid = os.getpid()
+    token = secrets.token_hex(8)  # temp names nobody can guess (and plant a link under) in advance
     for table in tables:
         pages = table.pages
         bounds: list[tuple[int | None, int | None]] = [(None, None)]
@@ -430,7 +442,7 @@ def _plan(tables: list[Table], directory: Path, cp: int, jobs: int, range_pages:
         for lo, hi in bounds:
             seq = len(tasks) + 1
             name = snapshot_file_name(cp, seq)
-            tmp = str(directory / f"{TMP_PREFIX}snapshot-{pid}-{seq:04d}.part")
+            tmp = str(directory / f"{TMP_PREFIX}snapshot-{token}-{seq:04d}.part")
             tasks.append(Task(seq, table, lo, hi, tmp, name))
     return tasks
 
@@ -460,7 +472,7 @@ def copy_task(
     def check() -> None:
         _exit_if_orphaned(coordinator)
 
-    fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    fd = os.open(task.tmp, _EXCL_FLAGS, FILE_MODE)
     with open(fd, "wb", buffering=1 << 17) as f:
         writer = _BlockWriter(f, task, cp, report)
         try:
@@ -578,7 +590,7 @@ def copy_task_reference(
     from pgrecv.debezium import DebeziumEncoder
     from pgrecv.jsonl import JsonlEncoder
 
-    fd = os.open(task.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    fd = os.open(task.tmp, _EXCL_FLAGS, FILE_MODE)
     with open(fd, "wb", buffering=1 << 17) as f:
         write: Callable[[bytes], Any] = f.write
         enc: JsonlEncoder | DebeziumEncoder = JsonlEncoder(write)
@@ -831,7 +843,8 @@ def _prepare_dir(directory: Path) -> int:
     """Create or check the output directory and lock it like `pgrecv start` does; returns the lock fd."""
     try:
         directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_NAME, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+        # the lock's name is fixed (every pgrecv must find it), so it must not be a link to follow
+        fd = os.open(directory / LOCK_NAME, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, FILE_MODE)
     except OSError as exc:
         raise OutputError(f"cannot use {directory} for the snapshot: {exc.strerror or exc}") from None
     try:
@@ -843,8 +856,8 @@ def _prepare_dir(directory: Path) -> int:
         ) from None
     try:
         for entry in os.scandir(directory):
-            if entry.name.startswith(TMP_PREFIX):
-                os.unlink(entry.path)  # an interrupted run's leftovers
+            if _LEFTOVER_RE.fullmatch(entry.name):
+                _remove_leftover(entry)
             elif _FINAL_RE.fullmatch(entry.name):
                 raise OutputError(
                     f"{directory} already holds pgrecv output ({entry.name}): a snapshot starts a new "
@@ -857,6 +870,14 @@ def _prepare_dir(directory: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _remove_leftover(entry: os.DirEntry[str]) -> None:
+    """Remove an interrupted run's temp file: only a plain file of ours (never another user's
+    file or a link someone planted under a name like ours)."""
+    st = entry.stat(follow_symlinks=False)
+    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+        os.unlink(entry.path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -876,15 +897,19 @@ def _write_manifest(path: Path, result: SnapshotResult) -> None:
         "files": result.files,
         "tables": result.tables,
     }
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
     data = json.dumps(doc, indent=1).encode() + b"\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)  # O_EXCL|O_NOFOLLOW, 0600
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     _fsync_dir(path.parent)

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
 import click
 
-from pgrecv.options import SIZE, STATE, common_options, conn_opts, connection_options, info, log
+from pgrecv.options import NAME, SIZE, STATE, PathType, common_options, conn_opts, connection_options, info, log
 
 
 @click.command("snapshot")
-@click.option("-S", "--slot", required=True, help="Name of the new logical replication slot.")
-@click.option("--output-dir", required=True, metavar="DIR", help="Write the snapshot files here (an empty directory).")
+@click.option("-S", "--slot", type=NAME, required=True, help="Name of the new logical replication slot.")
+@click.option(
+    "--output-dir",
+    type=PathType(),
+    required=True,
+    metavar="DIR",
+    help="Write the snapshot files here (an empty directory).",
+)
 @click.option(
     "--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob, repeatable)."
 )
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker connections.")
-@click.option("--publication", metavar="NAME", help="pgoutput: the publication (default: the only one).")
+@click.option("--publication", type=NAME, metavar="NAME", help="pgoutput: the publication (default: the only one).")
 @click.option(
     "-P",
     "--plugin",
@@ -113,17 +120,30 @@ def create_with_snapshot(
 ) -> None:
     """`pgrecv create ... --snapshot DIR`: the publication if asked for, then `pgrecv snapshot`."""
     from pgrecv.conn import connect
-    from pgrecv.errors import UsageError
-    from pgrecv.slots import ensure_publication
+    from pgrecv.errors import PgrecvError, SlotError, UsageError
+    from pgrecv.slots import drop_publication, ensure_publication, get_slot
 
     if if_not_exists:
         raise UsageError("--snapshot needs a new slot: it cannot go with --if-not-exists")
     if tables and not publication:
         raise UsageError("--table needs --publication: tables are published through a publication")
+    created = False
     if publication:
         with connect(opts) as conn:
-            if ensure_publication(conn, publication, tables):
-                info(f'created publication "{publication}"')
-    run_and_report(
-        opts, slot, output_dir, plugin=plugin, publication=publication, two_phase=two_phase, failover=failover
-    )
+            if get_slot(conn, slot) is not None:  # checked first: a refused run makes nothing
+                raise SlotError(
+                    f'replication slot "{slot}" already exists: a snapshot needs a new slot; drop it with '
+                    f"'pgrecv drop --slot {slot}' or choose another name"
+                )
+            created = ensure_publication(conn, publication, tables)
+    try:
+        run_and_report(
+            opts, slot, output_dir, plugin=plugin, publication=publication, two_phase=two_phase, failover=failover
+        )
+    except BaseException:
+        if created and publication:  # the snapshot failed: take back what this run made
+            with contextlib.suppress(PgrecvError), connect(opts) as conn:
+                drop_publication(conn, publication)
+        raise
+    if created:
+        info(f'created publication "{publication}"')

@@ -606,9 +606,13 @@ class SinkText(io.TextIOBase):
 
 
 def parse_ops(value: str | None) -> frozenset[str] | None:
-    if not value:
+    """--op as a set; None (no filter) only when --op is not given. An empty list would drop
+    every row while the slot advances past them, so '' and ',' are refused."""
+    if value is None:
         return None
     ops = frozenset(o.strip() for o in value.split(",") if o.strip())
+    if not ops:
+        raise UsageError(f"--op {value!r} names no operation: choose from {', '.join(OPS)}, or leave --op out")
     unknown = sorted(ops - set(OPS))
     if unknown:
         raise UsageError(f"unknown --op {', '.join(unknown)}: choose from {', '.join(OPS)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -155,3 +156,47 @@ def test_password_never_printed(db_dsn: str, command: list[str]) -> None:
     assert proc.returncode == ExitCode.CONNECTION, out
     assert "Pa55-w0rd-secret" not in out and "Env-secret-99" not in out
     assert "no_such_db" in out
+
+
+def _publications(dsn: str) -> list[tuple[object, ...]]:
+    return sql(dsn, "SELECT pubname FROM pg_publication ORDER BY 1")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["create", "--slot", "taken", "--publication", "newpub"],
+        ["create", "--slot", "taken", "--publication", "newpub", "--snapshot", "SNAPDIR"],
+        ["start", "--create", "--slot", "taken", "--publication", "newpub", "--until-caught-up", "-f", "OUT"],
+    ],
+    ids=["create", "create-snapshot", "start-create"],
+)
+def test_failed_create_leaves_no_publication_slot_exists(db_dsn: str, tmp_path: Path, command: list[str]) -> None:
+    sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+    sql(db_dsn, "SELECT pg_create_logical_replication_slot('taken', 'pgoutput')")
+    args = [str(tmp_path / "snap") if a == "SNAPDIR" else str(tmp_path / "out") if a == "OUT" else a for a in command]
+    proc = pgrecv(*args, "-d", db_dsn)
+    assert proc.returncode == ExitCode.SLOT, err(proc)
+    assert _publications(db_dsn) == [], "the refused run left its publication behind"
+
+
+def test_failed_create_leaves_no_publication_wal_level(pg_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from pgrecv.server import TempServer
+
+    with TempServer(pg_server.install, settings={"wal_level": "replica"}) as server:
+        sql(server.dsn(), "CREATE TABLE t (id int PRIMARY KEY)")
+        proc = pgrecv("create", "-d", server.dsn(), "--slot", "s1", "--publication", "newpub")
+        assert proc.returncode == ExitCode.SERVER_CONFIG, err(proc)
+        assert _publications(server.dsn()) == [], "the refused run left its publication behind"
+        snapshot = ["--snapshot", str(tmp_path / "snap")]
+        proc = pgrecv("create", "-d", server.dsn(), "--slot", "s1", "--publication", "newpub", *snapshot)
+        assert proc.returncode == ExitCode.SERVER_CONFIG, err(proc)
+        assert _publications(server.dsn()) == []
+
+
+def test_create_keeps_an_existing_publication_on_failure(db_dsn: str) -> None:
+    sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION mine FOR ALL TABLES")
+    sql(db_dsn, "SELECT pg_create_logical_replication_slot('taken', 'pgoutput')")
+    proc = pgrecv("create", "--slot", "taken", "--publication", "mine", "-d", db_dsn)
+    assert proc.returncode == ExitCode.SLOT, err(proc)
+    assert _publications(db_dsn) == [("mine",)], "a publication this run did not make is not its to drop"

@@ -1,4 +1,4 @@
-"""Temporary files of the sinks in a shared directory (issue 11, item 3).
+"""Temporary files of the sinks (`start -f`, `--output-dir`) in a shared directory (issue 11, item 3).
 
 A world-writable sticky directory like /tmp, pgrecv running as root, and another local user
 (``nobody``, as the test servers run) planting links and files under names pgrecv used to pick.
