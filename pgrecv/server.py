@@ -313,6 +313,10 @@ class TempServer:
     pg_hba.conf, so a test can demand a password for one role. ``fsync`` is off by default: the
     data is thrown away anyway and it makes commits cheap. ``env`` adds to the binaries'
     environment (e.g. ``LOCPATH`` for a locale compiled outside the system's, for lc_messages).
+
+    ``standby_of`` makes a hot standby of that running server instead of a new cluster: its data
+    directory comes from ``pg_basebackup -R`` (streaming from the physical slot ``standby_slot``,
+    if given), so it follows the primary until :meth:`promote`.
     """
 
     def __init__(
@@ -323,6 +327,8 @@ class TempServer:
         hba_lines: Sequence[str] = (),
         fsync: bool = False,
         env: Mapping[str, str] | None = None,
+        standby_of: TempServer | None = None,
+        standby_slot: str | None = None,
     ) -> None:
         if install is None:
             found = find_installations()
@@ -342,6 +348,10 @@ class TempServer:
         self._hba_lines = list(hba_lines)
         self._fsync = fsync
         self._env = dict(env or {})
+        self._primary = standby_of
+        self._standby_slot = standby_slot
+        if standby_of is not None and standby_of.install.bin_dir != install.bin_dir:
+            raise ServerEnvError("a standby needs the binaries of its primary")
         self.port = 0
         self.host = HOST
         self._dir: Path | None = None
@@ -414,7 +424,10 @@ class TempServer:
         try:
             self._chown(self._dir)
             os.chmod(self._dir, 0o700)
-            self._make_data_dir()
+            if self._primary is None:
+                self._make_data_dir()
+            else:
+                self._base_backup(self._primary)
             self._write_hba()
             last = ""
             for _attempt in range(_START_ATTEMPTS):
@@ -467,6 +480,13 @@ class TempServer:
             last = out + "\n" + self.log_tail()
             raise ServerEnvError(f"PostgreSQL {self.version} did not restart: {_gist(last)}", detail=last[-4000:])
         self._running = True
+
+    def promote(self) -> None:
+        """End recovery: a standby becomes a primary (``pg_ctl promote``, waiting for it)."""
+        ok, out = self._pg_ctl("promote", "-w", "-t", str(_TIMEOUT))
+        if not ok:
+            raise ServerEnvError(f"cannot promote the standby: {_gist(out)}", detail=out + "\n" + self.log_tail())
+        self._primary = None
 
     # -- databases --
 
@@ -564,6 +584,18 @@ class TempServer:
                         os.chown(os.path.join(dirpath, f), self.run_as.uid, self.run_as.gid, follow_symlinks=False)
         except OSError as exc:
             raise ServerEnvError(f"cannot create the data directory {self.data_dir}: {exc}") from exc
+
+    def _base_backup(self, primary: TempServer) -> None:
+        """The data directory as a copy of ``primary`` that replays its WAL (standby.signal)."""
+        # -R writes primary_conninfo (with the dbname that slot synchronisation needs, 17+) and
+        # primary_slot_name into postgresql.auto.conf, which wins over pgrecv.conf.
+        args = [str(self.bin_dir / "pg_basebackup"), "-d", primary.dsn(), "-D", str(self.data_dir)]
+        args += ["-R", "-X", "stream", "-c", "fast", "--no-sync"]
+        if self._standby_slot:
+            args += ["-S", self._standby_slot]
+        ok, out = self._run(args)
+        if not ok:
+            raise ServerEnvError(f"pg_basebackup from {primary.dsn()} failed: {_gist(out)}", detail=out.strip()[-4000:])
 
     def _initdb_template(self) -> Path:
         """initdb once per binaries and user; each server starts from a copy (about 10x faster)."""
