@@ -28,8 +28,8 @@ _pgrecv() {
                 '(-S --slot)'{-S,--slot}'[Name of the logical replication slot.]:slot: ' \
                 '(-P --plugin)'{-P,--plugin}'[Output plugin\: pgoutput, test_decoding or another installed plugin.]:plugin: ' \
                 '--if-not-exists[Do not fail if the slot already exists.]' \
-                '--two-phase[Decode prepared transactions at PREPARE (PostgreSQL 14+).]' \
-                '--failover[Synchronise the slot to standbys (PostgreSQL 17+).]' \
+                '(--two-phase --enable-two-phase)'{--two-phase,--enable-two-phase}'[Decode prepared transactions at PREPARE (PostgreSQL 14+; --enable-two-phase as in pg_recvlogical 18).]' \
+                '(--failover --enable-failover)'{--failover,--enable-failover}'[Synchronise the slot to standbys (PostgreSQL 17+; --enable-failover as in pg_recvlogical 18).]' \
                 '--publication[pgoutput\: create this publication if missing (FOR ALL TABLES, or the --table list).]:name: ' \
                 '*--table[Table for a new publication (repeatable).]:\[schema.\]table: ' \
                 '--snapshot[Also copy existing rows into DIR (pgrecv snapshot).]:directory:_files -/' \

@@ -56,8 +56,20 @@ def cli() -> None:
     help="Output plugin: pgoutput, test_decoding or another installed plugin.",
 )
 @click.option("--if-not-exists", is_flag=True, help="Do not fail if the slot already exists.")
-@click.option("--two-phase", is_flag=True, help="Decode prepared transactions at PREPARE (PostgreSQL 14+).")
-@click.option("--failover", is_flag=True, help="Synchronise the slot to standbys (PostgreSQL 17+).")
+@click.option(
+    "--two-phase",
+    "--enable-two-phase",
+    "two_phase",
+    is_flag=True,
+    help="Decode prepared transactions at PREPARE (PostgreSQL 14+; --enable-two-phase as in pg_recvlogical 18).",
+)
+@click.option(
+    "--failover",
+    "--enable-failover",
+    "failover",
+    is_flag=True,
+    help="Synchronise the slot to standbys (PostgreSQL 17+; --enable-failover as in pg_recvlogical 18).",
+)
 @click.option(
     "--publication",
     type=NAME,

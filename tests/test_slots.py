@@ -59,14 +59,16 @@ def test_create_existing_and_if_not_exists(db_dsn: str) -> None:
     assert proc.returncode == ExitCode.SLOT and "test_decoding" in err(proc)
 
 
-def test_two_phase(db_dsn: str) -> None:
-    proc = pgrecv("create", "-d", db_dsn, "--slot", "tp", "-P", "test_decoding", "--two-phase")
+@pytest.mark.parametrize("flag", ["--two-phase", "--enable-two-phase"])  # the second: pg_recvlogical 18's
+def test_two_phase(db_dsn: str, flag: str) -> None:
+    proc = pgrecv("create", "-d", db_dsn, "--slot", "tp", "-P", "test_decoding", flag)
     assert proc.returncode == 0, err(proc)
     assert slot_rows(db_dsn)["tp"]["two_phase"] is True
 
 
-def test_failover(db_dsn: str, pg_server) -> None:  # type: ignore[no-untyped-def]
-    proc = pgrecv("create", "-d", db_dsn, "--slot", "fo", "--failover", "-P", "test_decoding")
+@pytest.mark.parametrize("flag", ["--failover", "--enable-failover"])
+def test_failover(db_dsn: str, pg_server, flag: str) -> None:  # type: ignore[no-untyped-def]
+    proc = pgrecv("create", "-d", db_dsn, "--slot", "fo", flag, "-P", "test_decoding")
     if pg_server.version >= 17:
         assert proc.returncode == 0, err(proc)
         assert slot_rows(db_dsn)["fo"]["failover"] is True
