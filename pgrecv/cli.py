@@ -122,6 +122,7 @@ def create(
         failover=failover,
         publication=publication,
         tables=tables,
+        on_wait=info,
     )
     if result.publication_created:
         info(f'created publication "{publication}"')

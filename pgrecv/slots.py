@@ -7,7 +7,8 @@ pg_recvlogical does, so the same privileges and pg_hba.conf rules apply as for s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,10 @@ def create_slot(
     failover: bool = False,
     publication: str | None = None,
     tables: Sequence[str] = (),
+    on_wait: Callable[[str], None] | None = None,
 ) -> CreatedSlot:
+    """``on_wait`` is told, once, when creation is still waiting after :data:`STANDBY_WAIT`
+    seconds on a standby (it needs a running-transactions record from the primary)."""
     if tables and not publication:
         raise UsageError("--table needs --publication: tables are published through a publication")
     if publication and plugin != "pgoutput":
@@ -92,7 +96,8 @@ def create_slot(
         pub_created = ensure_publication(conn, publication, tables) if publication else False
         command = _create_command(slot, plugin, major, two_phase=two_phase, failover=failover)
         try:
-            row = conn.execute(command).fetchone()
+            with _told_if_slow(conn, on_wait):
+                row = conn.execute(command).fetchone()
         except BaseException as exc:
             if pub_created and publication:
                 drop_publication(conn, publication)
@@ -101,6 +106,38 @@ def create_slot(
             raise
         assert row is not None
         return CreatedSlot(str(row[0]), str(row[3]), LSN.parse(row[1]), created=True, publication_created=pub_created)
+
+
+STANDBY_WAIT = 3.0
+
+
+@contextlib.contextmanager
+def _told_if_slow(conn: psycopg.Connection[Any], on_wait: Callable[[str], None] | None) -> Iterator[None]:
+    """On a standby, slot creation waits for the primary's next running-transactions record,
+    which an idle primary writes only at checkpoints: say so, and how to end the wait, rather
+    than hang silently."""
+    if on_wait is None or not _in_recovery(conn):
+        yield
+        return
+    timer = threading.Timer(
+        STANDBY_WAIT,
+        on_wait,
+        [
+            "this server is a standby: the slot is created once the primary logs its running "
+            "transactions; run SELECT pg_log_standby_snapshot() on the primary to end the wait"
+        ],
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _in_recovery(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    return bool(row and row[0])
 
 
 def drop_publication(conn: psycopg.Connection[Any], name: str) -> None:

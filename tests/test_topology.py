@@ -94,18 +94,26 @@ def _ids(path: Path) -> list[int]:
 def test_decoding_on_a_hot_standby(pair: tuple[TempServer, TempServer], tmp_path: Path) -> None:
     primary, standby = pair
     on_standby = standby.dsn(DB)
-    # Creating a slot on a standby waits for the primary's next running-xacts record.
+    # Creating a slot on a standby waits for the primary's next running-xacts record: pgrecv says
+    # so after a few seconds, naming the fix, and nobody gives it that record until then. (The
+    # primary's bgwriter logs one by itself only after "important" WAL since its last one: logging
+    # one now, once the fixture's DDL is done, keeps it from doing so during the wait.)
+    sql(primary.dsn(), "SELECT pg_log_standby_snapshot()")
+    _wait(_replayed(primary, standby), "the standby to replay the fixture")
     creating = subprocess.Popen(
         [sys.executable, "-m", "pgrecv", "create", "-d", on_standby, "--slot", "s1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    first = creating.stderr.readline().decode()  # type: ignore[union-attr]
+    assert "standby" in first and "pg_log_standby_snapshot()" in first, first
+    assert creating.poll() is None, "created without a running-xacts record from the primary?"
     _wait(
         lambda: creating.poll() is not None,
         "the slot on the standby",
         poke=lambda: sql(primary.dsn(), "SELECT pg_log_standby_snapshot()"),
     )
-    assert creating.returncode == 0, creating.stderr.read().decode()
+    assert creating.returncode == 0, creating.stderr.read().decode()  # type: ignore[union-attr]
     _insert(primary.dsn(DB), 1, 100)
     _wait(_replayed(primary, standby), "the standby to replay the inserts")
     out = tmp_path / "standby.jsonl"
