@@ -52,13 +52,18 @@ _pgrecv() {
             COMPREPLY=($(compgen -W "--help -S --slot --consume --upto-lsn --upto-nchanges -o --option --publication --format -f --file -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
         slots)
             case "$prev" in
-                --format) COMPREPLY=($(compgen -W "table jsonl" -- "$cur")); return ;;
+                --format) COMPREPLY=($(compgen -W "table jsonl prometheus" -- "$cur")); return ;;
+                -S|--slot) return ;;
+                --max-lag) return ;;
+                --max-retained) return ;;
+                --max-inactive) return ;;
+                --standby) return ;;
                 -d|--dbname) return ;;
                 -h|--host) return ;;
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help --format -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help --format -S --slot --check --max-lag --max-retained --max-inactive --standby -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
         snapshot)
             case "$prev" in
                 -S|--slot) return ;;

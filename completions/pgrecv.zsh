@@ -8,7 +8,7 @@ _pgrecv() {
         'demo:Show the whole path on a throwaway PostgreSQL\: slot, changes, decoded output.'
         'drop:Drop a replication slot.'
         'peek:Read a slot'\''s pending changes through the SQL interface, decoded.'
-        'slots:List replication slots with their positions, lag and retained WAL.'
+        'slots:List replication slots with their positions, lag and retained WAL, or check their health.'
         'snapshot:Create a slot and copy every published table'\''s rows as of its start (an initial snapshot).'
         'spark-apply:Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.'
         'start:Stream a slot'\''s changes over the replication protocol, like pg_recvlogical --start.'
@@ -82,7 +82,13 @@ _pgrecv() {
         slots)
             _arguments \
                 '--help[show help]' \
-                '--format[A table for people or one JSON object per slot.]:value:(table jsonl)' \
+                '--format[A table for people, one JSON object per slot, or the Prometheus text format (for node_exporter'\''s textfile collector).]:value:(table jsonl prometheus)' \
+                ''*{-S,--slot}'[Only this slot (repeatable).]:only: ' \
+                '--check[Print one line per problem instead; exit 14 if there is any.]' \
+                '--max-lag[--check\: WAL not confirmed by the consumer, at most.]:max_lag: ' \
+                '--max-retained[--check\: WAL the slot keeps on the server, at most.]:max_retained: ' \
+                '--max-inactive[--check\: time without a consumer, at most (PostgreSQL 17+).]:max_inactive: ' \
+                '--standby[--check\: every failover slot must have a copy on this standby that survives a promotion.]:connstr: ' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
                 '(-p --port)'{-p,--port}'[Server port.]:port: ' \

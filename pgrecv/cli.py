@@ -13,8 +13,8 @@ import orjson
 import psycopg
 
 from pgrecv import __version__
-from pgrecv.conn import redact, translate
-from pgrecv.errors import ExitCode, PgrecvError, UsageError
+from pgrecv.conn import ConnOptions, redact, translate
+from pgrecv.errors import ExitCode, PgrecvError, Unhealthy, UsageError
 from pgrecv.lsn import LSN
 from pgrecv.options import (
     DURATION,
@@ -151,18 +151,67 @@ def drop(slot: str, if_exists: bool, **kw: Any) -> None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "jsonl"]),
+    type=click.Choice(["table", "jsonl", "prometheus"]),
     default="table",
     show_default=True,
-    help="A table for people or one JSON object per slot.",
+    help="A table for people, one JSON object per slot, or the Prometheus text format "
+    "(for node_exporter's textfile collector).",
+)
+@click.option("-S", "--slot", "only", type=NAME, multiple=True, help="Only this slot (repeatable).")
+@click.option("--check", is_flag=True, help="Print one line per problem instead; exit 14 if there is any.")
+@click.option("--max-lag", type=SIZE, help="--check: WAL not confirmed by the consumer, at most.")
+@click.option("--max-retained", type=SIZE, help="--check: WAL the slot keeps on the server, at most.")
+@click.option("--max-inactive", type=DURATION, help="--check: time without a consumer, at most (PostgreSQL 17+).")
+@click.option(
+    "--standby",
+    metavar="CONNSTR",
+    help="--check: every failover slot must have a copy on this standby that survives a promotion.",
 )
 @connection_options
 @common_options
-def slots(fmt: str, **kw: Any) -> None:
-    """List replication slots with their positions, lag and retained WAL."""
+def slots(
+    fmt: str,
+    only: tuple[str, ...],
+    check: bool,
+    max_lag: int | None,
+    max_retained: int | None,
+    max_inactive: float | None,
+    standby: str | None,
+    **kw: Any,
+) -> None:
+    """List replication slots with their positions, lag and retained WAL, or check their health."""
     from pgrecv.slots import list_slots
 
-    rows = list_slots(conn_opts(kw))
+    limits_given = max_lag is not None or max_retained is not None or max_inactive is not None or standby
+    if limits_given and not check:
+        raise UsageError("--max-lag, --max-retained, --max-inactive and --standby go with --check")
+    opts = conn_opts(kw)
+    rows = list_slots(opts)
+    if only:
+        missing = sorted(set(only) - {r["slot_name"] for r in rows})
+        rows = [r for r in rows if r["slot_name"] in only]
+    if check:
+        from pgrecv import slot_health
+
+        standby_rows = None
+        if standby is not None:
+            standby_rows = list_slots(ConnOptions(dbname=standby, prompt=opts.prompt))
+        found = [f"slot {name} does not exist" for name in missing] if only else []
+        found += slot_health.problems(
+            rows, slot_health.Limits(max_lag, max_retained, max_inactive), standby=standby_rows
+        )
+        for line in found:
+            click.echo(line)
+        if found:
+            raise Unhealthy(f"{len(found)} problem(s) with replication slots")
+        info(f"{len(rows)} slot(s) checked: no problem")
+        return
+    if fmt == "prometheus":
+        from pgrecv.slot_health import prometheus
+
+        sys.stdout.buffer.write(prometheus(rows))
+        sys.stdout.buffer.flush()
+        return
     if fmt == "jsonl":
         out = sys.stdout.buffer
         for row in rows:

@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     STREAM_LOST = 11  # the stream ended or broke and --no-loop forbids reconnecting
     SERVER = 12  # the server refused a statement for a reason of its own (its message says which)
     POSITION = 13  # a start or resume position the server cannot have produced: nothing confirmed
+    UNHEALTHY = 14  # slots --check: a slot is in trouble or past a limit (one line per problem)
     INTERRUPTED = 130  # stopped by SIGINT before finishing
 
 
@@ -82,6 +83,12 @@ class ServerError(PgrecvError):
     """An error the server reported that pgrecv has no specific advice for: not a bug of pgrecv."""
 
     exit_code = ExitCode.SERVER
+
+
+class Unhealthy(PgrecvError):
+    """``slots --check`` found problems (each already printed on its own line)."""
+
+    exit_code = ExitCode.UNHEALTHY
 
 
 class PositionError(PgrecvError):

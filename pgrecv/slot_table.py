@@ -52,6 +52,13 @@ def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> 
             )
             if on
         ]
+        if r.get("failover_ready") is True:
+            flags.append("[green]ready for promotion[/]")
+        elif r.get("failover_ready") is False:
+            flags.append("[red]not ready: dropped at promotion[/]")
+        if r.get("sync_state"):
+            lag = r.get("flush_lag_seconds")
+            flags.append(f"{r['sync_state']}" + (f", flush lag {lag * 1000:.1f} ms" if lag is not None else ""))
         if r.get("invalidation_reason"):
             flags.append(f"[red]invalidated: {r['invalidation_reason']}[/]")
         plugin = r.get("plugin") or r.get("slot_type") or "-"

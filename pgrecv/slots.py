@@ -18,6 +18,7 @@ from psycopg import sql
 from pgrecv.conn import ConnOptions, connect, translate
 from pgrecv.errors import PublicationError, ServerConfigError, SlotError, UsageError
 from pgrecv.lsn import LSN
+from pgrecv.slot_health import failover_ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,23 +227,39 @@ SLOT_COLUMNS = (
 
 
 def list_slots(opts: ConnOptions) -> list[dict[str, Any]]:
-    """Every slot, with lag (bytes the consumer has not confirmed) and retained WAL in bytes."""
+    """Every slot, with lag (bytes the consumer has not confirmed) and retained WAL in bytes;
+    for an active slot what its walsender reports (``sync_state``, write and flush lag in
+    seconds, as the server sees them); on a standby, whether each synchronized slot would
+    survive a promotion (``failover_ready``)."""
     with connect(opts) as conn:
         cur = conn.execute(
             """
             SELECT s.*,
                    pg_wal_lsn_diff(c.pos, s.confirmed_flush_lsn)::bigint AS lag_bytes,
-                   pg_wal_lsn_diff(c.pos, s.restart_lsn)::bigint AS retained_bytes
-              FROM pg_replication_slots s,
-                   (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                   pg_wal_lsn_diff(c.pos, s.restart_lsn)::bigint AS retained_bytes,
+                   r.sync_state,
+                   extract(epoch FROM r.write_lag)::float8 AS write_lag_seconds,
+                   extract(epoch FROM r.flush_lag)::float8 AS flush_lag_seconds,
+                   c.in_recovery
+              FROM pg_replication_slots s
+                   LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid,
+                   (SELECT pg_is_in_recovery() AS in_recovery,
+                           CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
                                 ELSE pg_current_wal_lsn() END AS pos) c
              ORDER BY s.slot_name
             """
         )
         names = [d.name for d in cur.description or ()]
         rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-    wanted = [c for c in SLOT_COLUMNS if c in names] + ["lag_bytes", "retained_bytes"]
-    return [{k: _jsonable(r[k]) for k in wanted} for r in rows]
+    extra = ["lag_bytes", "retained_bytes", "sync_state", "write_lag_seconds", "flush_lag_seconds"]
+    wanted = [c for c in SLOT_COLUMNS if c in names] + extra
+    out = []
+    for r in rows:
+        row = {k: _jsonable(r[k]) for k in wanted}
+        if r["in_recovery"] and r.get("synced"):
+            row["failover_ready"] = failover_ready(row)
+        out.append(row)
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pgrecv.errors import ExitCode
 from pgrecv.server import TempServer, find_installation
 from tests.conftest import VERSIONS
 from tests.util import err, pgrecv, sql
@@ -128,8 +129,17 @@ def test_failover_slot_survives_promotion(pair: tuple[TempServer, TempServer], t
     primary, standby = pair
     dsn = primary.dsn(DB)
     out = tmp_path / "out.jsonl"
+    # no copy on the standby while it does not synchronise slots: the health check says so
+    sql(standby.dsn(), "ALTER SYSTEM SET sync_replication_slots = off")
+    sql(standby.dsn(), "SELECT pg_reload_conf()")
     proc = pgrecv("create", "-d", dsn, "--slot", "fs", "--failover")
     assert proc.returncode == 0, err(proc)
+    check = ("slots", "-d", dsn, "--check", "--slot", "fs", "--standby", standby.dsn(DB))
+    proc = pgrecv(*check)
+    assert proc.returncode == ExitCode.UNHEALTHY, err(proc)
+    assert "failover slot fs has no copy on the standby" in proc.stdout.decode()
+    sql(standby.dsn(), "ALTER SYSTEM RESET sync_replication_slots")
+    sql(standby.dsn(), "SELECT pg_reload_conf()")
 
     def consume() -> None:
         try:
@@ -156,6 +166,12 @@ def test_failover_slot_survives_promotion(pair: tuple[TempServer, TempServer], t
         consume()
 
     _wait(ready, "the standby's copy of the failover slot to be persisted", timeout=120, poke=nudge)
+    proc = pgrecv(*check)
+    assert proc.returncode == 0, proc.stdout.decode() + err(proc)
+    listed = [
+        json.loads(line) for line in pgrecv("slots", "-d", standby.dsn(DB), "--format", "jsonl").stdout.splitlines()
+    ]
+    assert [r["failover_ready"] for r in listed if r["slot_name"] == "fs"] == [True]
     _insert(dsn, next_id, 100)  # committed on the primary, not consumed before the failover
     last = next_id + 99
     _wait(_replayed(primary, standby), "the standby to replay the last inserts")

@@ -37,6 +37,7 @@ EXIT_MEANING = {
     ExitCode.STREAM_LOST: "The stream ended or the connection broke, and --no-loop forbids reconnecting.",
     ExitCode.SERVER: "The server refused a statement for a reason of its own; its message says which.",
     ExitCode.POSITION: "A start or resume position ahead of the server's WAL; nothing was confirmed.",
+    ExitCode.UNHEALTHY: "slots --check: a slot is invalidated, lost, unreserved, inactive too long or past a limit.",
     ExitCode.INTERRUPTED: "Interrupted by SIGINT.",
 }
 
