@@ -393,6 +393,12 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
     "-s", "--status-interval", type=DURATION, default=10.0, show_default=True, help="How often to report to the server."
 )
 @click.option(
+    "--synchronous",
+    is_flag=True,
+    help="Make the output durable and report it at every transaction boundary, without a timer "
+    "(for synchronous_standby_names; name pgrecv there by the application_name in -d).",
+)
+@click.option(
     "-n", "--no-loop", is_flag=True, help="Exit (code 11) when the connection is lost instead of reconnecting."
 )
 @click.option(
@@ -425,6 +431,7 @@ def start(
     until_caught_up: bool,
     fsync_interval: float,
     status_interval: float,
+    synchronous: bool,
     no_loop: bool,
     tables: tuple[str, ...],
     exclude_tables: tuple[str, ...],
@@ -493,6 +500,7 @@ def start(
         until_caught_up=until_caught_up,
         status_interval=status_interval,
         fsync_interval=fsync_interval,
+        synchronous=synchronous,
         no_loop=no_loop,
         tables=tables,
         exclude_tables=exclude_tables,

@@ -17,6 +17,7 @@ by an earlier run) and may name WAL that does not exist.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pgrecv.wire import Keepalive, status_update
@@ -34,7 +35,7 @@ class Feedback:
     def start(self, now: float) -> None:
         """A new connection starts streaming: positions carry over, the status timer restarts."""
         self.last_sent_flush = -1
-        self.next_status = now + self.status_interval
+        self.next_status = self._next(now)
 
     def on_data(self, wal_end: int) -> None:
         if wal_end > self.received:
@@ -56,11 +57,16 @@ class Feedback:
             self.written = self.flushed = ka.wal_end
         return ka.reply_requested
 
+    def _next(self, now: float) -> float:
+        """An interval of 0 means no timer: updates go out when the output is made durable
+        (``start --synchronous``, ``-s 0``) and when the server asks."""
+        return now + self.status_interval if self.status_interval > 0 else math.inf
+
     def due(self, now: float) -> bool:
         return now >= self.next_status
 
     def message(self, now: float) -> bytes:
         """The status update to send now; resets the periodic deadline."""
-        self.next_status = now + self.status_interval
+        self.next_status = self._next(now)
         self.last_sent_flush = self.flushed
         return status_update(self.written, self.flushed, self.flushed)

@@ -29,6 +29,7 @@ import contextlib
 import fnmatch
 import io
 import itertools
+import math
 import os
 import signal
 import time
@@ -75,6 +76,7 @@ class StartConfig:
     tables: Sequence[str] = ()
     exclude_tables: Sequence[str] = ()
     ops: frozenset[str] | None = None
+    synchronous: bool = False  # durable and reported at every transaction boundary (group-committed)
     assemble: bool = False  # pgoutput streaming is on: make streamed transactions whole
     memory_limit: int = 64 << 20
 
@@ -159,6 +161,11 @@ class Streamer:
         self._skipping = False
         self._started_once = False  # a stream ran in this process: later losses are reconnected
         self._next_fsync = 0.0
+        # -F 0 and --synchronous: durable at every transaction boundary, once the socket has
+        # nothing more buffered, so commits that arrive together share one fsync (group commit);
+        # -s 0 and --synchronous: reported as soon as it is durable. No timer runs at 0.
+        self._durable_at_drain = config.synchronous or config.fsync_interval <= 0
+        self._report_at_durable = config.synchronous or config.status_interval <= 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -263,7 +270,7 @@ class Streamer:
         self._started_once = True
         now = time.monotonic()
         self.feedback.start(now)
-        self._next_fsync = now + cfg.fsync_interval
+        self._next_fsync = self._next_fsync_after(now)
         self.log(f"streaming from slot {cfg.slot} at {lsn_str(start)}")
         decoder = make_decoder(cfg.plugin, cfg.options) if self.decode_needed else None
         self._decoder = decoder
@@ -359,10 +366,24 @@ class Streamer:
                 self._periodic(rc)
                 continue
             if n == 0:
+                if self._durable_at_drain and feedback.written > feedback.flushed:
+                    self._sync_point(rc)
                 self._periodic(rc)
-                rc.wait(max(0.0, min(self._next_fsync, feedback.next_status) - time.monotonic()))
+                # never 0 (a spin), at most 1 s (rotation by age, the terminal's status line)
+                left = min(self._next_fsync, feedback.next_status) - time.monotonic()
+                rc.wait(min(1.0, max(0.001, left)))
                 continue
             raise StreamEnded(rc.end_of_copy())
+
+    def _next_fsync_after(self, now: float) -> float:
+        return now + self.cfg.fsync_interval if self.cfg.fsync_interval > 0 else math.inf
+
+    def _sync_point(self, rc: ReplicationConnection) -> None:
+        """Everything received so far made durable and, with --synchronous, reported at once: a
+        synchronous_standby_names commit waits for exactly this."""
+        self.feedback.on_durable(self.sink.durable())
+        if self._report_at_durable and self.feedback.flushed != self.feedback.last_sent_flush:
+            rc.send(self.feedback.message(time.monotonic()))
 
     def _replay(self, rc: ReplicationConnection, items: Any, handle: Callable[[Any, int], None]) -> None:
         """Hand a reassembled transaction on in batches, with the periodic duties (stop flag,
@@ -397,7 +418,7 @@ class Streamer:
             self.sink.reopen()
             self.log("reopened the output file (SIGHUP)")
         if now >= self._next_fsync:
-            self._next_fsync = now + self.cfg.fsync_interval
+            self._next_fsync = self._next_fsync_after(now)
             before = self.feedback.flushed
             self.feedback.on_durable(self.sink.durable())
             if self.feedback.flushed != before:
