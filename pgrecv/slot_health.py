@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
-
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -111,6 +109,8 @@ _WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 def prometheus(rows: Sequence[dict[str, Any]]) -> bytes:
     """The Prometheus text exposition of the slots, for node_exporter's textfile collector."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest  # only this command needs it
+
     registry = CollectorRegistry()
     labels = ["slot", "database", "plugin"]
 
