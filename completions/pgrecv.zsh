@@ -156,6 +156,7 @@ _pgrecv() {
                 '--until-caught-up[Stop at the first transaction boundary past the server'\''s WAL position at start.]' \
                 '(-F --fsync-interval)'{-F,--fsync-interval}'[How often to make output durable.]:fsync_interval: ' \
                 '(-s --status-interval)'{-s,--status-interval}'[How often to report to the server.]:status_interval: ' \
+                '--metrics-file[Rewrite PATH (Prometheus text format, for node_exporter'\''s textfile collector) every status interval.]:path: ' \
                 '--synchronous[Make the output durable and report it at every transaction boundary, without a timer (for synchronous_standby_names; name pgrecv there by the application_name in -d).]' \
                 '(-n --no-loop)'{-n,--no-loop}'[Exit (code 11) when the connection is lost instead of reconnecting.]' \
                 '*--table[Only these tables (schema.table glob, repeatable).]:glob: ' \

@@ -393,6 +393,12 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
     "-s", "--status-interval", type=DURATION, default=10.0, show_default=True, help="How often to report to the server."
 )
 @click.option(
+    "--metrics-file",
+    type=PathType(),
+    metavar="PATH",
+    help="Rewrite PATH (Prometheus text format, for node_exporter's textfile collector) every status interval.",
+)
+@click.option(
     "--synchronous",
     is_flag=True,
     help="Make the output durable and report it at every transaction boundary, without a timer "
@@ -432,6 +438,7 @@ def start(
     fsync_interval: float,
     status_interval: float,
     synchronous: bool,
+    metrics_file: str | None,
     no_loop: bool,
     tables: tuple[str, ...],
     exclude_tables: tuple[str, ...],
@@ -501,6 +508,7 @@ def start(
         status_interval=status_interval,
         fsync_interval=fsync_interval,
         synchronous=synchronous,
+        metrics_file=metrics_file,
         no_loop=no_loop,
         tables=tables,
         exclude_tables=exclude_tables,

@@ -128,6 +128,7 @@ class _Raw(io.RawIOBase):
         super().__init__()
         self.label = label
         self.pos = 0
+        self.total = 0  # bytes handed to the kernel since the start, across files (for metrics)
         self.failure: OutputError | None = None
 
     def writable(self) -> bool:
@@ -173,6 +174,7 @@ class _FdRaw(_Raw):
         except OSError as exc:
             raise self.fail(exc, "write") from None
         self.pos += n
+        self.total += n
         return n
 
 
@@ -190,6 +192,7 @@ class _StreamRaw(_Raw):
             raise self.fail(exc, "write") from None
         n = len(memoryview(b)) if n is None else n
         self.pos += n
+        self.total += n
         return n
 
 
@@ -230,6 +233,11 @@ class Sink(ABC):
         *since open()* that now is (None: none yet). Never a position merely read back from an
         earlier run's record: that one is what :class:`Resume` reports, for the runner to check."""
 
+    @property
+    def bytes_written(self) -> int:
+        """Bytes written out since :meth:`open`, across files (buffered ones not yet)."""
+        return 0
+
     def tick(self, now: float) -> None:  # noqa: B027 - optional hook
         """Periodic and cheap; ``now`` is ``time.monotonic()``."""
 
@@ -255,6 +263,10 @@ class _BufferedSink(Sink):
     def _flush(self) -> None:
         self._raw.check()
         self._bw.flush()
+
+    @property
+    def bytes_written(self) -> int:
+        return self._raw.total
 
     def _drain(self) -> None:
         """Empty the buffer into nowhere (after the descriptor is gone or has failed)."""
@@ -846,12 +858,16 @@ def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:
 
 
 def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Replace ``path`` with ``doc`` so that a crash leaves the old or the new one, whole.
+    """Replace ``path`` with the JSON of ``doc``; see :func:`write_atomic`."""
+    write_atomic(path, json.dumps(doc).encode() + b"\n", what="the state file")
+
+
+def write_atomic(path: Path, data: bytes, *, what: str, mode: int = FILE_MODE) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new one, whole.
 
     The temporary file comes from mkstemp (O_EXCL, O_NOFOLLOW, an unpredictable name, 0600): in
     a shared directory another user's link under a name we would pick cannot redirect the write.
     """
-    data = json.dumps(doc).encode() + b"\n"
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
@@ -860,13 +876,15 @@ def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
             while view:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
+            if mode != FILE_MODE:
+                os.fchmod(fd, mode)
         finally:
             os.close(fd)
         os.replace(tmp, path)
         tmp = None
         _fsync_dir(path.parent)
     except OSError as exc:
-        raise output_error(exc, path, "write the state file") from None
+        raise output_error(exc, path, f"write {what}") from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):

@@ -35,6 +35,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
@@ -77,6 +78,7 @@ class StartConfig:
     exclude_tables: Sequence[str] = ()
     ops: frozenset[str] | None = None
     synchronous: bool = False  # durable and reported at every transaction boundary (group-committed)
+    metrics_file: str | None = None  # Prometheus text file rewritten every status interval
     assemble: bool = False  # pgoutput streaming is on: make streamed transactions whole
     memory_limit: int = 64 << 20
 
@@ -87,6 +89,7 @@ class RunStats:
     transactions: int = 0
     rows: int = 0
     reconnects: int = 0
+    last_commit_time: int | None = None  # of the last transaction written, PostgreSQL microseconds
     stop_reason: str = ""
     started: float = field(default_factory=time.monotonic)
 
@@ -166,6 +169,8 @@ class Streamer:
         # -s 0 and --synchronous: reported as soon as it is durable. No timer runs at 0.
         self._durable_at_drain = config.synchronous or config.fsync_interval <= 0
         self._report_at_durable = config.synchronous or config.status_interval <= 0
+        self._metrics_path = Path(config.metrics_file) if config.metrics_file else None
+        self._next_metrics = 0.0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -430,11 +435,23 @@ class Streamer:
             self._tick_with_status(status, now)
         if self.sink.file_started != self._file_seen and not self._in_txn:
             self._new_formatter()
+        if self._metrics_path is not None and now >= self._next_metrics:
+            self._write_metrics(now)
         if self.feedback.due(now):
             rc.send(self.feedback.message(now))
             self.log(
                 f"confirmed write {lsn_str(self.feedback.written)} flush {lsn_str(self.feedback.flushed)}",
             )
+
+    def _write_metrics(self, now: float) -> None:
+        from pgrecv import stream_metrics
+
+        assert self._metrics_path is not None
+        interval = self.cfg.status_interval if self.cfg.status_interval > 0 else 10.0
+        self._next_metrics = now + interval
+        fb = self.feedback
+        data = stream_metrics.render(self.cfg.slot, self.stats, fb.received, fb.flushed, self.sink.bytes_written)
+        stream_metrics.write(self._metrics_path, data)
 
     def _tick_with_status(self, status: StatusLine, now: float) -> None:
         """Flush the tables to the terminal without tearing the status line, then redraw it."""
@@ -464,6 +481,8 @@ class Streamer:
         # within --fsync-interval of the signal (at least a moment, for the server to answer)
         budget = self.cfg.fsync_interval - (now - self.stop_at) if self.stop_at is not None else 10.0
         rc.finish(self.feedback.message(now), timeout=min(10.0, max(0.5, budget)))
+        if self._metrics_path is not None:
+            self._write_metrics(now)
         if self.status is not None:
             self.status.clear()
         self.log(
@@ -571,6 +590,7 @@ class Streamer:
                     self._skipping = False
                     return
                 emit(event, msg)
+                stats.last_commit_time = event.commit_time  # type: ignore[union-attr]
                 self._boundary(event.commit_lsn, event.end_lsn or lsn)  # type: ignore[union-attr]
             elif cls is ev.Truncate:
                 if self._skipping or (ops is not None and "truncate" not in ops):
