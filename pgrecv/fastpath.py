@@ -209,4 +209,3 @@ class FastRows:
             return None
         entry = self._ready[oid] = (rel, plan, [None, ()])
         return entry
-

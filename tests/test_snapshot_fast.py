@@ -326,7 +326,7 @@ def _c(enc: fast.BlockEncoder, block: bytes) -> tuple[bytes, int] | None:
     return None if done is None else (bytes(enc._out[: done[0]]), done[1])
 
 
-# _REL with a varchar instead of its array (the one kind of these the C encoder does not take)
+# _REL with a varchar instead of its array
 _SIMPLE = replace(
     _REL, name="simple", columns=(*_REL.columns[:4], ev.Column("v", 1043, -1, "character varying", False))
 )
@@ -423,3 +423,119 @@ def test_read_blocks_c_with_notices_during_the_copy(db_dsn: str) -> None:
             data = b"".join(fast.read_blocks(conn, size=100))
     assert data == b"".join(b"%d\n" % i for i in range(1, 10001))
     assert notices == [f"row {i}" for i in range(1000, 10001, 1000)]
+
+
+# --- the kinds the C encoder shares with the stream's row encoder: floats, json, bytea, arrays -----
+
+_KINDS_REL = ev.Relation(
+    16500,
+    "public",
+    "kinds",
+    "d",
+    tuple(
+        ev.Column(name, oid, -1, tname, name == "id")
+        for name, oid, tname in (
+            ("id", 20, "bigint"),
+            ("f8", 701, "double precision"),
+            ("f4", 700, "real"),
+            ("jb", 3802, "jsonb"),
+            ("js", 114, "json"),
+            ("by", 17, "bytea"),
+            ("ia", 1007, "integer[]"),
+            ("ta", 1009, "text[]"),
+            ("fa", 1022, "double precision[]"),
+            ("ja", 3807, "jsonb[]"),
+            ("ba", 1000, "boolean[]"),
+            ("bya", 1001, "bytea[]"),
+            ("box", 1020, "box[]"),
+        )
+    ),
+)
+
+
+def _kinds_rows() -> st.SearchStrategy[tuple[str | None, ...]]:
+    from tests.test_fastpath import _array, _float_text, json_docs, texts
+
+    docs = json_docs.filter(lambda t: t != "null")  # a JSON null document: declined, tested below
+    floats = st.floats().map(_float_text)
+    hexes = st.binary(max_size=20).map(lambda b: "\\x" + b.hex())
+    opt = st.none().__or__
+    return st.tuples(
+        st.integers(-(2**63), 2**63 - 1).map(str),
+        opt(floats),
+        opt(st.floats(width=32).map(_float_text)),
+        opt(docs),
+        opt(docs),
+        opt(hexes),
+        opt(st.lists(st.none() | st.integers(-99, 99).map(str), max_size=4).map(_array)),
+        opt(st.lists(st.none() | texts, max_size=4).map(_array)),
+        opt(st.lists(st.none() | floats, max_size=3).map(_array)),
+        opt(st.lists(st.none() | json_docs, max_size=3).map(_array)),
+        opt(st.lists(st.none() | st.sampled_from(["t", "f"]), max_size=3).map(_array)),
+        opt(st.lists(st.none() | hexes, max_size=3).map(_array)),
+        opt(st.sampled_from(["{(1,2),(0,0);(3,4),(1,1)}", "{}"])),
+    )
+
+
+def _block(rows: list[tuple[str | None, ...]]) -> bytes:
+    return b"".join(b"\t".join(b"\\N" if v is None else _copy_escape(v) for v in row) + b"\n" for row in rows)
+
+
+@given(st.lists(_kinds_rows(), min_size=1, max_size=10))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_c_encoder_takes_floats_json_bytea_arrays(rows: list[tuple[str | None, ...]]) -> None:
+    """The server's texts of these kinds: the C encoder writes the reference's lines itself."""
+    block = _block(rows)
+    want: list[bytes] = []
+    JsonlEncoder(want.append).snapshot_rows(_KINDS_REL, rows, CP)
+    enc = fast.BlockEncoder(_KINDS_REL, CP)
+    assert enc._native is not None or fast._copyfast is None
+    if enc._native is not None:
+        assert _c(enc, block) == (b"".join(want[1:]), len(rows))
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 12), st.sampled_from(["null", " null", "x", "{1,,2}", "1e400", "\\xz", ""])),
+        max_size=4,
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_c_encoder_declines_or_agrees_on_odd_values(edits: list[tuple[int, str]]) -> None:
+    """A JSON null document, values only the Python converters read (or nobody does): the C
+    encoder declines the block or writes exactly what the Python path writes."""
+    row: list[str | None] = ["1", "1.5", "2.5", "{}", "[]", "\\x00", "{1}", "{a}", "{1.5}", "{}", "{t}", "{}", "{}"]
+    for col, value in edits:
+        if col:
+            row[col] = value
+    block = _block([tuple(row)])
+    enc = fast.BlockEncoder(_KINDS_REL, CP)
+    if enc._native is None:
+        return
+    c = _c(enc, block)
+    if c is not None:
+        assert c == fast.BlockEncoder(_KINDS_REL, CP).encode(block)
+
+
+def test_snapshot_of_the_new_kinds_from_the_server(
+    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str
+) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE k (id bigint PRIMARY KEY, f8 float8, f4 real, jb jsonb, by bytea, ia int[], ta text[], "
+            "fa float8[], ja jsonb[])"
+        )
+        c.execute(
+            "INSERT INTO k SELECT g, g / 7.0, g / 3.0, jsonb_build_object('g', g, 's', E'a\\nb'), "
+            "decode(md5(g::text), 'hex'), ARRAY[g, NULL, -g], ARRAY['x y', NULL, 'NULL', E'q\"'], "
+            "ARRAY[g * 1e-7, 'NaN'], ARRAY['{\"a\": 1}'::jsonb, 'null'] FROM generate_series(1, 3000) g"
+        )
+        c.execute("INSERT INTO k VALUES (0, 'Infinity', '-Infinity', '[]', '', '{}', '{}', '{}', '{}')")
+    counting = _Counting(fast._copyfast)
+    if native == "c":
+        monkeypatch.setattr(fast, "_copyfast", counting)
+    monkeypatch.setattr(fast, "BLOCK_BYTES", 8192)
+    got, want, n = _both_paths(db_dsn, tmp_path, "public.k")
+    assert n == 3001 and got == want
+    if native == "c":
+        assert counting.calls["encode"] > 20 and counting.declined == 0
