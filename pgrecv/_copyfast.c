@@ -211,6 +211,8 @@ release(obuf *b)
 static inline void
 add(obuf *b, const char *src, Py_ssize_t n)
 {
+    if (n == 0) /* b->p may still be NULL: memcpy(NULL, ..., 0) is undefined */
+        return;
     memcpy(b->p + b->len, src, (size_t)n);
     b->len += n;
 }
@@ -342,9 +344,8 @@ put_double(obuf *o, double d)
     if (e != NULL && e[1] == '-' && e[2] == '0' && e[3] == '5' && e[4] == '\0') {
         /* [-]d[.ddd]e-05 -> [-]0.0000dddd */
         const char *m = r;
-        rc = put(o, "-", *m == '-');
         if (*m == '-')
-            m++;
+            rc = put(o, "-", 1), m++;
         if (rc == OK)
             rc = put(o, "0.0000", 6);
         for (; rc == OK && m < e; m++)
