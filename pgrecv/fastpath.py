@@ -49,6 +49,7 @@ _U16: Final = struct.Struct(">H").unpack_from
 _LSN_NULL: Final = b'"lsn":null'
 _LSN_KEY: Final = b'"lsn":'
 _NEW: Final = IMAGE_FIELDS[0] + b"{"  # after an insert's head: where compile_row's image starts
+_ROW_TYPES: Final = frozenset(b"IUD")
 
 RowFn = Callable[[Any, int, bytes, bytes], bytes | None]
 
@@ -164,39 +165,58 @@ class FastRows:
         self._ready: dict[int, tuple[Relation, Any, list[Any]]] = {}
         self._refused: dict[int, Relation] = {}  # relations with no fast path, by id()
 
-    def row(self, data: Any, lsn: int) -> bool:
-        """Write the row change in ``data`` (a whole pgoutput message) if this path can; else False."""
-        if self._decoder.in_stream:  # an xid prefix moves every field
-            return False
-        try:
-            oid = _U32(data, 1)[0]
-        except struct.error:
-            return False
-        entry = self._ready.get(oid)
-        if entry is None or self._relations.get(oid) is not entry[0]:
-            entry = self._prepare(oid)
-            if entry is None:
+        self.row: Callable[[Any, int], bool] = self._row_function()
+        """``row(message, lsn)``: write the row change in ``message`` (a whole pgoutput message)
+        if this path can; else False."""
+
+    def _row_function(self) -> Callable[[Any, int], bool]:
+        """:attr:`row`, a closure over everything it reads: it runs once per message."""
+        decoder, encoder, ready, relations, write = (
+            self._decoder,
+            self._encoder,
+            self._ready,
+            self._relations,
+            self._write,
+        )
+        prepare, unpack = self._prepare, _U32
+        encode_row = copyfast.encode_row if copyfast is not None else None
+
+        def row(data: Any, lsn: int) -> bool:
+            if decoder.in_stream:  # an xid prefix moves every field
                 return False
-        rel, plan, cache = entry
-        ctx = self._encoder.context
-        if ctx is not cache[0]:
-            if ctx[3] is not None:  # rows of a prepared transaction carry more fields
-                return False
-            cache[0] = ctx
-            cache[1] = _heads(rel, ctx)
-        if self._native:
-            line = copyfast.encode_row(data, lsn, plan, cache[1])
-        elif data[0] == 0x49:  # 'I'
             try:
-                line = plan(data, lsn, cache[1][0], cache[1][1] + _NEW)
-            except (IndexError, struct.error, UnicodeDecodeError, TypeError, ValueError):
-                return False  # the reference path reports what is wrong
-        else:
-            return False
-        if line is None:
-            return False
-        self._write(line)
-        return True
+                oid = unpack(data, 1)[0]
+            except struct.error:
+                return False
+            entry = ready.get(oid)
+            if entry is None or relations.get(oid) is not entry[0]:
+                if data[0] not in _ROW_TYPES:
+                    return False
+                entry = prepare(oid)
+                if entry is None:
+                    return False
+            rel, plan, cache = entry
+            ctx = encoder.context
+            if ctx is not cache[0]:
+                if ctx[3] is not None:  # rows of a prepared transaction carry more fields
+                    return False
+                cache[0] = ctx
+                cache[1] = _heads(rel, ctx)
+            if encode_row is not None:
+                line = encode_row(data, lsn, plan, cache[1])
+            elif data[0] == 0x49:  # 'I'
+                try:
+                    line = plan(data, lsn, cache[1][0], cache[1][1] + _NEW)
+                except (IndexError, struct.error, UnicodeDecodeError, TypeError, ValueError):
+                    return False  # the reference path reports what is wrong
+            else:
+                return False
+            if line is None:
+                return False
+            write(line)
+            return True
+
+        return row
 
     def _prepare(self, oid: int) -> tuple[Relation, Any, list[Any]] | None:
         self._ready.pop(oid, None)

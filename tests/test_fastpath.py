@@ -318,6 +318,31 @@ def test_native_floats_as_orjson_writes_them(x: float) -> None:
     assert copyfast.float_json(x) == orjson.dumps(x)
 
 
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.lists(
+        st.from_regex(r"-?[0-9]{1,20}(\.[0-9]{0,20})?(e[+-]?[0-9]{1,3})?", fullmatch=True)
+        | st.floats(allow_nan=False).map(lambda x: f"{x:.{abs(hash(x)) % 18}e}"),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_float_texts_read_as_float_reads_them(values: list[str]) -> None:
+    """Decimal texts of every length and exponent: the C reader (a one-rounding fast path, else
+    strtod) gives the double float() gives, and so the same JSON."""
+    rel = struct.pack(">cI", b"R", 99) + b"public\x00t\x00d" + struct.pack(">H", 1)
+    rel += b"\x01f\x00" + struct.pack(">Ii", 701, -1)
+    rows = []
+    for v in values:
+        raw = v.encode()
+        rows.append(struct.pack(">cIcH", b"I", 99, b"N", 1) + b"t" + struct.pack(">I", len(raw)) + raw)
+    msgs = _transaction(rel, rows)
+    reference, _ = run(msgs, 1, fast=False, assemble=False)
+    fast, taken = run(msgs, 1, fast=True, assemble=False)
+    assert fast == reference
+    assert taken == len(rows) or not NATIVE
+
+
 def test_fallback_switch() -> None:
     """PGRECV_NO_NATIVE=1 turns the C extension off in pgrecv.native, the one place that loads it;
     unset (or 0), pgrecv.native has it whenever it is built."""
