@@ -154,6 +154,7 @@ def main() -> int:
             )
             os.unlink(raw)
             os.unlink(out)
+        startup = min(run([sys.executable, "-m", "pgrecv", "--version"], stdout=subprocess.DEVNULL) for _ in range(3))
         ref, ours, server = min(ref_times), min(our_times), min(server_times)
         print(
             f"{args.workload}, PostgreSQL {install.version}, best of {args.repeat}: server decoding {server:.2f} s  "
@@ -161,6 +162,7 @@ def main() -> int:
             f"ratio to the server's decoding {ours / server:.2f}  ({changes:,} row changes, {changes / ours:,.0f}/s; "
             f"pgrecv CPU {min(our_cpu) / changes * 1e6:.2f} µs per row change)"
         )
+        print(f"(pgrecv's interpreter start and imports alone, before it connects: {startup:.2f} s)")
     return 0
 
 
