@@ -15,7 +15,7 @@ Workloads:
            text, float8, boolean with REPLICA IDENTITY FULL; half of them updated (old and new
            images), a fifth deleted
 
-    python bench/stream.py [--workload inserts|mixed] [--rows N] [--txns 10] [--version 15] [--repeat 1]
+    python bench/stream.py [--workload inserts|mixed] [--rows N] [--txns 10] [--version 15] [--repeat 1] [--python]
 """
 
 from __future__ import annotations
@@ -83,6 +83,9 @@ def main() -> int:
     ap.add_argument("--txns", type=int, default=10)
     ap.add_argument("--version", type=int, default=15, help="PostgreSQL major version to run")
     ap.add_argument("--repeat", type=int, default=1, help="measure each side this many times, keep the best")
+    ap.add_argument(
+        "--python", action="store_true", help="also run pgrecv with PGRECV_NO_NATIVE=1 (its pure-Python encoders)"
+    )
     ap.add_argument("--streaming", default="off", help="pgrecv --streaming (off: like pg_recvlogical here)")
     args = ap.parse_args()
     mixed = args.workload == "mixed"
@@ -95,7 +98,7 @@ def main() -> int:
             conn.execute("CREATE PUBLICATION pub FOR TABLE bench")
             conn.execute("SELECT pg_create_logical_replication_slot('server', 'pgoutput')")
             for r in range(args.repeat):
-                for name in (f"ref{r}", f"pgrecv{r}"):
+                for name in (f"ref{r}", f"pgrecv{r}", f"py{r}"):
                     conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
             per = rows // args.txns
             print(
@@ -118,7 +121,7 @@ def main() -> int:
                     (changes,),
                 ).fetchone()[0]  # type: ignore[index]
             endpos = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]  # type: ignore[index]
-        ref_times, our_times, our_cpu, server_times = [], [], [], []
+        ref_times, our_times, our_cpu, server_times, py_times = [], [], [], [], []
         for r in range(args.repeat):
             with psycopg.connect(dsn, autocommit=True) as conn:
                 started = time.perf_counter()
@@ -154,6 +157,15 @@ def main() -> int:
             )
             os.unlink(raw)
             os.unlink(out)
+            if args.python:
+                py_times.append(
+                    run([
+                        sys.executable, "-m", "pgrecv", "start", "-d", dsn, "--slot", f"py{r}",
+                        "-E", endpos, "-f", str(out), "--no-loop", "--streaming", args.streaming, "-q",
+                    ], env={**os.environ, "PGRECV_NO_NATIVE": "1"})
+                )  # fmt: skip
+                print(f"       pgrecv with PGRECV_NO_NATIVE=1 {py_times[-1]:.2f} s (CPU {CPU[-1]:.2f} s)", flush=True)
+                os.unlink(out)
         startup = min(run([sys.executable, "-m", "pgrecv", "--version"], stdout=subprocess.DEVNULL) for _ in range(3))
         ref, ours, server = min(ref_times), min(our_times), min(server_times)
         print(
@@ -162,6 +174,11 @@ def main() -> int:
             f"ratio to the server's decoding {ours / server:.2f}  ({changes:,} row changes, {changes / ours:,.0f}/s; "
             f"pgrecv CPU {min(our_cpu) / changes * 1e6:.2f} µs per row change)"
         )
+        if py_times:
+            print(
+                f"pgrecv with PGRECV_NO_NATIVE=1: {min(py_times):.2f} s, "
+                f"ratio to pg_recvlogical {min(py_times) / ref:.2f}"
+            )
         print(f"(pgrecv's interpreter start and imports alone, before it connects: {startup:.2f} s)")
     return 0
 
