@@ -20,6 +20,7 @@ produces every error. Tests compare both paths on real captures, generated and g
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -50,6 +51,16 @@ _LSN_NULL: Final = b'"lsn":null'
 _LSN_KEY: Final = b'"lsn":'
 _NEW: Final = IMAGE_FIELDS[0] + b"{"  # after an insert's head: where compile_row's image starts
 _ROW_TYPES: Final = frozenset(b"IUD")
+# int() gives these texts back unchanged (no sign +, leading zero, "-0", "_" or space); orjson
+# writes integers up to 64 bits. Printable ASCII but '"' and '\\' is a JSON string once quoted.
+_INT_SHAPE: Final = re.compile(rb"(?:0|-?[1-9][0-9]{0,19})").fullmatch
+
+
+def _int_text(v: bytes) -> bool:
+    return _INT_SHAPE(v) is not None and (len(v) < 19 or -(2**63) <= int(v) <= 2**64 - 1)
+
+
+_PLAIN_TEXT: Final = re.compile(rb"[ !#-\[\]-~]*").fullmatch
 
 RowFn = Callable[[Any, int, bytes, bytes], bytes | None]
 
@@ -67,25 +78,36 @@ def compile_row(relation: Relation) -> RowFn | None:
     ]
     lines.append("    pos = 8")
     parts: list[str] = ["head", "(b'\"%X/%X\"' % (lsn >> 32, lsn & 0xFFFFFFFF) if lsn else b'null')", "mid"]
-    ns: dict[str, Any] = {"U16": _U16, "U32": _U32, "dumps": orjson.dumps}
+    ns: dict[str, Any] = {"U16": _U16, "U32": _U32, "dumps": orjson.dumps, "INT": _int_text, "PLAIN": _PLAIN_TEXT}
     keys = column_keys([c.name for c in relation.columns])
     for i, kind in enumerate(kinds):
         ns[f"K{i}"] = keys[i]
         parts += [f"K{i}", f"v{i}"]
+        # Only texts the reference's converter turns into the same bytes; anything else declines.
         if kind == Kind.RAW:
-            value = "data[s:pos]"
+            value = [f"        v{i} = data[s:pos]", f"        if not INT(v{i}):", "            return None"]
         elif kind == Kind.BOOL:
-            value = "(b'true' if data[s] == 116 else b'false')"
+            value = [
+                f"        v{i} = BOOL.get(data[s:pos])",
+                f"        if v{i} is None:",
+                "            return None",
+            ]
+            ns["BOOL"] = {b"t": b"true", b"f": b"false"}
         elif kind == Kind.QUOTE:
-            value = "b'\"' + data[s:pos] + b'\"'"
+            value = [
+                f"        v{i} = data[s:pos]",
+                f"        if not PLAIN(v{i}):",
+                "            return None",
+                f"        v{i} = b'\"' + v{i} + b'\"'",
+            ]
         else:
-            value = "dumps(str(data[s:pos], 'utf-8'))"
+            value = [f"        v{i} = dumps(str(data[s:pos], 'utf-8'))"]
         lines += [
             "    k = data[pos]",
             "    if k == 116:",
             "        s = pos + 5",
             "        pos = s + U32(data, pos + 1)[0]",
-            f"        v{i} = {value}",
+            *value,
             "    elif k == 110:",
             "        pos += 1",
             f"        v{i} = b'null'",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from pgrecv import events as ev
 from pgrecv import snapshot as snap
 from pgrecv import snapshot_fast as fast
 from pgrecv.jsonl import JsonlEncoder
+from pgrecv.native import ENV_SWITCH
 
 CP = 0x1_0000_00AB
 TEXTS = [
@@ -119,9 +121,17 @@ def _both_paths(dsn: str, tmp_path: Path, table: str) -> tuple[bytes, bytes, int
     return out[0], out[1], counts[0]
 
 
+# PGRECV_NO_NATIVE=1 (the whole suite on the Python fallback): the C part's own tests are skipped.
+# Without the switch they run, and fail if the C part was not built.
+SWITCHED_OFF = os.environ.get(ENV_SWITCH, "") not in ("", "0")
+needs_c = pytest.mark.skipif(SWITCHED_OFF, reason=f"{ENV_SWITCH} is set")
+
+
 @pytest.fixture(params=["c", "python"])
 def native(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both fast paths: with the C part of pgrecv._copyfast, and without it (as if not built)."""
+    if request.param == "c" and SWITCHED_OFF:
+        pytest.skip(f"{ENV_SWITCH} is set")
     if request.param == "python":
         monkeypatch.setattr(fast, "_copyfast", None)
     return str(request.param)
@@ -280,6 +290,7 @@ def test_random_texts_from_the_server(
 # --- the C part (pgrecv._copyfast) -----------------------------------------------------------
 
 
+@needs_c
 def test_c_part_is_built_and_bound(db_dsn: str) -> None:
     """The install built the C part and it found psycopg's libpq: the tests above ran through it."""
     assert fast._copyfast is not None, "pgrecv._copyfast was not built (is a C compiler installed?)"
@@ -340,6 +351,7 @@ _SIMPLE_ROW = st.tuples(
 )
 
 
+@needs_c
 @given(st.lists(_SIMPLE_ROW, min_size=1, max_size=20))
 @settings(max_examples=300, deadline=None)
 def test_c_encoder_matches_python_and_reference(rows: list[tuple[str | None, ...]]) -> None:
@@ -354,6 +366,7 @@ def test_c_encoder_matches_python_and_reference(rows: list[tuple[str | None, ...
 _PIECES = [b"\t", b"\n", b"\\N", b"\\", b"t", b"f", b'"', b"1", b"\x01", b"\xff", b"ab"]
 
 
+@needs_c
 @given(st.binary(max_size=200) | st.lists(st.sampled_from(_PIECES), max_size=60).map(b"".join))
 @settings(max_examples=1000, deadline=None)
 def test_c_encoder_on_malformed_blocks(block: bytes) -> None:
@@ -364,6 +377,7 @@ def test_c_encoder_on_malformed_blocks(block: bytes) -> None:
         assert c == fast.BlockEncoder(_SIMPLE, CP).encode(block)
 
 
+@needs_c
 def test_c_encoder_declines() -> None:
     enc = fast.BlockEncoder(_SIMPLE, CP)
     ok = b"1\tx\t1.5\tt\ty\n"
@@ -396,6 +410,7 @@ def test_c_encoder_declines() -> None:
     assert _c(enc, ok) == enc.encode(ok)
 
 
+@needs_c
 def test_write_to_hands_out_views_of_one_buffer() -> None:
     enc = fast.BlockEncoder(_SIMPLE, CP)
     got: list[bytes] = []
@@ -409,6 +424,7 @@ def test_write_to_hands_out_views_of_one_buffer() -> None:
         enc.write_to(blocks[0] * 2, kept.append)
 
 
+@needs_c
 def test_read_blocks_c_with_notices_during_the_copy(db_dsn: str) -> None:
     """libpq calls psycopg's notice handler from inside the C loop (which runs without the GIL)."""
     notices: list[str] = []
