@@ -331,11 +331,26 @@ enc_int(obuf *o, const char *s, Py_ssize_t n)
 
 /* A finite double as orjson writes it, by orjson itself: shortest round-trip digits in orjson's
  * own layout (1e-7, 0.00001, 1e+16), and a call costs less than Python's own float formatting.
- * Needs the GIL. */
+ * It needs the GIL: the snapshot's encoder, which runs without it (so that the COPY reader thread
+ * keeps the socket drained), sets gil_released and the GIL is taken for the call alone. */
 static PyObject *orjson_dumps = NULL;
+static _Thread_local int gil_released = 0;
+
+static int put_double_locked(obuf *o, double d);
 
 static int
 put_double(obuf *o, double d)
+{
+    if (!gil_released)
+        return put_double_locked(o, d);
+    PyGILState_STATE state = PyGILState_Ensure();
+    int rc = put_double_locked(o, d);
+    PyGILState_Release(state);
+    return rc;
+}
+
+static int
+put_double_locked(obuf *o, double d)
 {
     if (orjson_dumps == NULL) {
         PyObject *mod = PyImport_ImportModule("orjson");
@@ -418,8 +433,6 @@ parse_double(const char *s, Py_ssize_t n)
         d = exp < 0 ? d / POW10[-exp] : d * POW10[exp];
         return neg ? -d : d;
     }
-    if (c_locale == (locale_t)0)
-        c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
     char buf[64];
     memcpy(buf, s, (size_t)n);
     buf[n] = '\0';
@@ -786,15 +799,6 @@ fill(obuf *o, obuf *t1, obuf *t2, const char *p, const char *end, const block_pl
     return OK;
 }
 
-static int
-needs_gil(const char *kinds, const char *elems, Py_ssize_t n)
-{
-    for (Py_ssize_t j = 0; j < n; j++)
-        if (kinds[j] == FLOAT || (kinds[j] == ARRAY && elems[j] == FLOAT))
-            return 1;
-    return 0;
-}
-
 /* encode(block, out, kinds, elems, delims, head, keys, tail) -> (nbytes, rows) or None
  *
  * Each line of block (whole lines of COPY text, one byte of kinds per column, and for ARRAY
@@ -802,8 +806,8 @@ needs_gil(const char *kinds, const char *elems, Py_ssize_t n)
  * head + keys[0] + value + keys[1] + value ... + tail, written to the start of the bytearray
  * out (grown when too small, never shrunk). The caller's keys carry the commas and the names.
  * One output buffer reused for every block: a fresh megabyte per block would cost the page
- * faults of new memory each time. The work is done without the GIL unless a float column needs
- * Python's float formatting.
+ * faults of new memory each time. The work is done without the GIL (taken back for a float's
+ * formatting alone, see put_double).
  */
 static PyObject *
 encode(PyObject *Py_UNUSED(self), PyObject *args)
@@ -859,13 +863,11 @@ encode(PyObject *Py_UNUSED(self), PyObject *args)
     o.cap = dest.len;
     o.borrowed = 1;
     int rc;
-    if (needs_gil(kinds.buf, elems.buf, n)) {
-        rc = fill(&o, &t1, &t2, p, end, &bp);
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        rc = fill(&o, &t1, &t2, p, end, &bp);
-        Py_END_ALLOW_THREADS
-    }
+    Py_BEGIN_ALLOW_THREADS
+    gil_released = 1;
+    rc = fill(&o, &t1, &t2, p, end, &bp);
+    gil_released = 0;
+    Py_END_ALLOW_THREADS
     if (rc != OK) {
         result = Py_NewRef(Py_None);
         goto done;
@@ -1402,5 +1404,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__copyfast(void)
 {
+    /* Made once, here: the encoders read it from threads that do not hold the GIL. Without it
+     * parse_double leaves long float texts to float(). */
+    if (c_locale == (locale_t)0)
+        c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
     return PyModule_Create(&module);
 }
