@@ -158,6 +158,7 @@ def main() -> int:
             os.unlink(raw)
             os.unlink(out)
             if args.python:
+                out = Path(tmp) / f"py{r}.jsonl"  # a file of its own: pgrecv resumes a file it wrote before
                 py_times.append(
                     run([
                         sys.executable, "-m", "pgrecv", "start", "-d", dsn, "--slot", f"py{r}",
