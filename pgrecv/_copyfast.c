@@ -1248,9 +1248,11 @@ put_image(obuf *o, const plan *pl, const obuf *vals, const colval *cv, int keyon
     return put(o, "}", 1);
 }
 
-/* Buffers reused by every call: the row encoder runs with the GIL held, never re-entered (the
- * Python converters it calls do not encode rows). */
+/* Buffers reused by every call: the row encoder runs with the GIL held. A Python converter it
+ * calls may let another thread run, and that thread's encode_row finds `busy` set and declines
+ * (its caller takes the reference path) rather than share the buffers. */
 static obuf line_buf, new_vals, old_vals, tmp_buf;
+static int busy = 0;
 static colval *cv_new, *cv_old;
 static Py_ssize_t cv_cap;
 
@@ -1359,10 +1361,14 @@ encode_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
     if (PyObject_GetBuffer(args[0], &msg, PyBUF_SIMPLE) < 0)
         return NULL;
     PyObject *result;
-    if (msg.len >= 1 && encode_message(pl, msg.buf, msg.len, lsn, args[3]) == OK)
-        result = PyBytes_FromStringAndSize(line_buf.p, line_buf.len);
-    else
+    if (!busy && msg.len >= 1) {
+        busy = 1;
+        int rc = encode_message(pl, msg.buf, msg.len, lsn, args[3]);
+        result = rc == OK ? PyBytes_FromStringAndSize(line_buf.p, line_buf.len) : Py_NewRef(Py_None);
+        busy = 0;
+    } else {
         result = Py_NewRef(Py_None);
+    }
     PyBuffer_Release(&msg);
     return result;
 }

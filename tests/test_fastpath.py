@@ -367,3 +367,30 @@ def test_uncovered_types_have_no_python_fast_path() -> None:
     )
     assert compile_row(covered) is not None
     assert compile_row(other) is None
+
+
+@pytest.mark.skipif(not NATIVE, reason="the C extension is not built or PGRECV_NO_NATIVE is set")
+def test_row_encoder_declines_while_it_is_busy() -> None:
+    """A converter the C encoder calls may let another thread run; an encode_row from there must
+    not share the buffers of the one in progress: it declines (its caller takes the reference)."""
+    from pgrecv.jsonl_format import IMAGE_FIELDS, OLD_KINDS, Kind
+    from pgrecv.values import JSON_NULL, binary_converter
+
+    assert copyfast is not None
+    inner: list[bytes | None] = []
+    msg = struct.pack(">cIcH", b"I", 99, b"N", 1) + b"t" + struct.pack(">I", 1) + b"x"
+    heads = (b'{"before":', b',"after":0') * 3
+
+    def converter(text: str) -> str:
+        inner.append(copyfast.encode_row(msg, 1, plan, heads))  # type: ignore[union-attr]
+        return text.upper()
+
+    plan = copyfast.make_plan(
+        bytes([Kind.OTHER]), b"\0", b",", b"\0", b"\1", (b'"a"',), (converter,), (binary_converter(25),),
+        IMAGE_FIELDS, OLD_KINDS, orjson.dumps, JSON_NULL,
+    )  # fmt: skip
+    line = copyfast.encode_row(msg, 0x10, plan, heads)
+    assert line == b'{"before":"0/10","after":0,"new":{"a":"X"},"unchanged_toast":[]}\n'
+    assert inner == [None]
+    assert copyfast.encode_row(msg, 0x10, plan, heads) == line  # and it is free again afterwards
+    assert inner == [None, None]
