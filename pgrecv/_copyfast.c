@@ -441,6 +441,89 @@ parse_double(const char *s, Py_ssize_t n)
     return strtod_l(buf, NULL, c_locale);
 }
 
+/* The JSON of float(text), without the double: for at most 15 significant digits and a value in
+ * the range of normal doubles, the double's shortest round-trip text (what orjson writes) has
+ * exactly these digits, trailing zeros aside: two different decimals of 15 digits or fewer never
+ * read as the same double. Only orjson's layout is left to do: fixed notation for decimal
+ * exponents -5 to 15 (always with a fraction), else d[.ddd]e+x / e-x. No GIL needed: the
+ * snapshot's encoder takes this path for most floats. FALLBACK before writing anything. */
+static int
+short_float(obuf *o, const char *s, Py_ssize_t n)
+{
+    char dig[16];
+    int k = 0, neg = s[0] == '-', seen = 0;
+    long scale = 0, exp = 0;
+    Py_ssize_t i = neg;
+    for (; i < n && s[i] != 'e'; i++) {
+        if (s[i] == '.') {
+            seen = 1;
+            continue;
+        }
+        if (k == 0 && s[i] == '0') {
+            scale -= seen;
+            continue;
+        }
+        if (k == 15)
+            return FALLBACK;
+        dig[k++] = s[i];
+        scale -= seen;
+    }
+    if (i < n) { /* 'e' */
+        i++;
+        int eneg = s[i] == '-';
+        if (s[i] == '-' || s[i] == '+')
+            i++;
+        for (; i < n; i++) {
+            exp = exp * 10 + (s[i] - '0');
+            if (exp > 1000)
+                return FALLBACK;
+        }
+        if (eneg)
+            exp = -exp;
+    }
+    if (k == 0)
+        return neg ? put(o, "-0.0", 4) : put(o, "0.0", 3);
+    exp += scale; /* the value is dig[0:k] * 10^exp */
+    while (k > 1 && dig[k - 1] == '0')
+        k--, exp++;
+    long e = k - 1 + exp; /* d.ddd * 10^e */
+    if (e < -300 || e > 300)
+        return FALLBACK;
+    NEED(o, 48);
+    char *w = o->p + o->len;
+    if (neg)
+        *w++ = '-';
+    if (e >= -5 && e < 16) {
+        if (e >= 0) {
+            for (long j = 0; j <= e; j++)
+                *w++ = j < k ? dig[j] : '0';
+            *w++ = '.';
+            if (k > e + 1)
+                for (long j = e + 1; j < k; j++)
+                    *w++ = dig[j];
+            else
+                *w++ = '0';
+        } else {
+            *w++ = '0';
+            *w++ = '.';
+            for (long j = 0; j < -e - 1; j++)
+                *w++ = '0';
+            for (int j = 0; j < k; j++)
+                *w++ = dig[j];
+        }
+    } else {
+        *w++ = dig[0];
+        if (k > 1) {
+            *w++ = '.';
+            for (int j = 1; j < k; j++)
+                *w++ = dig[j];
+        }
+        w += sprintf(w, "e%c%ld", e < 0 ? '-' : '+', e < 0 ? -e : e);
+    }
+    o->len = w - o->p;
+    return OK;
+}
+
 /* float(text): a JSON number when finite, else the text itself as a string (JSON has no NaN).
  * Only the forms float8out writes are read here; float() takes the rest. Needs the GIL. */
 static int
@@ -473,6 +556,9 @@ enc_float(obuf *o, const char *s, Py_ssize_t n)
     }
     if (i != n)
         return FALLBACK;
+    int rc = short_float(o, s, n);
+    if (rc != FALLBACK)
+        return rc;
     double d = parse_double(s, n);
     if (isnan(d))
         return FALLBACK;

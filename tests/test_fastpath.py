@@ -345,6 +345,15 @@ def test_float_texts_read_as_float_reads_them(values: list[str]) -> None:
     assert taken == len(rows) or not NATIVE
 
 
+def test_float_texts_at_the_layout_boundaries() -> None:
+    """orjson's layout changes at decimal exponents -5/-6 and 15/16; the C encoder lays out texts of
+    15 digits or fewer itself and must switch at the same places."""
+    mantissas = ["1", "-1", "1.5", "123456789012345", "9.99999999999999", "100", "0.000"]
+    texts = [f"{m}e{e}" for m in mantissas for e in (-7, -6, -5, -4, 0, 14, 15, 16, 17, 300, -300, 301, -301)]
+    texts += ["0", "-0", "0.00001", "0.000001", "1000000000000000", "10000000000000000", "5e-324", "1e308"]
+    test_float_texts_read_as_float_reads_them.hypothesis.inner_test(texts)  # type: ignore[attr-defined]
+
+
 def test_fallback_switch() -> None:
     """PGRECV_NO_NATIVE=1 turns the C extension off in pgrecv.native, the one place that loads it;
     unset (or 0), pgrecv.native has it whenever it is built."""
