@@ -841,31 +841,35 @@ fill(obuf *o, obuf *t1, obuf *t2, const char *p, const char *end, const block_pl
             return DECLINE;
         for (Py_ssize_t j = 0; j < n; j++) {
             char want = j == n - 1 ? '\n' : '\t';
-            const char *q = memchr(p, want, (size_t)(end - p));
-            if (q == NULL)
-                return DECLINE;
-            const char *stop = memchr(p, want == '\n' ? '\t' : '\n', (size_t)(q - p));
-            if (stop != NULL)
+            const char *q = p;
+            int escaped = 0, wide = 0;
+            while (q < end && *q != '\t' && *q != '\n') {
+                escaped |= *q == '\\';
+                wide |= (unsigned char)*q++ >= 0x80;
+            }
+            if (q == end || *q != want)
                 return DECLINE;
             Py_ssize_t len = q - p;
-            if (put(o, bp->keys[j].ptr, bp->keys[j].len) != OK)
-                return DECLINE;
+            NEED(o, bp->keys[j].len + len + 8);
+            add(o, bp->keys[j].ptr, bp->keys[j].len);
             int rc, jn = 0, kind = bp->kinds[j];
             if (len == 2 && p[0] == '\\' && p[1] == 'N') {
-                rc = put(o, "null", 4);
-            } else if (kind == RAW && memchr(p, '\\', (size_t)len) == NULL) {
-                rc = put(o, p, len); /* the server's own integer text */
+                add(o, "null", 4);
+                rc = OK;
+            } else if (kind == RAW && !escaped) {
+                add(o, p, len); /* the server's own integer text */
+                rc = OK;
             } else {
                 const char *v = p;
                 Py_ssize_t vlen = len;
-                if (memchr(p, '\\', (size_t)len) != NULL) {
+                if (escaped) {
                     if (copy_unescape(t1, p, len) != OK)
                         return DECLINE;
                     v = t1->p;
                     vlen = t1->len;
                 }
                 /* Not valid UTF-8: the Python path decides (it checks such a column as a whole). */
-                if (!ascii_only((const unsigned char *)v, vlen) && !valid_utf8((const unsigned char *)v, vlen))
+                if (wide && !valid_utf8((const unsigned char *)v, vlen))
                     return DECLINE;
                 if (kind == RAW)
                     rc = enc_int(o, v, vlen);
