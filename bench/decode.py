@@ -217,21 +217,17 @@ def jsonl_all(msgs: Sequence[bytes], generated: bool = True) -> Callable[[], obj
 
 
 def fused_all(msgs: Sequence[bytes]) -> Callable[[], object]:
-    from pgrecv.fastpath import FastInserts
+    from pgrecv.fastpath import FastRows
     from pgrecv.jsonl import JsonlEncoder
 
     def run() -> None:
         out: list[bytes] = []
         encoder = JsonlEncoder(out.append)
         decoder = PgOutputDecoder(1)
-        fast = FastInserts(encoder, decoder, out.append)
+        fast = FastRows(encoder, decoder, out.append)
         for m in msgs:
-            if m[0] == 0x49 and fast.insert(m, 1):
-                continue
-            event = decoder.decode(m, 1)
-            encoder.feed(event)
-            if isinstance(event, Insert):
-                fast.learn(event)
+            if not fast.row(m, 1):
+                encoder.feed(decoder.decode(m, 1))
 
     return run
 

@@ -1,11 +1,21 @@
 #!/usr/bin/env python3
 """Streaming throughput: `pgrecv start` (pgoutput -> typed JSONL file, durable) against
-`pg_recvlogical` (pgoutput, raw to a file) on the same slot backlog, in the same run.
+`pg_recvlogical` (pgoutput, raw to a file) and against the server's own decoding, on the same
+slot backlog, in the same run.
 
-Both read a backlog of ROWS rows in TXNS transactions from their own slot, created before the
-workload, up to the same end position. Prints both wall times and the ratio (target <= 1.2).
+Each reads the backlog from its own slot, created before the workload, up to the same end
+position; the server's decoding is ``count(*)`` over ``pg_logical_slot_peek_binary_changes`` on a
+slot of its own (the limit a client could reach: the server decodes, nobody writes). Prints the
+wall times, the ratios and pgrecv's CPU (user + system) per row change. With ``--repeat N`` each
+is measured N times, interleaved, and the best of each is kept (the machine may be shared).
 
-    python bench/stream.py [--rows 1000000] [--txns 10] [--version 15] [--repeat 1]
+Workloads:
+  inserts  ROWS rows into a 6-column table (bigint, int, numeric, text, timestamptz, boolean)
+  mixed    ROWS rows into a table of numeric(12,2), jsonb, int[], timestamptz, uuid, bytea,
+           text, float8, boolean with REPLICA IDENTITY FULL; half of them updated (old and new
+           images), a fifth deleted
+
+    python bench/stream.py [--workload inserts|mixed] [--rows N] [--txns 10] [--version 15] [--repeat 1] [--python]
 """
 
 from __future__ import annotations
@@ -29,6 +39,27 @@ from pgrecv.server import TempServer, find_installation, find_installations  # n
 TABLE = """CREATE TABLE bench (
     id bigint PRIMARY KEY, account int NOT NULL, amount numeric(12,2), note text,
     created timestamptz NOT NULL DEFAULT now(), flag boolean)"""
+INSERTS = (
+    "INSERT INTO bench (id, account, amount, note, flag) "
+    "SELECT g, g %% 1000, (g %% 100000) / 100.0, 'note ' || g, g %% 2 = 0 "
+    "FROM generate_series(%s::bigint, %s::bigint) g"
+)
+MIXED_TABLE = """CREATE TABLE bench (
+    id bigint PRIMARY KEY, amount numeric(12,2), doc jsonb, ids int[], at timestamptz, uid uuid,
+    blob bytea, note text, score float8, ok boolean);
+ALTER TABLE bench REPLICA IDENTITY FULL"""
+MIXED = (
+    "INSERT INTO bench SELECT g, (g %% 100000) / 100.0, "
+    "jsonb_build_object('id', g, 'tags', jsonb_build_array('a', g %% 7), 'ok', g %% 2 = 0), "
+    "ARRAY[g, g %% 100, -g]::int[], '2026-01-01'::timestamptz + g * interval '1 s', md5(g::text)::uuid, "
+    "decode(md5(g::text), 'hex'), 'note ' || g, g / 7.0, g %% 3 = 0 "
+    "FROM generate_series(%s::bigint, %s::bigint) g"
+)
+MIXED_UPDATE = (
+    "UPDATE bench SET amount = amount + 1, note = note || ' updated', score = score * 2 "
+    "WHERE id %% 2 = 0 AND id BETWEEN %s AND %s"
+)
+MIXED_DELETE = "DELETE FROM bench WHERE id %% 5 = 0 AND id BETWEEN %s AND %s"
 
 
 def run(cmd: list[str], **kw: object) -> float:
@@ -47,35 +78,59 @@ CPU: list[float] = []
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--workload", choices=("inserts", "mixed"), default="inserts")
+    ap.add_argument("--rows", type=int, default=None, help="rows inserted (default 1M inserts, 300k mixed)")
     ap.add_argument("--txns", type=int, default=10)
     ap.add_argument("--version", type=int, default=15, help="PostgreSQL major version to run")
     ap.add_argument("--repeat", type=int, default=1, help="measure each side this many times, keep the best")
+    ap.add_argument(
+        "--python", action="store_true", help="also run pgrecv with PGRECV_NO_NATIVE=1 (its pure-Python encoders)"
+    )
     ap.add_argument("--streaming", default="off", help="pgrecv --streaming (off: like pg_recvlogical here)")
     args = ap.parse_args()
+    mixed = args.workload == "mixed"
+    rows = args.rows or (300_000 if mixed else 1_000_000)
     install = find_installation(args.version) or max(find_installations(), key=lambda i: i.version)
     with TempServer(install, settings={"max_wal_size": "4GB"}) as server, tempfile.TemporaryDirectory() as tmp:
         dsn = server.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(TABLE)
+            conn.execute(MIXED_TABLE if mixed else TABLE)
             conn.execute("CREATE PUBLICATION pub FOR TABLE bench")
+            conn.execute("SELECT pg_create_logical_replication_slot('server', 'pgoutput')")
             for r in range(args.repeat):
-                for name in (f"ref{r}", f"pgrecv{r}"):
+                for name in (f"ref{r}", f"pgrecv{r}", f"py{r}"):
                     conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
-            per = args.rows // args.txns
+            per = rows // args.txns
             print(
-                f"PostgreSQL {install.version}: writing {args.rows:,} rows in {args.txns} transactions ...", flush=True
+                f"PostgreSQL {install.version}, {args.workload}: writing {rows:,} rows in {args.txns} transactions"
+                + (" (then updating half, deleting a fifth)" if mixed else "")
+                + " ...",
+                flush=True,
             )
             for t in range(args.txns):
-                conn.execute(
-                    "INSERT INTO bench (id, account, amount, note, flag) "
-                    "SELECT g, g %% 1000, (g %% 100000) / 100.0, 'note ' || g, g %% 2 = 0 "
-                    "FROM generate_series(%s::bigint, %s::bigint) g",
-                    (t * per + 1, (t + 1) * per),
-                )
+                conn.execute(MIXED if mixed else INSERTS, (t * per + 1, (t + 1) * per))
+            if mixed:
+                for statement in (MIXED_UPDATE, MIXED_DELETE):
+                    for t in range(args.txns):
+                        conn.execute(statement, (t * per + 1, (t + 1) * per))
+            changes = per * args.txns
+            if mixed:
+                changes += conn.execute(
+                    "SELECT count(*) FILTER (WHERE g %% 2 = 0) + count(*) FILTER (WHERE g %% 5 = 0) "
+                    "FROM generate_series(1, %s) g",
+                    (changes,),
+                ).fetchone()[0]  # type: ignore[index]
             endpos = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]  # type: ignore[index]
-        ref_times, our_times = [], []
+        ref_times, our_times, our_cpu, server_times, py_times = [], [], [], [], []
         for r in range(args.repeat):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                started = time.perf_counter()
+                decoded = conn.execute(
+                    "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('server', %s, NULL, "
+                    "'proto_version', '1', 'publication_names', 'pub')",
+                    (endpos,),
+                ).fetchone()[0]  # type: ignore[index]
+                server_times.append(time.perf_counter() - started)
             raw = Path(tmp) / f"ref{r}.raw"
             ref_times.append(
                 run([
@@ -91,19 +146,41 @@ def main() -> int:
                     "-E", endpos, "-f", str(out), "--no-loop", "--streaming", args.streaming, "-q",
                 ])
             )  # fmt: skip
+            our_cpu.append(CPU[-1])
             lines = sum(1 for _ in out.open("rb"))
             print(
-                f"run {r + 1}: pg_recvlogical {ref_times[-1]:.2f} s (CPU {CPU[-2]:.2f} s, "
-                f"{raw.stat().st_size / 1e6:.0f} MB raw), pgrecv {our_times[-1]:.2f} s (CPU {CPU[-1]:.2f} s, "
-                f"{out.stat().st_size / 1e6:.0f} MB, {lines:,} JSONL lines)"
+                f"run {r + 1}: server decoding {server_times[-1]:.2f} s ({decoded:,} messages), "
+                f"pg_recvlogical {ref_times[-1]:.2f} s (CPU {CPU[-2]:.2f} s, {raw.stat().st_size / 1e6:.0f} MB raw), "
+                f"pgrecv {our_times[-1]:.2f} s (CPU {CPU[-1]:.2f} s, {out.stat().st_size / 1e6:.0f} MB, "
+                f"{lines:,} JSONL lines)",
+                flush=True,
             )
             os.unlink(raw)
             os.unlink(out)
-        ref, ours = min(ref_times), min(our_times)
+            if args.python:
+                out = Path(tmp) / f"py{r}.jsonl"  # a file of its own: pgrecv resumes a file it wrote before
+                py_times.append(
+                    run([
+                        sys.executable, "-m", "pgrecv", "start", "-d", dsn, "--slot", f"py{r}",
+                        "-E", endpos, "-f", str(out), "--no-loop", "--streaming", args.streaming, "-q",
+                    ], env={**os.environ, "PGRECV_NO_NATIVE": "1"})
+                )  # fmt: skip
+                print(f"       pgrecv with PGRECV_NO_NATIVE=1 {py_times[-1]:.2f} s (CPU {CPU[-1]:.2f} s)", flush=True)
+                os.unlink(out)
+        startup = min(run([sys.executable, "-m", "pgrecv", "--version"], stdout=subprocess.DEVNULL) for _ in range(3))
+        ref, ours, server = min(ref_times), min(our_times), min(server_times)
         print(
-            f"pg_recvlogical: {ref:.2f} s  pgrecv: {ours:.2f} s  ratio: {ours / ref:.2f} "
-            f"({args.rows / ours:,.0f} rows/s)"
+            f"{args.workload}, PostgreSQL {install.version}, best of {args.repeat}: server decoding {server:.2f} s  "
+            f"pg_recvlogical {ref:.2f} s  pgrecv {ours:.2f} s  ratio to pg_recvlogical {ours / ref:.2f}  "
+            f"ratio to the server's decoding {ours / server:.2f}  ({changes:,} row changes, {changes / ours:,.0f}/s; "
+            f"pgrecv CPU {min(our_cpu) / changes * 1e6:.2f} µs per row change)"
         )
+        if py_times:
+            print(
+                f"pgrecv with PGRECV_NO_NATIVE=1: {min(py_times):.2f} s, "
+                f"ratio to pg_recvlogical {min(py_times) / ref:.2f}"
+            )
+        print(f"(pgrecv's interpreter start and imports alone, before it connects: {startup:.2f} s)")
     return 0
 
 

@@ -1,4 +1,16 @@
-/* The C half of pgrecv snapshot's hot path (the Python half is pgrecv/snapshot_fast.py).
+/* pgrecv's native encoders, one module with one boundary: pgrecv.native imports it (or not).
+ *
+ * The value encoders in the middle turn a value's text (or binary send form) into the JSON that
+ * pgrecv.jsonl.JsonlEncoder writes for it, byte for byte, for each kind of pgrecv.jsonl_format:
+ * integers, quoted and escaped strings, booleans, floats, json/jsonb, bytea, arrays. A value an
+ * encoder does not do exactly returns FALLBACK, and the reference's converter (a Python callable
+ * of pgrecv.values) makes it; a row or block they cannot do is declined (None), and the caller
+ * takes the reference path, which also reports every error. Tests prove all paths identical.
+ *
+ * Two users:
+ *  - encode_row(): a pgoutput Insert/Update/Delete message straight to its JSONL line (the
+ *    stream's hot path, pgrecv.fastpath), every length bounds-checked;
+ *  - encode(): blocks of COPY text lines to snapshot JSON lines (pgrecv.snapshot_fast).
  *
  * read(): libpq hands out COPY data one CopyData message, that is one row, per PQgetCopyData
  * call; from Python each call costs a tuple, a memoryview and a buffer object. read() makes those
@@ -7,16 +19,14 @@
  * It must call the very libpq that created the connection (PGconn is opaque and its layout
  * changes between releases), so nothing is linked at build time: bind() takes the path of the
  * libpq already loaded in the process and looks its functions up with dlopen(RTLD_NOLOAD).
- *
- * encode(): COPY text lines to snapshot JSON lines for the columns that need no more than
- * copying, quoting, t/f -> true/false or escaping a text (BlockEncoder's RAW, QUOTE, BOOL and TEXT
- * kinds), without the GIL. It declines (returns None) what it does not do exactly as the
- * reference encoder (pgrecv.jsonl) would: a malformed line, a text that is not valid UTF-8. The
- * caller then takes its Python path; tests prove all paths byte-identical.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <locale.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,19 +149,81 @@ read_copy(PyObject *Py_UNUSED(self), PyObject *args)
     return Py_BuildValue("(iN)", status, data);
 }
 
-/* Column kinds, as numbered in snapshot_fast.py. */
-enum { RAW = 0, QUOTE = 1, BOOL = 2, TEXT = 3 };
+/* ---- value encoders, shared by the snapshot's block encoder and the row encoder ------------- */
+
+/* Column kinds, as numbered in pgrecv.jsonl_format.Kind and BinaryKind. */
+enum { RAW = 0, QUOTE = 1, BOOL = 2, TEXT = 3, OTHER = 4, FLOAT = 5, JSON = 6, BYTEA = 7, ARRAY = 8 };
+enum { B_PY = 0, B_INT2, B_INT4, B_INT8, B_UINT4, B_UINT8, B_BOOL, B_FLOAT8, B_UTF8, B_BYTEA, B_JSON, B_JSONB,
+       B_UUID };
+/* What an encoder returns: done, "the Python converter must do this value", "decline the row". */
+enum { OK = 0, FALLBACK = 1, DECLINE = -1 };
 
 typedef struct {
     const char *ptr;
     Py_ssize_t len;
 } piece;
 
-static inline char *
-put(char *o, const char *src, Py_ssize_t n)
+/* A growable output buffer (malloc'd: usable without the GIL). */
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+    int borrowed; /* p is somebody else's memory (a bytearray's): copied out when it must grow */
+} obuf;
+
+static int
+grow(obuf *b, Py_ssize_t more)
 {
-    memcpy(o, src, (size_t)n);
-    return o + n;
+    if (more > PY_SSIZE_T_MAX / 4 - b->len)
+        return -1;
+    Py_ssize_t want = b->cap ? b->cap : 1024;
+    while (want - b->len < more)
+        want *= 2;
+    char *q;
+    if (b->borrowed) {
+        q = malloc((size_t)want);
+        if (q != NULL && b->len)
+            memcpy(q, b->p, (size_t)b->len);
+    } else {
+        q = realloc(b->p, (size_t)want);
+    }
+    if (q == NULL)
+        return -1;
+    b->p = q;
+    b->cap = want;
+    b->borrowed = 0;
+    return 0;
+}
+
+static void
+release(obuf *b)
+{
+    if (!b->borrowed)
+        free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+#define NEED(b, n)                                                                                               \
+    do {                                                                                                         \
+        if ((b)->cap - (b)->len < (Py_ssize_t)(n) && grow((b), (Py_ssize_t)(n)) < 0)                            \
+            return DECLINE;                                                                                      \
+    } while (0)
+
+static inline void
+add(obuf *b, const char *src, Py_ssize_t n)
+{
+    if (n == 0) /* b->p may still be NULL: memcpy(NULL, ..., 0) is undefined */
+        return;
+    memcpy(b->p + b->len, src, (size_t)n);
+    b->len += n;
+}
+
+static int
+put(obuf *b, const char *src, Py_ssize_t n)
+{
+    NEED(b, n);
+    add(b, src, n);
+    return OK;
 }
 
 /* Is s[0:n] UTF-8 as Python decodes it (no overlong forms, no surrogates, nothing past U+10FFFF)? */
@@ -193,16 +265,547 @@ valid_utf8(const unsigned char *s, Py_ssize_t n)
     return 1;
 }
 
-/* A text field that needs more than quotes: COPY's escapes undone as psycopg undoes them
- * (\b \f \n \r \t \v \\; any other backslash stays), then escaped as orjson escapes a str
- * (\" \\ \b \t \n \f \r, \u00XX for the other control bytes). */
-static char *
-escaped_text(char *o, const char *p, Py_ssize_t len)
+static int
+ascii_only(const unsigned char *s, Py_ssize_t n)
 {
-    static const char hex[] = "0123456789abcdef";
-    *o++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] & 0x80)
+            return 0;
+    return 1;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* A JSON string of valid UTF-8 s[0:n], escaped as orjson escapes a str: \" \\ \b \t \n \f \r,
+ * \u00XX for the other control bytes, everything else as it is. */
+static int
+put_string(obuf *o, const unsigned char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n && s[i] >= 0x20 && s[i] != '"' && s[i] != '\\')
+        i++;
+    NEED(o, i == n ? n + 2 : n * 6 + 2);
+    o->p[o->len++] = '"';
+    add(o, (const char *)s, i);
+    char *w = o->p + o->len;
+    for (; i < n; i++) {
+        unsigned char c = s[i];
+        switch (c) {
+        case '"': *w++ = '\\'; *w++ = '"'; break;
+        case '\\': *w++ = '\\'; *w++ = '\\'; break;
+        case '\b': *w++ = '\\'; *w++ = 'b'; break;
+        case '\t': *w++ = '\\'; *w++ = 't'; break;
+        case '\n': *w++ = '\\'; *w++ = 'n'; break;
+        case '\f': *w++ = '\\'; *w++ = 'f'; break;
+        case '\r': *w++ = '\\'; *w++ = 'r'; break;
+        default:
+            if (c < 0x20) {
+                memcpy(w, "\\u00", 4);
+                w[4] = HEX[c >> 4];
+                w[5] = HEX[c & 15];
+                w += 6;
+            } else {
+                *w++ = (char)c;
+            }
+        }
+    }
+    *w++ = '"';
+    o->len = w - o->p;
+    return OK;
+}
+
+/* int(text) as orjson writes it, for the canonical decimal text the server sends; anything else
+ * (a leading zero, "-0", a sign "+", spaces, 19 digits or more) is left to int() itself. */
+static int
+enc_int(obuf *o, const char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = n > 0 && s[0] == '-';
+    Py_ssize_t digits = n - i;
+    if (digits < 1 || digits > 18 || (s[i] == '0' && (digits > 1 || i)))
+        return FALLBACK;
+    for (Py_ssize_t k = i; k < n; k++)
+        if (s[k] < '0' || s[k] > '9')
+            return FALLBACK;
+    return put(o, s, n);
+}
+
+/* A finite double as orjson writes it, by orjson itself: shortest round-trip digits in orjson's
+ * own layout (1e-7, 0.00001, 1e+16), and a call costs less than Python's own float formatting.
+ * It needs the GIL: the snapshot's encoder, which runs without it (so that the COPY reader thread
+ * keeps the socket drained), sets gil_released and the GIL is taken for the call alone. */
+static PyObject *orjson_dumps = NULL;
+static _Thread_local int gil_released = 0;
+
+static int put_double_locked(obuf *o, double d);
+
+static int
+put_double(obuf *o, double d)
+{
+    if (!gil_released)
+        return put_double_locked(o, d);
+    PyGILState_STATE state = PyGILState_Ensure();
+    int rc = put_double_locked(o, d);
+    PyGILState_Release(state);
+    return rc;
+}
+
+static int
+put_double_locked(obuf *o, double d)
+{
+    if (orjson_dumps == NULL) {
+        PyObject *mod = PyImport_ImportModule("orjson");
+        if (mod == NULL) {
+            PyErr_Clear();
+            return DECLINE;
+        }
+        orjson_dumps = PyObject_GetAttrString(mod, "dumps");
+        Py_DECREF(mod);
+        if (orjson_dumps == NULL) {
+            PyErr_Clear();
+            return DECLINE;
+        }
+    }
+    PyObject *f = PyFloat_FromDouble(d);
+    if (f == NULL) {
+        PyErr_Clear();
+        return DECLINE;
+    }
+    PyObject *b = PyObject_CallOneArg(orjson_dumps, f);
+    Py_DECREF(f);
+    if (b == NULL || !PyBytes_Check(b)) {
+        Py_XDECREF(b);
+        PyErr_Clear();
+        return DECLINE;
+    }
+    int rc = put(o, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    Py_DECREF(b);
+    return rc;
+}
+
+/* The double nearest to the decimal text s[0:n] (already checked to be [-]digits[.digits][e[+-]digits]),
+ * as float() reads it: exactly, with one rounding (Clinger's fast path) when at most 15
+ * significant digits scaled by a power of ten up to 22, else by strtod in the C locale (glibc's is
+ * correctly rounded, as Python's own reader is). */
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+static locale_t c_locale = (locale_t)0;
+
+static double
+parse_double(const char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    int neg = s[0] == '-';
+    i += neg;
+    uint64_t m = 0;
+    int digits = 0, scale = 0, seen = 0;
+    for (; i < n && s[i] != 'e'; i++) {
+        if (s[i] == '.') {
+            seen = 1;
+            continue;
+        }
+        if (digits == 0 && s[i] == '0') { /* leading zeros count for nothing but the scale */
+            scale -= seen;
+            continue;
+        }
+        if (digits < 19)
+            m = m * 10 + (uint64_t)(s[i] - '0');
+        digits++;
+        scale -= seen;
+    }
+    long exp = 0;
+    int big = 0;
+    if (i < n) { /* 'e' */
+        i++;
+        int eneg = s[i] == '-';
+        if (s[i] == '-' || s[i] == '+')
+            i++;
+        for (; i < n; i++) {
+            exp = exp * 10 + (s[i] - '0');
+            if (exp > 100000)
+                big = 1, exp = 100000;
+        }
+        if (eneg)
+            exp = -exp;
+    }
+    exp += scale;
+    if (!big && digits <= 15 && exp >= -22 && exp <= 22) {
+        double d = (double)m; /* exact: m < 10^15 < 2^53 */
+        d = exp < 0 ? d / POW10[-exp] : d * POW10[exp];
+        return neg ? -d : d;
+    }
+    char buf[64];
+    memcpy(buf, s, (size_t)n);
+    buf[n] = '\0';
+    if (c_locale == (locale_t)0)
+        return NAN; /* no C locale: the caller leaves the value to float() */
+    return strtod_l(buf, NULL, c_locale);
+}
+
+/* The JSON of float(text), without the double: for at most 15 significant digits and a value in
+ * the range of normal doubles, the double's shortest round-trip text (what orjson writes) has
+ * exactly these digits, trailing zeros aside: two different decimals of 15 digits or fewer never
+ * read as the same double. Only orjson's layout is left to do: fixed notation for decimal
+ * exponents -5 to 15 (always with a fraction), else d[.ddd]e+x / e-x. No GIL needed: the
+ * snapshot's encoder takes this path for most floats. FALLBACK before writing anything. */
+static int
+short_float(obuf *o, const char *s, Py_ssize_t n)
+{
+    char dig[16];
+    int k = 0, neg = s[0] == '-', seen = 0;
+    long scale = 0, exp = 0;
+    Py_ssize_t i = neg;
+    for (; i < n && s[i] != 'e'; i++) {
+        if (s[i] == '.') {
+            seen = 1;
+            continue;
+        }
+        if (k == 0 && s[i] == '0') {
+            scale -= seen;
+            continue;
+        }
+        if (k == 15)
+            return FALLBACK;
+        dig[k++] = s[i];
+        scale -= seen;
+    }
+    if (i < n) { /* 'e' */
+        i++;
+        int eneg = s[i] == '-';
+        if (s[i] == '-' || s[i] == '+')
+            i++;
+        for (; i < n; i++) {
+            exp = exp * 10 + (s[i] - '0');
+            if (exp > 1000)
+                return FALLBACK;
+        }
+        if (eneg)
+            exp = -exp;
+    }
+    if (k == 0)
+        return neg ? put(o, "-0.0", 4) : put(o, "0.0", 3);
+    exp += scale; /* the value is dig[0:k] * 10^exp */
+    while (k > 1 && dig[k - 1] == '0')
+        k--, exp++;
+    long e = k - 1 + exp; /* d.ddd * 10^e */
+    if (e < -300 || e > 300)
+        return FALLBACK;
+    NEED(o, 48);
+    char *w = o->p + o->len;
+    if (neg)
+        *w++ = '-';
+    if (e >= -5 && e < 16) {
+        if (e >= 0) {
+            for (long j = 0; j <= e; j++)
+                *w++ = j < k ? dig[j] : '0';
+            *w++ = '.';
+            if (k > e + 1)
+                for (long j = e + 1; j < k; j++)
+                    *w++ = dig[j];
+            else
+                *w++ = '0';
+        } else {
+            *w++ = '0';
+            *w++ = '.';
+            for (long j = 0; j < -e - 1; j++)
+                *w++ = '0';
+            for (int j = 0; j < k; j++)
+                *w++ = dig[j];
+        }
+    } else {
+        *w++ = dig[0];
+        if (k > 1) {
+            *w++ = '.';
+            for (int j = 1; j < k; j++)
+                *w++ = dig[j];
+        }
+        w += sprintf(w, "e%c%ld", e < 0 ? '-' : '+', e < 0 ? -e : e);
+    }
+    o->len = w - o->p;
+    return OK;
+}
+
+/* float(text): a JSON number when finite, else the text itself as a string (JSON has no NaN).
+ * Only the forms float8out writes are read here; float() takes the rest. Needs the GIL. */
+static int
+enc_float(obuf *o, const char *s, Py_ssize_t n)
+{
+    if ((n == 3 && memcmp(s, "NaN", 3) == 0) || (n == 8 && memcmp(s, "Infinity", 8) == 0) ||
+        (n == 9 && memcmp(s, "-Infinity", 9) == 0))
+        return put_string(o, (const unsigned char *)s, n);
+    if (n < 1 || n > 60)
+        return FALLBACK;
+    Py_ssize_t i = s[0] == '-', lead = 0, frac = 0;
+    while (i < n && s[i] >= '0' && s[i] <= '9')
+        i++, lead++;
+    if (i < n && s[i] == '.') {
+        i++;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++, frac++;
+    }
+    if (lead == 0)
+        return FALLBACK;
+    if (i < n && s[i] == 'e') {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        Py_ssize_t exp = 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++, exp++;
+        if (exp == 0)
+            return FALLBACK;
+    }
+    if (i != n)
+        return FALLBACK;
+    int rc = short_float(o, s, n);
+    if (rc != FALLBACK)
+        return rc;
+    double d = parse_double(s, n);
+    if (isnan(d))
+        return FALLBACK;
+    if (!isfinite(d))
+        return put_string(o, (const unsigned char *)s, n);
+    return put_double(o, d);
+}
+
+/* A json/jsonb document embedded as the reference embeds it: raw CR and LF (whitespace between
+ * tokens) as spaces; the document null is written null and reported through *jnull. */
+static int
+enc_json(obuf *o, const char *s, Py_ssize_t n, int *jnull)
+{
+    int isnull = n == 4 && memcmp(s, "null", 4) == 0;
+    if (!isnull && n < 64) {
+        Py_ssize_t a = 0, b = n;
+        while (a < b && (s[a] == ' ' || s[a] == '\t' || s[a] == '\r' || s[a] == '\n'))
+            a++;
+        while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t' || s[b - 1] == '\r' || s[b - 1] == '\n'))
+            b--;
+        isnull = b - a == 4 && memcmp(s + a, "null", 4) == 0;
+    }
+    if (isnull) {
+        *jnull = 1;
+        return put(o, "null", 4);
+    }
+    NEED(o, n);
+    char *w = o->p + o->len;
+    for (Py_ssize_t i = 0; i < n; i++)
+        w[i] = (s[i] == '\n' || s[i] == '\r') ? ' ' : s[i];
+    o->len += n;
+    return OK;
+}
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* RFC 4648 base64 of s[0:n], quoted. */
+static int
+put_base64(obuf *o, const unsigned char *s, Py_ssize_t n)
+{
+    NEED(o, (n + 2) / 3 * 4 + 2);
+    char *w = o->p + o->len;
+    *w++ = '"';
+    Py_ssize_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        unsigned v = (unsigned)s[i] << 16 | (unsigned)s[i + 1] << 8 | s[i + 2];
+        *w++ = B64[v >> 18];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = B64[(v >> 6) & 63];
+        *w++ = B64[v & 63];
+    }
+    if (i < n) {
+        unsigned v = (unsigned)s[i] << 16 | (i + 1 < n ? (unsigned)s[i + 1] << 8 : 0);
+        *w++ = B64[v >> 18];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = i + 1 < n ? B64[(v >> 6) & 63] : '=';
+        *w++ = '=';
+    }
+    *w++ = '"';
+    o->len = w - o->p;
+    return OK;
+}
+
+static int
+hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* bytea's hex output (\x then two digits a byte) as base64; the escape format and anything
+ * bytes.fromhex takes besides plain digit pairs are left to the Python converter. */
+static int
+enc_bytea(obuf *o, const char *s, Py_ssize_t n)
+{
+    if (n < 2 || s[0] != '\\' || s[1] != 'x' || (n - 2) % 2)
+        return FALLBACK;
+    Py_ssize_t bytes = (n - 2) / 2;
+    NEED(o, (bytes + 2) / 3 * 4 + 2);
+    char *w = o->p + o->len;
+    *w++ = '"';
+    const char *h = s + 2;
+    unsigned char g[3];
+    for (Py_ssize_t i = 0; i < bytes; i += 3) {
+        int k = 0;
+        for (; k < 3 && i + k < bytes; k++) {
+            int hi = hexval(h[2 * (i + k)]), lo = hexval(h[2 * (i + k) + 1]);
+            if (hi < 0 || lo < 0)
+                return FALLBACK;
+            g[k] = (unsigned char)(hi << 4 | lo);
+        }
+        unsigned v = (unsigned)g[0] << 16 | (k > 1 ? (unsigned)g[1] << 8 : 0) | (k > 2 ? g[2] : 0);
+        *w++ = B64[v >> 18];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = k > 1 ? B64[(v >> 6) & 63] : '=';
+        *w++ = k > 2 ? B64[v & 63] : '=';
+    }
+    *w++ = '"';
+    o->len = w - o->p;
+    return OK;
+}
+
+static int
+enc_bool(obuf *o, const char *s, Py_ssize_t n)
+{
+    if (n == 1 && s[0] == 't')
+        return put(o, "true", 4);
+    if (n == 1 && s[0] == 'f')
+        return put(o, "false", 5);
+    return FALLBACK;
+}
+
+/* A scalar of kind `kind` from its (valid UTF-8) text; *jnull reports a JSON null document. */
+static int
+enc_scalar(obuf *o, int kind, const char *s, Py_ssize_t n, int *jnull)
+{
+    switch (kind) {
+    case RAW:
+        return enc_int(o, s, n);
+    case BOOL:
+        return enc_bool(o, s, n);
+    case QUOTE:
+    case TEXT:
+        return put_string(o, (const unsigned char *)s, n);
+    case FLOAT:
+        return enc_float(o, s, n);
+    case JSON:
+        return enc_json(o, s, n, jnull);
+    case BYTEA:
+        return enc_bytea(o, s, n);
+    default:
+        return FALLBACK;
+    }
+}
+
+#define MAX_DEPTH 16
+
+/* parse_array's lists for the literals array_out writes: nested braces (each level holding
+ * only lists or only elements), quoted elements with backslash escapes, unquoted NULL. Anything
+ * else (dimension decorations, escapes outside quotes, empty or ragged forms) is left to
+ * parse_array itself. `tmp` holds a quoted element's unescaped text. */
+static int
+enc_array(obuf *o, obuf *tmp, int ek, char delim, const char *s, Py_ssize_t n)
+{
+    if (n < 2 || s[0] != '{' || s[n - 1] != '}')
+        return FALLBACK;
+    if (n == 2)
+        return put(o, "[]", 2);
+    char holds[MAX_DEPTH + 1]; /* per level: 0 nothing yet, 1 lists, 2 elements */
+    int depth = 0, rc, jn = 0;
+    Py_ssize_t i = 0;
+    for (;;) {
+        if (i >= n)
+            return FALLBACK;
+        if (s[i] == '{') {
+            if (depth > 0) {
+                if (holds[depth] == 2)
+                    return FALLBACK;
+                holds[depth] = 1;
+            }
+            if (depth == MAX_DEPTH)
+                return FALLBACK;
+            holds[++depth] = 0;
+            if ((rc = put(o, "[", 1)) != OK)
+                return rc;
+            i++;
+            continue;
+        }
+        if (depth == 0 || holds[depth] == 1)
+            return FALLBACK;
+        holds[depth] = 2;
+        if (s[i] == '"') {
+            tmp->len = 0;
+            i++;
+            for (;;) {
+                if (i >= n)
+                    return FALLBACK;
+                char c = s[i];
+                if (c == '"')
+                    break;
+                if (c == '\\') {
+                    if (++i >= n)
+                        return FALLBACK;
+                    c = s[i];
+                }
+                if ((rc = put(tmp, &c, 1)) != OK)
+                    return rc;
+                i++;
+            }
+            i++;
+            rc = enc_scalar(o, ek, tmp->p ? tmp->p : "", tmp->len, &jn);
+        } else {
+            Py_ssize_t j = i;
+            while (j < n && s[j] != delim && s[j] != '}') {
+                if (s[j] == '\\' || s[j] == '"' || s[j] == '{')
+                    return FALLBACK;
+                j++;
+            }
+            if (j == i || j == n)
+                return FALLBACK;
+            if (j - i == 4 && (s[i] | 0x20) == 'n' && (s[i + 1] | 0x20) == 'u' && (s[i + 2] | 0x20) == 'l' &&
+                (s[i + 3] | 0x20) == 'l')
+                rc = put(o, "null", 4);
+            else
+                rc = enc_scalar(o, ek, s + i, j - i, &jn);
+            i = j;
+        }
+        if (rc != OK)
+            return rc;
+        /* after an element or a list: a delimiter, or closing braces */
+        for (;;) {
+            if (i >= n)
+                return FALLBACK;
+            if (s[i] == delim) {
+                if ((rc = put(o, ",", 1)) != OK)
+                    return rc;
+                i++;
+                break;
+            }
+            if (s[i] != '}')
+                return FALLBACK;
+            if ((rc = put(o, "]", 1)) != OK)
+                return rc;
+            i++;
+            if (--depth == 0)
+                return i == n ? OK : FALLBACK;
+        }
+    }
+}
+
+/* ---- the snapshot's block encoder ------------------------------------------------------------ */
+
+/* A COPY text field without its escapes, as psycopg undoes them (\b \f \n \r \t \v \\; any
+ * other backslash stays). */
+static int
+copy_unescape(obuf *t, const char *p, Py_ssize_t len)
+{
+    t->len = 0;
+    NEED(t, len + 1);
+    char *w = t->p;
     for (Py_ssize_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)p[i];
+        char c = p[i];
         if (c == '\\' && i + 1 < len) {
             switch (p[i + 1]) {
             case 'b': c = '\b'; i++; break;
@@ -215,124 +818,114 @@ escaped_text(char *o, const char *p, Py_ssize_t len)
             default: break;
             }
         }
-        switch (c) {
-        case '"': o = put(o, "\\\"", 2); break;
-        case '\\': o = put(o, "\\\\", 2); break;
-        case '\b': o = put(o, "\\b", 2); break;
-        case '\t': o = put(o, "\\t", 2); break;
-        case '\n': o = put(o, "\\n", 2); break;
-        case '\f': o = put(o, "\\f", 2); break;
-        case '\r': o = put(o, "\\r", 2); break;
-        default:
-            if (c < 0x20) {
-                o = put(o, "\\u00", 4);
-                *o++ = hex[c >> 4];
-                *o++ = hex[c & 15];
-            } else {
-                *o++ = (char)c;
-            }
-        }
+        *w++ = c;
     }
-    *o++ = '"';
-    return o;
+    t->len = w - t->p;
+    return OK;
 }
 
-/* Writes the JSON lines of block[0:len] to o; returns the end, or NULL to decline. */
-static char *
-fill(char *o, const char *p, const char *end, Py_ssize_t n, const char *kinds, piece head, const piece *keys,
-     piece tail)
+typedef struct {
+    const char *kinds, *elems, *delims;
+    Py_ssize_t n;
+    piece head, tail;
+    const piece *keys;
+} block_plan;
+
+/* Writes the JSON lines of block[0:len] to o; returns OK, or DECLINE: the Python path decides. */
+static int
+fill(obuf *o, obuf *t1, obuf *t2, const char *p, const char *end, const block_plan *bp)
 {
+    Py_ssize_t n = bp->n;
     while (p < end) {
-        o = put(o, head.ptr, head.len);
+        if (put(o, bp->head.ptr, bp->head.len) != OK)
+            return DECLINE;
         for (Py_ssize_t j = 0; j < n; j++) {
             char want = j == n - 1 ? '\n' : '\t';
             const char *q = p;
-            int plain = 1, wide = 0;
-            if (kinds[j] == TEXT) {
-                while (q < end && *q != '\t' && *q != '\n') {
-                    unsigned char c = (unsigned char)*q++;
-                    if (c < 0x20 || c == '"' || c == '\\')
-                        plain = 0;
-                    else if (c >= 0x80)
-                        wide = 1;
-                }
-            } else {
-                while (q < end && *q != '\t' && *q != '\n')
-                    q++;
+            int escaped = 0, wide = 0;
+            while (q < end && *q != '\t' && *q != '\n') {
+                escaped |= *q == '\\';
+                wide |= (unsigned char)*q++ >= 0x80;
             }
             if (q == end || *q != want)
-                return NULL;
+                return DECLINE;
             Py_ssize_t len = q - p;
-            o = put(o, keys[j].ptr, keys[j].len);
+            NEED(o, bp->keys[j].len + len + 8);
+            add(o, bp->keys[j].ptr, bp->keys[j].len);
+            int rc, jn = 0, kind = bp->kinds[j];
             if (len == 2 && p[0] == '\\' && p[1] == 'N') {
-                o = put(o, "null", 4);
+                add(o, "null", 4);
+                rc = OK;
+            } else if (kind == RAW && !escaped) {
+                add(o, p, len); /* the server's own integer text */
+                rc = OK;
             } else {
-                switch (kinds[j]) {
-                case RAW:
-                    o = put(o, p, len);
-                    break;
-                case TEXT:
-                    /* Not valid UTF-8: the Python path decides (it checks such a column as a whole). */
-                    if (wide && !valid_utf8((const unsigned char *)p, len))
-                        return NULL;
-                    if (!plain) {
-                        o = escaped_text(o, p, len);
-                        break;
-                    }
-                    /* fall through */
-                case QUOTE:
-                    *o++ = '"';
-                    o = put(o, p, len);
-                    *o++ = '"';
-                    break;
-                case BOOL:
-                    if (len == 1 && *p == 't')
-                        o = put(o, "true", 4);
-                    else if (len == 1 && *p == 'f')
-                        o = put(o, "false", 5);
-                    else
-                        return NULL;
-                    break;
-                default:
-                    return NULL;
+                const char *v = p;
+                Py_ssize_t vlen = len;
+                if (escaped) {
+                    if (copy_unescape(t1, p, len) != OK)
+                        return DECLINE;
+                    v = t1->p;
+                    vlen = t1->len;
                 }
+                /* Not valid UTF-8: the Python path decides (it checks such a column as a whole). */
+                if (wide && !valid_utf8((const unsigned char *)v, vlen))
+                    return DECLINE;
+                if (kind == RAW)
+                    rc = enc_int(o, v, vlen);
+                else if (kind == ARRAY)
+                    rc = enc_array(o, t2, bp->elems[j], bp->delims[j], v, vlen);
+                else
+                    rc = enc_scalar(o, kind, v, vlen, &jn);
             }
+            /* A JSON null document gives the row "json_nulls": the Python path writes such blocks. */
+            if (rc != OK || jn)
+                return DECLINE;
             p = q + 1;
         }
-        o = put(o, tail.ptr, tail.len);
+        if (put(o, bp->tail.ptr, bp->tail.len) != OK)
+            return DECLINE;
     }
-    return o;
+    return OK;
 }
 
-/* encode(block, out, kinds, head, keys, tail) -> (nbytes, rows) or None
+/* encode(block, out, kinds, elems, delims, head, keys, tail) -> (nbytes, rows) or None
  *
- * Each line of block (whole lines of COPY text, one byte of kinds per column) becomes
- * head + keys[0] + value + keys[1] + value ... + tail, written to the start of the bytearray out
- * (grown when too small, never shrunk). The caller's keys carry the commas and the names; the
- * values get their quotes here. One buffer reused for every block: a fresh megabyte per block
- * would cost the page faults of new memory each time (glibc maps such blocks anew when the
- * sizes allocated and freed differ).
+ * Each line of block (whole lines of COPY text, one byte of kinds per column, and for ARRAY
+ * columns the element kind and delimiter at the same index of elems and delims) becomes
+ * head + keys[0] + value + keys[1] + value ... + tail, written to the start of the bytearray
+ * out (grown when too small, never shrunk). The caller's keys carry the commas and the names.
+ * One output buffer reused for every block: a fresh megabyte per block would cost the page
+ * faults of new memory each time. The work is done without the GIL (taken back for a float's
+ * formatting alone, see put_double).
  */
 static PyObject *
 encode(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    Py_buffer block, kinds, dest = {0};
+    Py_buffer block, kinds, elems, delims, dest = {0};
     PyObject *out, *head, *keys, *tail, *result = NULL;
     piece *key = NULL;
-    if (!PyArg_ParseTuple(args, "y*O!y*SO!S", &block, &PyByteArray_Type, &out, &kinds, &head, &PyTuple_Type, &keys,
-                          &tail))
+    obuf o = {0}, t1 = {0}, t2 = {0};
+    if (!PyArg_ParseTuple(args, "y*O!y*y*y*SO!S", &block, &PyByteArray_Type, &out, &kinds, &elems, &delims,
+                          &head, &PyTuple_Type, &keys, &tail))
         return NULL;
     Py_ssize_t n = kinds.len;
-    if (n < 1 || PyTuple_GET_SIZE(keys) != n) {
-        PyErr_SetString(PyExc_ValueError, "one key per column kind, and at least one column");
+    if (n < 1 || PyTuple_GET_SIZE(keys) != n || elems.len != n || delims.len != n) {
+        PyErr_SetString(PyExc_ValueError, "one key, element kind and delimiter per column kind, at least one");
         goto done;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        char k = ((const char *)kinds.buf)[j];
+        if (k < RAW || k > ARRAY || k == OTHER) {
+            PyErr_SetString(PyExc_ValueError, "a column kind the C encoder does not do");
+            goto done;
+        }
     }
     key = PyMem_Malloc(sizeof(piece) * (size_t)n);
     if (key == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t fixed = PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(tail);
     for (Py_ssize_t j = 0; j < n; j++) {
         PyObject *k = PyTuple_GET_ITEM(keys, j);
         if (!PyBytes_Check(k)) {
@@ -341,7 +934,6 @@ encode(PyObject *Py_UNUSED(self), PyObject *args)
         }
         key[j].ptr = PyBytes_AS_STRING(k);
         key[j].len = PyBytes_GET_SIZE(k);
-        fixed += key[j].len + 4; /* a value grows by 4 bytes, f -> false, besides its escapes */
     }
     const char *p = block.buf, *end = p + block.len;
     if (block.len == 0 || end[-1] != '\n') {
@@ -351,51 +943,566 @@ encode(PyObject *Py_UNUSED(self), PyObject *args)
     Py_ssize_t rows = 0;
     for (const char *q = p; (q = memchr(q, '\n', (size_t)(end - q))) != NULL; q++)
         rows++;
-    /* An escaped text byte takes 6 bytes at most (0x01 -> \u0001); the quotes are in fixed. */
-    if (block.len > PY_SSIZE_T_MAX / 8 || rows > (PY_SSIZE_T_MAX / 2 - block.len * 6) / fixed) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_ssize_t bound = block.len * 6 + rows * fixed;
-    if (PyByteArray_GET_SIZE(out) < bound && PyByteArray_Resize(out, bound) < 0)
-        goto done;
-    /* Held while the GIL is released: nobody can resize out meanwhile. */
+    /* Write into out's own memory, as big as it has grown; the buffer export keeps anybody from
+     * resizing it meanwhile. When it is too small, the lines go to o and out is resized after. */
+    block_plan bp = {kinds.buf, elems.buf, delims.buf, n, {PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)},
+                     {PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)}, key};
     if (PyObject_GetBuffer(out, &dest, PyBUF_WRITABLE) < 0)
         goto done;
-    piece h = {PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)};
-    piece t = {PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)};
-    char *start = dest.buf, *stop;
+    o.p = dest.buf;
+    o.cap = dest.len;
+    o.borrowed = 1;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    stop = fill(start, p, end, n, kinds.buf, h, key, t);
+    gil_released = 1;
+    rc = fill(&o, &t1, &t2, p, end, &bp);
+    gil_released = 0;
     Py_END_ALLOW_THREADS
-    if (stop == NULL)
+    if (rc != OK) {
         result = Py_NewRef(Py_None);
-    else
-        result = Py_BuildValue("(nn)", (Py_ssize_t)(stop - start), rows);
+        goto done;
+    }
+    if (!o.borrowed) {
+        PyBuffer_Release(&dest);
+        if (PyByteArray_GET_SIZE(out) < o.len && PyByteArray_Resize(out, o.len) < 0)
+            goto done;
+        memcpy(PyByteArray_AS_STRING(out), o.p, (size_t)o.len);
+    }
+    result = Py_BuildValue("(nn)", o.len, rows);
 done:
     if (dest.obj != NULL)
         PyBuffer_Release(&dest);
+    release(&o);
+    release(&t1);
+    release(&t2);
     PyMem_Free(key);
     PyBuffer_Release(&block);
     PyBuffer_Release(&kinds);
+    PyBuffer_Release(&elems);
+    PyBuffer_Release(&delims);
     return result;
+}
+
+/* ---- the stream's row encoder: pgoutput Insert/Update/Delete to a JSONL line ----------------- */
+
+enum { F_NEW, F_UNCHANGED, F_JSON_NULLS, F_OLD, F_OLD_KIND, F_OLD_UNCHANGED, F_OLD_JSON_NULLS, N_FIELDS };
+
+/* What one relation needs per row, worked out once by pgrecv.fastpath (a capsule holds it). */
+typedef struct {
+    Py_ssize_t n;
+    char *kinds, *elems, *delims, *bkinds, *keyflags;
+    piece *names;        /* each column's name as a JSON string */
+    PyObject **tconvs;   /* the reference's text converter per column (borrowed from held) */
+    PyObject **bconvs;   /* ... and binary converter */
+    piece fields[N_FIELDS], old_kinds[2];
+    int has_key;
+    PyObject *dumps, *json_null, *held; /* held: the arguments, kept alive with the plan */
+} plan;
+
+#define PLAN_NAME "pgrecv._copyfast.plan"
+
+static void
+plan_free(PyObject *capsule)
+{
+    plan *pl = PyCapsule_GetPointer(capsule, PLAN_NAME);
+    if (pl == NULL)
+        return;
+    PyMem_Free(pl->names);
+    PyMem_Free(pl->tconvs);
+    PyMem_Free(pl->bconvs);
+    Py_XDECREF(pl->held);
+    PyMem_Free(pl);
+}
+
+static int
+bytes_items(PyObject *tuple, Py_ssize_t n, piece *into, const char *what)
+{
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: a tuple of %zd bytes", what, n);
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *b = PyTuple_GET_ITEM(tuple, j);
+        if (!PyBytes_Check(b)) {
+            PyErr_Format(PyExc_TypeError, "%s: a tuple of %zd bytes", what, n);
+            return -1;
+        }
+        into[j].ptr = PyBytes_AS_STRING(b);
+        into[j].len = PyBytes_GET_SIZE(b);
+    }
+    return 0;
+}
+
+/* make_plan(kinds, elems, delims, bkinds, keyflags, names, tconvs, bconvs, fields, old_kinds,
+ *           dumps, json_null) -> capsule */
+static PyObject *
+make_plan(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *kinds, *elems, *delims, *bkinds, *keyflags, *names, *tconvs, *bconvs, *fields, *old_kinds, *dumps,
+        *json_null;
+    if (!PyArg_ParseTuple(args, "SSSSSO!O!O!O!O!OO", &kinds, &elems, &delims, &bkinds, &keyflags, &PyTuple_Type,
+                          &names, &PyTuple_Type, &tconvs, &PyTuple_Type, &bconvs, &PyTuple_Type, &fields,
+                          &PyTuple_Type, &old_kinds, &dumps, &json_null))
+        return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(kinds);
+    if (PyBytes_GET_SIZE(elems) != n || PyBytes_GET_SIZE(delims) != n || PyBytes_GET_SIZE(bkinds) != n ||
+        PyBytes_GET_SIZE(keyflags) != n || PyTuple_GET_SIZE(tconvs) != n || PyTuple_GET_SIZE(bconvs) != n) {
+        PyErr_SetString(PyExc_ValueError, "one kind, element kind, delimiter, binary kind, key flag and converters "
+                                          "per column");
+        return NULL;
+    }
+    plan *pl = PyMem_Calloc(1, sizeof(plan));
+    if (pl == NULL)
+        return PyErr_NoMemory();
+    pl->n = n;
+    pl->held = PyTuple_Pack(12, kinds, elems, delims, bkinds, keyflags, names, tconvs, bconvs, fields, old_kinds,
+                            dumps, json_null);
+    pl->names = PyMem_Calloc((size_t)n + 1, sizeof(piece));
+    pl->tconvs = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    pl->bconvs = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    PyObject *capsule = NULL;
+    if (pl->held == NULL || pl->names == NULL || pl->tconvs == NULL || pl->bconvs == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    pl->kinds = PyBytes_AS_STRING(kinds);
+    pl->elems = PyBytes_AS_STRING(elems);
+    pl->delims = PyBytes_AS_STRING(delims);
+    pl->bkinds = PyBytes_AS_STRING(bkinds);
+    pl->keyflags = PyBytes_AS_STRING(keyflags);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int k = pl->kinds[j], e = pl->elems[j], b = pl->bkinds[j];
+        if (k < RAW || k > ARRAY || (k == ARRAY && (e < RAW || e > BYTEA || e == OTHER || e == QUOTE)) ||
+            b < B_PY || b > B_UUID) {
+            PyErr_SetString(PyExc_ValueError, "a column kind the C encoder does not know");
+            goto fail;
+        }
+        pl->tconvs[j] = PyTuple_GET_ITEM(tconvs, j);
+        pl->bconvs[j] = PyTuple_GET_ITEM(bconvs, j);
+        if (pl->keyflags[j])
+            pl->has_key = 1;
+    }
+    if (bytes_items(names, n, pl->names, "names") < 0 || bytes_items(fields, N_FIELDS, pl->fields, "fields") < 0 ||
+        bytes_items(old_kinds, 2, pl->old_kinds, "old_kinds") < 0)
+        goto fail;
+    pl->dumps = dumps;
+    pl->json_null = json_null;
+    capsule = PyCapsule_New(pl, PLAN_NAME, plan_free);
+    if (capsule == NULL)
+        goto fail;
+    return capsule;
+fail:
+    PyMem_Free(pl->names);
+    PyMem_Free(pl->tconvs);
+    PyMem_Free(pl->bconvs);
+    Py_XDECREF(pl->held);
+    PyMem_Free(pl);
+    return NULL;
+}
+
+/* The reference's converter for a value the C encoders leave to it: its result through
+ * orjson.dumps (the callable given), JSON_NULL written null and reported through *jnull. */
+static int
+py_value(obuf *o, const plan *pl, PyObject *conv, int binary, const char *s, Py_ssize_t n, int *jnull)
+{
+    PyObject *v = binary ? PyBytes_FromStringAndSize(s, n) : PyUnicode_DecodeUTF8(s, n, "strict");
+    if (v == NULL) {
+        PyErr_Clear();
+        return DECLINE;
+    }
+    PyObject *r = conv == Py_None ? Py_NewRef(v) : PyObject_CallOneArg(conv, v);
+    Py_DECREF(v);
+    if (r == NULL) {
+        PyErr_Clear(); /* the reference path raises the error that names the column */
+        return DECLINE;
+    }
+    if (r == pl->json_null) {
+        Py_DECREF(r);
+        *jnull = 1;
+        return put(o, "null", 4);
+    }
+    PyObject *b = PyObject_CallOneArg(pl->dumps, r);
+    Py_DECREF(r);
+    if (b == NULL || !PyBytes_Check(b)) {
+        Py_XDECREF(b);
+        PyErr_Clear();
+        return DECLINE;
+    }
+    int rc = put(o, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    Py_DECREF(b);
+    return rc;
+}
+
+static uint64_t
+be(const unsigned char *s, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = v << 8 | s[i];
+    return v;
+}
+
+/* A value sent in binary (the send format), as binary_converter's converter gives it. */
+static int
+enc_binary(obuf *o, int kind, const unsigned char *s, Py_ssize_t n, int *jnull)
+{
+    char num[32];
+    switch (kind) {
+    case B_INT2:
+        if (n != 2)
+            return FALLBACK;
+        return put(o, num, snprintf(num, sizeof num, "%d", (int)(int16_t)be(s, 2)));
+    case B_INT4:
+        if (n != 4)
+            return FALLBACK;
+        return put(o, num, snprintf(num, sizeof num, "%ld", (long)(int32_t)be(s, 4)));
+    case B_INT8:
+        if (n != 8)
+            return FALLBACK;
+        return put(o, num, snprintf(num, sizeof num, "%lld", (long long)(int64_t)be(s, 8)));
+    case B_UINT4:
+        if (n != 4)
+            return FALLBACK;
+        return put(o, num, snprintf(num, sizeof num, "%lu", (unsigned long)be(s, 4)));
+    case B_UINT8:
+        if (n != 8)
+            return FALLBACK;
+        return put(o, num, snprintf(num, sizeof num, "%llu", (unsigned long long)be(s, 8)));
+    case B_BOOL:
+        if (n != 1)
+            return FALLBACK;
+        return s[0] ? put(o, "true", 4) : put(o, "false", 5);
+    case B_FLOAT8: {
+        if (n != 8)
+            return FALLBACK;
+        uint64_t bits = be(s, 8);
+        double d;
+        memcpy(&d, &bits, sizeof d);
+        if (isnan(d))
+            return put(o, "\"NaN\"", 5);
+        if (isinf(d))
+            return d > 0 ? put(o, "\"Infinity\"", 10) : put(o, "\"-Infinity\"", 11);
+        return put_double(o, d);
+    }
+    case B_UTF8:
+        if (!valid_utf8(s, n))
+            return FALLBACK;
+        return put_string(o, s, n);
+    case B_BYTEA:
+        return put_base64(o, s, n);
+    case B_JSONB:
+        if (n < 1 || s[0] != 1)
+            return FALLBACK;
+        s++;
+        n--;
+        /* fall through */
+    case B_JSON:
+        if (!valid_utf8(s, n))
+            return FALLBACK;
+        return enc_json(o, (const char *)s, n, jnull);
+    case B_UUID: {
+        if (n != 16)
+            return FALLBACK;
+        NEED(o, 38);
+        char *w = o->p + o->len;
+        *w++ = '"';
+        for (int i = 0; i < 16; i++) {
+            if (i == 4 || i == 6 || i == 8 || i == 10)
+                *w++ = '-';
+            *w++ = HEX[s[i] >> 4];
+            *w++ = HEX[s[i] & 15];
+        }
+        *w++ = '"';
+        o->len = w - o->p;
+        return OK;
+    }
+    default:
+        return FALLBACK;
+    }
+}
+
+enum { V_VALUE = 0, V_NULL, V_TOAST };
+
+typedef struct {
+    Py_ssize_t off, len;
+    char state, jnull;
+} colval;
+
+/* One TupleData at *pos: every column's JSON value into vals, described by cv. */
+static int
+read_image(const plan *pl, const unsigned char *d, Py_ssize_t end, Py_ssize_t *pos, obuf *vals, obuf *tmp,
+           colval *cv)
+{
+    Py_ssize_t p = *pos;
+    if (end - p < 2 || (Py_ssize_t)be(d + p, 2) != pl->n)
+        return DECLINE;
+    p += 2;
+    for (Py_ssize_t j = 0; j < pl->n; j++) {
+        if (p >= end)
+            return DECLINE;
+        unsigned char k = d[p++];
+        cv[j].jnull = 0;
+        if (k == 'n') {
+            cv[j].state = V_NULL;
+            continue;
+        }
+        if (k == 'u') {
+            cv[j].state = V_TOAST;
+            continue;
+        }
+        if ((k != 't' && k != 'b') || end - p < 4)
+            return DECLINE;
+        uint64_t len = be(d + p, 4);
+        p += 4;
+        if (len > (uint64_t)(end - p))
+            return DECLINE;
+        const unsigned char *s = d + p;
+        Py_ssize_t n = (Py_ssize_t)len;
+        p += n;
+        Py_ssize_t off = vals->len;
+        int rc, jn = 0;
+        if (k == 't') {
+            /* The reference decodes every text value as UTF-8 and fails on the row otherwise. */
+            if (!ascii_only(s, n) && !valid_utf8(s, n))
+                return DECLINE;
+            int kind = pl->kinds[j];
+            if (kind == ARRAY)
+                rc = enc_array(vals, tmp, pl->elems[j], pl->delims[j], (const char *)s, n);
+            else
+                rc = enc_scalar(vals, kind, (const char *)s, n, &jn);
+            if (rc == FALLBACK) {
+                vals->len = off;
+                jn = 0;
+                rc = py_value(vals, pl, pl->tconvs[j], 0, (const char *)s, n, &jn);
+            }
+        } else {
+            rc = enc_binary(vals, pl->bkinds[j], s, n, &jn);
+            if (rc == FALLBACK) {
+                vals->len = off;
+                jn = 0;
+                rc = py_value(vals, pl, pl->bconvs[j], 1, (const char *)s, n, &jn);
+            }
+        }
+        if (rc != OK)
+            return DECLINE;
+        cv[j].state = V_VALUE;
+        cv[j].jnull = (char)jn;
+        cv[j].off = off;
+        cv[j].len = vals->len - off;
+    }
+    *pos = p;
+    return OK;
+}
+
+/* A list of names (the columns in `which` state, or with a JSON null), written ["a","b"]; with
+ * `optional`, nothing at all when it would be empty. */
+static int
+put_names(obuf *o, const plan *pl, const colval *cv, int toast, int keyonly, piece field, int optional)
+{
+    int first = 1;
+    for (Py_ssize_t j = 0; j < pl->n; j++) {
+        if (keyonly && !pl->keyflags[j])
+            continue;
+        if (toast ? cv[j].state != V_TOAST : !(cv[j].state == V_VALUE && cv[j].jnull))
+            continue;
+        if (first && put(o, field.ptr, field.len) != OK)
+            return DECLINE;
+        if (put(o, first ? "[" : ",", 1) != OK || put(o, pl->names[j].ptr, pl->names[j].len) != OK)
+            return DECLINE;
+        first = 0;
+    }
+    if (first && !optional)
+        return put(o, field.ptr, field.len) != OK ? DECLINE : put(o, "[]", 2);
+    if (!first)
+        return put(o, "]", 1);
+    return OK;
+}
+
+/* An image {"col":value,...}: unchanged TOAST columns left out, only key columns when keyonly. */
+static int
+put_image(obuf *o, const plan *pl, const obuf *vals, const colval *cv, int keyonly)
+{
+    int first = 1;
+    if (put(o, "{", 1) != OK)
+        return DECLINE;
+    for (Py_ssize_t j = 0; j < pl->n; j++) {
+        if (cv[j].state == V_TOAST || (keyonly && !pl->keyflags[j]))
+            continue;
+        if ((!first && put(o, ",", 1) != OK) || put(o, pl->names[j].ptr, pl->names[j].len) != OK ||
+            put(o, ":", 1) != OK)
+            return DECLINE;
+        first = 0;
+        if (cv[j].state == V_NULL ? put(o, "null", 4) != OK : put(o, vals->p + cv[j].off, cv[j].len) != OK)
+            return DECLINE;
+    }
+    return put(o, "}", 1);
+}
+
+/* Buffers reused by every call: the row encoder runs with the GIL held. A Python converter it
+ * calls may let another thread run, and that thread's encode_row finds `busy` set and declines
+ * (its caller takes the reference path) rather than share the buffers. */
+static obuf line_buf, new_vals, old_vals, tmp_buf;
+static int busy = 0;
+static colval *cv_new, *cv_old;
+static Py_ssize_t cv_cap;
+
+static int
+encode_message(const plan *pl, const unsigned char *d, Py_ssize_t end, uint64_t lsn, PyObject *heads)
+{
+    int op = d[0] == 'I' ? 0 : d[0] == 'U' ? 1 : d[0] == 'D' ? 2 : -1;
+    if (op < 0 || end < 6)
+        return DECLINE;
+    if (cv_cap < pl->n + 1) {
+        colval *a = realloc(cv_new, sizeof(colval) * (size_t)(pl->n + 1));
+        if (a == NULL)
+            return DECLINE;
+        cv_new = a;
+        colval *b = realloc(cv_old, sizeof(colval) * (size_t)(pl->n + 1));
+        if (b == NULL)
+            return DECLINE;
+        cv_old = b;
+        cv_cap = pl->n + 1;
+    }
+    Py_ssize_t pos = 5;
+    unsigned char marker = d[pos++];
+    int old_kind = -1; /* 0 'K', 1 'O' */
+    new_vals.len = old_vals.len = 0;
+    if (op != 0 && (marker == 'K' || marker == 'O')) {
+        old_kind = marker == 'K' ? 0 : 1;
+        if (read_image(pl, d, end, &pos, &old_vals, &tmp_buf, cv_old) != OK)
+            return DECLINE;
+        if (op == 1) {
+            if (pos >= end)
+                return DECLINE;
+            marker = d[pos++];
+        }
+    }
+    if (op == 2 ? old_kind < 0 : marker != 'N')
+        return DECLINE;
+    if (op != 2 && read_image(pl, d, end, &pos, &new_vals, &tmp_buf, cv_new) != OK)
+        return DECLINE;
+    if (pos != end)
+        return DECLINE;
+
+    obuf *o = &line_buf;
+    o->len = 0;
+    PyObject *pre = PyTuple_GET_ITEM(heads, 2 * op), *post = PyTuple_GET_ITEM(heads, 2 * op + 1);
+    char at[40];
+    int atlen = lsn ? snprintf(at, sizeof at, "\"%X/%X\"", (unsigned)(lsn >> 32), (unsigned)(lsn & 0xFFFFFFFFu))
+                    : snprintf(at, sizeof at, "null");
+    if (put(o, PyBytes_AS_STRING(pre), PyBytes_GET_SIZE(pre)) != OK || put(o, at, atlen) != OK ||
+        put(o, PyBytes_AS_STRING(post), PyBytes_GET_SIZE(post)) != OK)
+        return DECLINE;
+    const piece *f = pl->fields;
+    if (op != 2) {
+        if (put(o, f[F_NEW].ptr, f[F_NEW].len) != OK || put_image(o, pl, &new_vals, cv_new, 0) != OK ||
+            put_names(o, pl, cv_new, 1, 0, f[F_UNCHANGED], 0) != OK ||
+            put_names(o, pl, cv_new, 0, 0, f[F_JSON_NULLS], 1) != OK)
+            return DECLINE;
+    }
+    if (op != 0) {
+        if (put(o, f[F_OLD].ptr, f[F_OLD].len) != OK)
+            return DECLINE;
+        if (old_kind < 0) {
+            if (put(o, "null", 4) != OK || put(o, f[F_OLD_KIND].ptr, f[F_OLD_KIND].len) != OK ||
+                put(o, "null", 4) != OK)
+                return DECLINE;
+        } else {
+            /* A key image keeps only the key columns: the others are NULL placeholders. */
+            int keyonly = old_kind == 0 && pl->has_key;
+            if (put_image(o, pl, &old_vals, cv_old, keyonly) != OK ||
+                put(o, f[F_OLD_KIND].ptr, f[F_OLD_KIND].len) != OK ||
+                put(o, pl->old_kinds[old_kind].ptr, pl->old_kinds[old_kind].len) != OK ||
+                put_names(o, pl, cv_old, 1, keyonly, f[F_OLD_UNCHANGED], 1) != OK ||
+                put_names(o, pl, cv_old, 0, keyonly, f[F_OLD_JSON_NULLS], 1) != OK)
+                return DECLINE;
+        }
+    }
+    return put(o, "}\n", 2);
+}
+
+/* encode_row(message, lsn, plan, heads) -> bytes or None
+ *
+ * The JSONL line of a pgoutput Insert, Update or Delete (not streamed: no xid prefix) of the
+ * relation `plan` was made for, as pgrecv.jsonl.JsonlEncoder writes it; heads holds the record's
+ * bytes before and after its lsn for each of insert, update and delete. None: the message is not
+ * one this encoder does exactly (malformed, a value a converter rejects...): the caller takes the
+ * reference path, which also reports every error.
+ */
+static PyObject *
+encode_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != 6) {
+        PyErr_SetString(PyExc_TypeError, "encode_row(message, lsn, plan, heads: 6 bytes)");
+        return NULL;
+    }
+    for (int i = 0; i < 6; i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(args[3], i))) {
+            PyErr_SetString(PyExc_TypeError, "heads must be bytes");
+            return NULL;
+        }
+    plan *pl = PyCapsule_GetPointer(args[2], PLAN_NAME);
+    if (pl == NULL)
+        return NULL;
+    uint64_t lsn = PyLong_AsUnsignedLongLong(args[1]);
+    if (lsn == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer msg;
+    if (PyObject_GetBuffer(args[0], &msg, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result;
+    if (!busy && msg.len >= 1) {
+        busy = 1;
+        int rc = encode_message(pl, msg.buf, msg.len, lsn, args[3]);
+        result = rc == OK ? PyBytes_FromStringAndSize(line_buf.p, line_buf.len) : Py_NewRef(Py_None);
+        busy = 0;
+    } else {
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&msg);
+    return result;
+}
+
+/* float_json(x) -> bytes: a finite float as put_double writes it (tests compare it to orjson). */
+static PyObject *
+float_json(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    double d = PyFloat_AsDouble(arg);
+    if (d == -1.0 && PyErr_Occurred())
+        return NULL;
+    obuf o = {0};
+    PyObject *r = isfinite(d) && put_double(&o, d) == OK ? PyBytes_FromStringAndSize(o.p, o.len)
+                                                         : Py_NewRef(Py_None);
+    release(&o);
+    return r;
 }
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(libpq_path): look up the functions of the libpq loaded from libpq_path."},
     {"backend_pid", pid, METH_O, "backend_pid(pgconn_ptr) -> int, through the bound libpq."},
     {"read", read_copy, METH_VARARGS, "read(pgconn_ptr, limit) -> (status, bytes): COPY rows in bulk."},
-    {"encode", encode, METH_VARARGS, "encode(block, out, kinds, head, keys, tail) -> (nbytes, rows) or None."},
+    {"encode", encode, METH_VARARGS,
+     "encode(block, out, kinds, elems, delims, head, keys, tail) -> (nbytes, rows) or None."},
+    {"make_plan", make_plan, METH_VARARGS, "make_plan(...) -> a relation's plan for encode_row."},
+    {"encode_row", (PyCFunction)(void (*)(void))encode_row, METH_FASTCALL,
+     "encode_row(message, lsn, plan, heads) -> bytes or None."},
+    {"float_json", float_json, METH_O, "float_json(x) -> bytes or None: a finite float as the encoders write it."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "pgrecv._copyfast", "COPY TO data read in bulk and encoded as snapshot JSON lines.",
+    PyModuleDef_HEAD_INIT, "pgrecv._copyfast",
+    "pgrecv's native encoders: COPY data read in bulk and encoded as snapshot JSON lines, and pgoutput "
+    "row changes encoded as JSONL lines.",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
 PyInit__copyfast(void)
 {
+    /* Made once, here: the encoders read it from threads that do not hold the GIL. Without it
+     * parse_double leaves long float texts to float(). */
+    if (c_locale == (locale_t)0)
+        c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
     return PyModule_Create(&module);
 }

@@ -347,6 +347,12 @@ class JsonlEncoder:
     def _type(self, e: ev.TypeInfo) -> None:
         self._emit({"v": FORMAT_VERSION, "op": "type", "oid": e.oid, "schema": e.namespace, "name": e.name})
 
+    def announced(self, rel: ev.Relation) -> bool:
+        """Whether ``rel``'s relation record is written already: a fast path may then write its
+        rows itself (:mod:`pgrecv.fastpath`)."""
+        c = self._compiled.get(id(rel))
+        return c is not None and c.relation is rel
+
     def _compile(self, rel: ev.Relation) -> _Compiled:
         c = self._compiled.get(id(rel))
         if c is None or c.relation is not rel:

@@ -16,8 +16,10 @@ every error. Tests prove both paths byte-identical on real servers.
 
 Where the C module :mod:`pgrecv._copyfast` is built (``pip install`` compiles it; it is optional),
 it takes the two loops that still cost per row: reading (one ``PQgetCopyData`` per row, in C,
-without the GIL) and encoding blocks whose columns all are of the kinds above (ints, quoted
-types, bools, texts, escaped in C where they need it), without the GIL. That roughly halves the
+without the GIL) and encoding blocks whose columns all are of the kinds above or floats,
+json/jsonb, bytea and arrays of built-in types (the value encoders the stream's row encoder uses),
+without the GIL unless a float needs Python's float formatting. :mod:`pgrecv.native` decides
+whether the C module is used (``PGRECV_NO_NATIVE=1`` turns it off). That roughly halves the
 client's CPU per row, which matters because the client shares the machine with the server's
 COPY. It declines to the Python code what it does not do, so the output is the same with and
 without it (tested both ways).
@@ -41,14 +43,10 @@ from psycopg import pq
 
 from pgrecv import events as ev
 from pgrecv.errors import DecodeError
-from pgrecv.jsonl_format import Kind, column_keys, column_kind, image_splice, snapshot_record
+from pgrecv.jsonl_format import Kind, array_element, column_keys, column_kind, image_splice, snapshot_record
 from pgrecv.lsn import lsn_str
+from pgrecv.native import copyfast as _copyfast
 from pgrecv.values import JSON_NULL
-
-try:
-    from pgrecv import _copyfast
-except ImportError:  # built without a C compiler: the Python paths do it all, more slowly
-    _copyfast = None  # type: ignore[assignment]
 
 _NULL: Final = b"\\N"
 _ESC_RE: Final = re.compile(rb"\\[btnvfr\\]")
@@ -60,7 +58,7 @@ _BOOL: Final[dict[bytes, bytes]] = {b"t": b"true", b"f": b"false", _NULL: b"null
 # a text column whose bytes all are such (and valid UTF-8, as the server sends) is just quoted.
 _PLAIN: Final = bytes(b for b in range(256) if b >= 0x20 and b not in b'"\\')
 Buffer = bytes | memoryview
-RAW, QUOTE, BOOL, TEXT, OTHER = Kind  # the numbers _copyfast.c knows them by
+RAW, QUOTE, BOOL, TEXT, OTHER = Kind.RAW, Kind.QUOTE, Kind.BOOL, Kind.TEXT, Kind.OTHER
 BLOCK_BYTES: Final = 1 << 18  # COPY bytes per block: big enough that per-block work is noise
 
 
@@ -93,9 +91,10 @@ def _text(v: bytes) -> bytes:
 class BlockEncoder:
     """Encodes blocks of one relation's COPY text lines as snapshot records; see the module doc.
 
-    :meth:`write_to`, for a relation whose columns all are of the RAW, QUOTE, BOOL and TEXT kinds,
-    first tries the C encoder of :mod:`pgrecv._copyfast`, which declines a block it cannot do
-    exactly (a malformed line, a text that is not UTF-8) to :meth:`encode`, the Python path.
+    :meth:`write_to`, for a relation with no column of the OTHER kind, first tries the C encoder
+    of :mod:`pgrecv._copyfast`, which declines a block it cannot do exactly (a malformed line, a
+    text that is not UTF-8, a JSON null document, a value only the Python converter reads) to
+    :meth:`encode`, the Python path.
     """
 
     def __init__(self, relation: ev.Relation, snapshot_lsn: int) -> None:
@@ -109,10 +108,13 @@ class BlockEncoder:
         self._formats: dict[tuple[bool, ...], tuple[bytes, list[bytes], bytes]] = {}
         self._out = bytearray()  # the C encoder's output, reused for every block
         self._native: Callable[[bytes], tuple[int, int] | None] | None = None
-        if self._n and all(k <= TEXT for k in self._kinds) and _copyfast is not None:
+        if self._n and OTHER not in self._kinds and _copyfast is not None:
+            elems = [array_element(c.type_oid, c.type_name) for c in relation.columns]
             kind_bytes, keys, encode = bytes(self._kinds), tuple(self._keys), _copyfast.encode
-            head, tail, out = self._head, self._tail, self._out
-            self._native = lambda block: encode(block, out, kind_bytes, head, keys, tail)
+            elem_bytes = bytes(e[0] if e and k == Kind.ARRAY else 0 for e, k in zip(elems, self._kinds, strict=True))
+            delims = "".join(e[1] if e and k == Kind.ARRAY else "," for e, k in zip(elems, self._kinds, strict=True))
+            head, tail, out, delim_bytes = self._head, self._tail, self._out, delims.encode()
+            self._native = lambda block: encode(block, out, kind_bytes, elem_bytes, delim_bytes, head, keys, tail)
 
     def _format(self, quoted: tuple[bool, ...]) -> tuple[bytes, list[bytes], bytes]:
         """The bytes around a block's fields: (first, the n between the fields of a row and the

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 from pgrecv import events as ev
 from pgrecv.conn import ConnOptions, connect
 from pgrecv.errors import ConnectionFailed, PositionError, SlotError, StreamLost, UsageError
-from pgrecv.fastpath import FastInserts
+from pgrecv.fastpath import FastRows
 from pgrecv.feedback import Feedback
 from pgrecv.jsonl import JsonlEncoder
 from pgrecv.lsn import lsn_str
@@ -153,8 +153,8 @@ class Streamer:
         self._file_seen = 0  # sink.file_started when the formatter was made
         self._feed: Callable[[ev.Event], None] | None = None
         self._decoder: Decoder | None = None
-        self._fast: FastInserts | None = None
-        # the fused Insert-to-JSONL path (pgrecv.fastpath) when nothing is filtered
+        self._fast: FastRows | None = None
+        # the fused row-to-JSONL path (pgrecv.fastpath) when nothing is filtered
         self._fast_ok = (
             config.plugin == "pgoutput"
             and config.fmt == "jsonl"
@@ -322,7 +322,7 @@ class Streamer:
             from pgrecv.decode.pgoutput import PgOutputDecoder
 
             if isinstance(self._decoder, PgOutputDecoder):
-                self._fast = FastInserts(formatter, self._decoder, self.sink.write)
+                self._fast = FastRows(formatter, self._decoder, self.sink.write)
 
     def _assembler(self) -> Any:
         if not self.cfg.assemble:
@@ -557,7 +557,7 @@ class Streamer:
 
         def handle(msg: Any, lsn: int) -> None:
             fast = self._fast
-            if fast is not None and msg[0] == 0x49 and not self._skipping and fast.insert(msg, lsn):  # 'I'
+            if fast is not None and not self._skipping and fast.row(msg, lsn):
                 stats.rows += 1
                 return
             event = decode(msg, lsn)
@@ -576,8 +576,6 @@ class Streamer:
                         return
                 stats.rows += 1
                 emit(event, msg)
-                if fast is not None and cls is ev.Insert:
-                    fast.learn(event)  # type: ignore[arg-type]
                 return
             if cls is ev.Begin:
                 self._in_txn = True

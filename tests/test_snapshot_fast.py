@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from pgrecv import events as ev
 from pgrecv import snapshot as snap
 from pgrecv import snapshot_fast as fast
 from pgrecv.jsonl import JsonlEncoder
+from pgrecv.native import ENV_SWITCH
 
 CP = 0x1_0000_00AB
 TEXTS = [
@@ -119,9 +121,17 @@ def _both_paths(dsn: str, tmp_path: Path, table: str) -> tuple[bytes, bytes, int
     return out[0], out[1], counts[0]
 
 
+# PGRECV_NO_NATIVE=1 (the whole suite on the Python fallback): the C part's own tests are skipped.
+# Without the switch they run, and fail if the C part was not built.
+SWITCHED_OFF = os.environ.get(ENV_SWITCH, "") not in ("", "0")
+needs_c = pytest.mark.skipif(SWITCHED_OFF, reason=f"{ENV_SWITCH} is set")
+
+
 @pytest.fixture(params=["c", "python"])
 def native(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both fast paths: with the C part of pgrecv._copyfast, and without it (as if not built)."""
+    if request.param == "c" and SWITCHED_OFF:
+        pytest.skip(f"{ENV_SWITCH} is set")
     if request.param == "python":
         monkeypatch.setattr(fast, "_copyfast", None)
     return str(request.param)
@@ -280,6 +290,7 @@ def test_random_texts_from_the_server(
 # --- the C part (pgrecv._copyfast) -----------------------------------------------------------
 
 
+@needs_c
 def test_c_part_is_built_and_bound(db_dsn: str) -> None:
     """The install built the C part and it found psycopg's libpq: the tests above ran through it."""
     assert fast._copyfast is not None, "pgrecv._copyfast was not built (is a C compiler installed?)"
@@ -326,7 +337,7 @@ def _c(enc: fast.BlockEncoder, block: bytes) -> tuple[bytes, int] | None:
     return None if done is None else (bytes(enc._out[: done[0]]), done[1])
 
 
-# _REL with a varchar instead of its array (the one kind of these the C encoder does not take)
+# _REL with a varchar instead of its array
 _SIMPLE = replace(
     _REL, name="simple", columns=(*_REL.columns[:4], ev.Column("v", 1043, -1, "character varying", False))
 )
@@ -340,6 +351,7 @@ _SIMPLE_ROW = st.tuples(
 )
 
 
+@needs_c
 @given(st.lists(_SIMPLE_ROW, min_size=1, max_size=20))
 @settings(max_examples=300, deadline=None)
 def test_c_encoder_matches_python_and_reference(rows: list[tuple[str | None, ...]]) -> None:
@@ -354,6 +366,7 @@ def test_c_encoder_matches_python_and_reference(rows: list[tuple[str | None, ...
 _PIECES = [b"\t", b"\n", b"\\N", b"\\", b"t", b"f", b'"', b"1", b"\x01", b"\xff", b"ab"]
 
 
+@needs_c
 @given(st.binary(max_size=200) | st.lists(st.sampled_from(_PIECES), max_size=60).map(b"".join))
 @settings(max_examples=1000, deadline=None)
 def test_c_encoder_on_malformed_blocks(block: bytes) -> None:
@@ -364,6 +377,7 @@ def test_c_encoder_on_malformed_blocks(block: bytes) -> None:
         assert c == fast.BlockEncoder(_SIMPLE, CP).encode(block)
 
 
+@needs_c
 def test_c_encoder_declines() -> None:
     enc = fast.BlockEncoder(_SIMPLE, CP)
     ok = b"1\tx\t1.5\tt\ty\n"
@@ -396,6 +410,7 @@ def test_c_encoder_declines() -> None:
     assert _c(enc, ok) == enc.encode(ok)
 
 
+@needs_c
 def test_write_to_hands_out_views_of_one_buffer() -> None:
     enc = fast.BlockEncoder(_SIMPLE, CP)
     got: list[bytes] = []
@@ -409,6 +424,7 @@ def test_write_to_hands_out_views_of_one_buffer() -> None:
         enc.write_to(blocks[0] * 2, kept.append)
 
 
+@needs_c
 def test_read_blocks_c_with_notices_during_the_copy(db_dsn: str) -> None:
     """libpq calls psycopg's notice handler from inside the C loop (which runs without the GIL)."""
     notices: list[str] = []
@@ -423,3 +439,119 @@ def test_read_blocks_c_with_notices_during_the_copy(db_dsn: str) -> None:
             data = b"".join(fast.read_blocks(conn, size=100))
     assert data == b"".join(b"%d\n" % i for i in range(1, 10001))
     assert notices == [f"row {i}" for i in range(1000, 10001, 1000)]
+
+
+# --- the kinds the C encoder shares with the stream's row encoder: floats, json, bytea, arrays -----
+
+_KINDS_REL = ev.Relation(
+    16500,
+    "public",
+    "kinds",
+    "d",
+    tuple(
+        ev.Column(name, oid, -1, tname, name == "id")
+        for name, oid, tname in (
+            ("id", 20, "bigint"),
+            ("f8", 701, "double precision"),
+            ("f4", 700, "real"),
+            ("jb", 3802, "jsonb"),
+            ("js", 114, "json"),
+            ("by", 17, "bytea"),
+            ("ia", 1007, "integer[]"),
+            ("ta", 1009, "text[]"),
+            ("fa", 1022, "double precision[]"),
+            ("ja", 3807, "jsonb[]"),
+            ("ba", 1000, "boolean[]"),
+            ("bya", 1001, "bytea[]"),
+            ("box", 1020, "box[]"),
+        )
+    ),
+)
+
+
+def _kinds_rows() -> st.SearchStrategy[tuple[str | None, ...]]:
+    from tests.test_fastpath import _array, _float_text, json_docs, texts
+
+    docs = json_docs.filter(lambda t: t != "null")  # a JSON null document: declined, tested below
+    floats = st.floats().map(_float_text)
+    hexes = st.binary(max_size=20).map(lambda b: "\\x" + b.hex())
+    opt = st.none().__or__
+    return st.tuples(
+        st.integers(-(2**63), 2**63 - 1).map(str),
+        opt(floats),
+        opt(st.floats(width=32).map(_float_text)),
+        opt(docs),
+        opt(docs),
+        opt(hexes),
+        opt(st.lists(st.none() | st.integers(-99, 99).map(str), max_size=4).map(_array)),
+        opt(st.lists(st.none() | texts, max_size=4).map(_array)),
+        opt(st.lists(st.none() | floats, max_size=3).map(_array)),
+        opt(st.lists(st.none() | json_docs, max_size=3).map(_array)),
+        opt(st.lists(st.none() | st.sampled_from(["t", "f"]), max_size=3).map(_array)),
+        opt(st.lists(st.none() | hexes, max_size=3).map(_array)),
+        opt(st.sampled_from(["{(1,2),(0,0);(3,4),(1,1)}", "{}"])),
+    )
+
+
+def _block(rows: list[tuple[str | None, ...]]) -> bytes:
+    return b"".join(b"\t".join(b"\\N" if v is None else _copy_escape(v) for v in row) + b"\n" for row in rows)
+
+
+@given(st.lists(_kinds_rows(), min_size=1, max_size=10))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_c_encoder_takes_floats_json_bytea_arrays(rows: list[tuple[str | None, ...]]) -> None:
+    """The server's texts of these kinds: the C encoder writes the reference's lines itself."""
+    block = _block(rows)
+    want: list[bytes] = []
+    JsonlEncoder(want.append).snapshot_rows(_KINDS_REL, rows, CP)
+    enc = fast.BlockEncoder(_KINDS_REL, CP)
+    assert enc._native is not None or fast._copyfast is None
+    if enc._native is not None:
+        assert _c(enc, block) == (b"".join(want[1:]), len(rows))
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 12), st.sampled_from(["null", " null", "x", "{1,,2}", "1e400", "\\xz", ""])),
+        max_size=4,
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_c_encoder_declines_or_agrees_on_odd_values(edits: list[tuple[int, str]]) -> None:
+    """A JSON null document, values only the Python converters read (or nobody does): the C
+    encoder declines the block or writes exactly what the Python path writes."""
+    row: list[str | None] = ["1", "1.5", "2.5", "{}", "[]", "\\x00", "{1}", "{a}", "{1.5}", "{}", "{t}", "{}", "{}"]
+    for col, value in edits:
+        if col:
+            row[col] = value
+    block = _block([tuple(row)])
+    enc = fast.BlockEncoder(_KINDS_REL, CP)
+    if enc._native is None:
+        return
+    c = _c(enc, block)
+    if c is not None:
+        assert c == fast.BlockEncoder(_KINDS_REL, CP).encode(block)
+
+
+def test_snapshot_of_the_new_kinds_from_the_server(
+    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str
+) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE k (id bigint PRIMARY KEY, f8 float8, f4 real, jb jsonb, by bytea, ia int[], ta text[], "
+            "fa float8[], ja jsonb[])"
+        )
+        c.execute(
+            "INSERT INTO k SELECT g, g / 7.0, g / 3.0, jsonb_build_object('g', g, 's', E'a\\nb'), "
+            "decode(md5(g::text), 'hex'), ARRAY[g, NULL, -g], ARRAY['x y', NULL, 'NULL', E'q\"'], "
+            "ARRAY[g * 1e-7, 'NaN'], ARRAY['{\"a\": 1}'::jsonb, 'null'] FROM generate_series(1, 3000) g"
+        )
+        c.execute("INSERT INTO k VALUES (0, 'Infinity', '-Infinity', '[]', '', '{}', '{}', '{}', '{}')")
+    counting = _Counting(fast._copyfast)
+    if native == "c":
+        monkeypatch.setattr(fast, "_copyfast", counting)
+    monkeypatch.setattr(fast, "BLOCK_BYTES", 8192)
+    got, want, n = _both_paths(db_dsn, tmp_path, "public.k")
+    assert n == 3001 and got == want
+    if native == "c":
+        assert counting.calls["encode"] > 20 and counting.declined == 0
