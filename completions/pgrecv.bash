@@ -89,8 +89,9 @@ _pgrecv() {
                 --conf) return ;;
                 --mode) COMPREPLY=($(compgen -W "latest history" -- "$cur")); return ;;
                 --delta-engine) COMPREPLY=($(compgen -W "auto spark delta-rs" -- "$cur")); return ;;
+                --replay) COMPREPLY=($(compgen -W "driver spark" -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --append-only --json -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --append-only --replay --json -v --verbose -q --quiet" -- "$cur")) ;;
         start)
             case "$prev" in
                 -S|--slot) return ;;

@@ -94,6 +94,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l conf -x -d 'S
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l mode -x -a 'latest history' -d 'latest: the tables as they are; history: every version (SCD type 2).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l delta-engine -x -a 'auto spark delta-rs' -d 'auto: Delta\'s Spark connector when on the classpath, else delta-rs.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l append-only -d 'Tables without any key: append their inserts.'
+complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l replay -x -a 'driver spark' -d 'Where the replay runs: driver (this process) or spark (Spark tasks: latest mode, Parquet or Delta through delta-rs; a table that cannot be applied is held back alone, exit 15).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l json -d 'Print a machine-readable summary on stdout.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -s v -l verbose -d 'More detail on stderr (repeat for more).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -s q -l quiet -d 'Print no progress or notices.'

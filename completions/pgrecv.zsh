@@ -128,6 +128,7 @@ _pgrecv() {
                 '--mode[latest\: the tables as they are; history\: every version (SCD type 2).]:value:(latest history)' \
                 '--delta-engine[auto\: Delta'\''s Spark connector when on the classpath, else delta-rs.]:value:(auto spark delta-rs)' \
                 '--append-only[Tables without any key\: append their inserts.]' \
+                '--replay[Where the replay runs\: driver (this process) or spark (Spark tasks\: latest mode, Parquet or Delta through delta-rs; a table that cannot be applied is held back alone, exit 15).]:value:(driver spark)' \
                 '--json[Print a machine-readable summary on stdout.]' \
                 ''*{-v,--verbose}'[More detail on stderr (repeat for more).]' \
                 '(-q --quiet)'{-q,--quiet}'[Print no progress or notices.]' ;;

@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     SERVER = 12  # the server refused a statement for a reason of its own (its message says which)
     POSITION = 13  # a start or resume position the server cannot have produced: nothing confirmed
     UNHEALTHY = 14  # slots --check: a slot is in trouble or past a limit (one line per problem)
+    PARTLY_APPLIED = 15  # spark-apply: tables held back (each reported), every other table applied
     INTERRUPTED = 130  # stopped by SIGINT before finishing
 
 
@@ -89,6 +90,12 @@ class Unhealthy(PgrecvError):
     """``slots --check`` found problems (each already printed on its own line)."""
 
     exit_code = ExitCode.UNHEALTHY
+
+
+class PartlyApplied(PgrecvError):
+    """spark-apply held back the tables it names (they keep their position); the rest is applied."""
+
+    exit_code = ExitCode.PARTLY_APPLIED
 
 
 class PositionError(PgrecvError):

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pyarrow as pa
 
@@ -49,6 +48,9 @@ class ApplyConfig:
     master: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
     append_only: bool = False
+    # where the replay runs: "driver" (this process, the default for now) or "spark" (Spark tasks:
+    # latest mode, Parquet and Delta through delta-rs; see pgrecv/spark/engine.py)
+    replay: str = "driver"
 
 
 @dataclass
@@ -62,6 +64,8 @@ class TableResult:
     truncates: int = 0
     version: int | None = None
     applied_lsn: str | None = None
+    bytes_written: int | None = None
+    error: str | None = None  # why the table was held back (status "held back")
 
 
 @dataclass
@@ -104,13 +108,27 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
+MAX_DIR_NAME = 200  # below every file system's 255-byte name limit, with room for temp suffixes
+
+
 def table_dir_name(schema: str, table: str) -> str:
-    """``schema.table`` with anything unsafe (including dots inside names) percent-encoded."""
+    """``schema.table``, each byte outside ``[A-Za-z0-9_-]`` (dots inside names too) as ``~XX``.
+
+    Not ``%XX``: delta-rs takes table paths for URLs and decodes them, so a directory named with
+    ``%`` is not found. Two names of 63 bytes can encode to 379 characters: past MAX_DIR_NAME the
+    name is cut and a hash of the whole keeps it unique.
+    """
 
     def enc(s: str) -> str:
-        return quote(s, safe="").replace(".", "%2E")
+        return "".join(
+            chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "_-") else f"~{b:02X}" for b in s.encode()
+        )
 
-    return f"{enc(schema)}.{enc(table)}"
+    name = f"{enc(schema)}.{enc(table)}"
+    if len(name) > MAX_DIR_NAME:
+        digest = hashlib.sha256(f"{schema}\0{table}".encode()).hexdigest()[:16]
+        name = f"{name[: MAX_DIR_NAME - 18]}~~{digest}"
+    return name
 
 
 def _lsn_text(v: int) -> str:
@@ -142,6 +160,17 @@ def _run_apply(
     files = expand_sources(config.sources)
     manifests = check_snapshots(files)
     state = config.target / STATE_DIR / "prepared"
+    if config.replay == "spark":
+        if config.mode != "latest" or (config.fmt == "delta" and config.engine == "spark"):
+            raise UsageError("--replay spark does --mode latest into Parquet or Delta through delta-rs (for now)")
+        if spark is None:
+            from pgrecv.spark.sparkops import start_session
+
+            spark = start_session(config.master, config.conf)
+        from pgrecv.spark.engine import run_frames
+
+        summary: Summary = run_frames(config, spark, files, manifests, state, progress or Progress(), after_table)
+        return summary
     carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
 
     with no_gc():

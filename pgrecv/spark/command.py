@@ -45,6 +45,14 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
     help="auto: Delta's Spark connector when on the classpath, else delta-rs.",
 )
 @click.option("--append-only", is_flag=True, help="Tables without any key: append their inserts.")
+@click.option(
+    "--replay",
+    type=click.Choice(["driver", "spark"]),
+    default="driver",
+    show_default=True,
+    help="Where the replay runs: driver (this process) or spark (Spark tasks: latest mode, "
+    "Parquet or Delta through delta-rs; a table that cannot be applied is held back alone, exit 15).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @common_options
 def _spark_apply(
@@ -57,6 +65,7 @@ def _spark_apply(
     mode: str,
     delta_engine: str,
     append_only: bool,
+    replay: str,
     as_json: bool,
 ) -> None:
     """Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.
@@ -84,6 +93,7 @@ def _spark_apply(
         master=master,
         conf=_conf(confs),
         append_only=append_only,
+        replay=replay,
     )
     show = sys.stderr.isatty() and not STATE.quiet and not as_json
     progress = RichProgress() if show else None
@@ -100,6 +110,15 @@ def _spark_apply(
         sys.stdout.flush()
     elif not STATE.quiet:
         print_summary(summary)
+    held = [t for t in summary.tables if t.status == "held back"]
+    if held:
+        from pgrecv.errors import PartlyApplied
+
+        for t in held[1:]:
+            click.echo(f"pgrecv: error: {t.error}", err=True)
+        raise PartlyApplied(
+            f"{held[0].error} ({len(held)} of {len(summary.tables)} tables held back; the others are applied)"
+        )
 
 
 spark_apply: click.Command = _spark_apply  # annotated: pgrecv.cli imports this module at its end

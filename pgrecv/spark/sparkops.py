@@ -110,6 +110,9 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1") if master is None or master.startswith("local") else None
     builder = SparkSession.builder.appName("pgrecv spark-apply")
     builder = builder.master(master or "local[*]")
+    # The executors' Python runs pgrecv's Arrow UDF (json columns): by default the driver's own
+    # interpreter, where pgrecv and pyarrow are installed (a cluster elsewhere sets its own).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for k, v in {**DEFAULT_CONF, **conf}.items():
         builder = builder.config(k, v)
     with _stderr_to_devnull(quiet):

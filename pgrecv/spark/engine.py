@@ -1,0 +1,441 @@
+"""spark-apply as a Spark job (latest mode): the driver lists files, collects the relation records
+and a few counts, and plans; Spark tasks read, replay and write. The driver never holds rows, so
+its memory does not grow with the input, and ``--master spark://…`` moves the work to a cluster.
+
+Per table, a failure (a value the target type cannot hold, a change without its key, a TOAST value
+with nowhere to come from) holds back that table alone: it keeps its position, is reported with
+file:line, column and value, and the other tables are applied (exit code 15, partly applied).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pgrecv.errors import InputError, UsageError
+from pgrecv.spark import replay as rp
+from pgrecv.spark.source import check_input, find_line, read_records
+from pgrecv.spark.types import ColumnType, column_type, same_type
+
+SAMPLE = 5  # poison values named per table
+
+
+def run_frames(
+    config: Any,
+    spark: Any,
+    files: list[Path],
+    manifests: dict[Path, dict[str, Any]],
+    state: Path,
+    progress: Any,
+    after_table: Callable[[str], None] | None,
+) -> Any:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from pgrecv.spark.apply import Summary, TableResult, _lsn_text, table_dir_name
+    from pgrecv.spark.lake import FrameDeltaRsTarget, FrameParquetTarget
+    from pgrecv.spark.read import parse_lsn, table_matcher
+
+    started = time.monotonic()
+    carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
+    records = read_records(spark, files, carried)
+    summary = Summary(
+        engine=f"{config.fmt}/spark" if config.fmt == "parquet" else "delta/delta-rs+spark",
+        files=len(files) + len(carried),
+    )
+    progress.files(len(files) + len(carried))
+    if records.frame is None:
+        summary.seconds = time.monotonic() - started
+        return summary
+    df = records.frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        check_input(records)
+        st = rp.structure(df)
+        summary.transactions, summary.incomplete, summary.rolled_back = st.transactions, st.incomplete, st.rolled_back
+        match = table_matcher(config.tables)
+        snap: list[tuple[str, str, int]] = []
+        for mpath, manifest in manifests.items():
+            try:
+                pos = parse_lsn(manifest["snapshot_lsn"]) - 1
+                for entry in manifest.get("tables") or [f["table"] for f in manifest["files"]]:
+                    schema, _, table = (
+                        str(entry).partition(".")
+                        if not isinstance(entry, dict)
+                        else (entry["schema"], "", entry["table"])
+                    )
+                    snap.append((schema, table, pos))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InputError(f"{mpath}: bad snapshot manifest ({exc!r}): re-run `pgrecv snapshot`") from None
+        changes, pending = rp.committed(df, snap)
+        # a TRUNCATE concerns every table it lists: one row per table
+        trunc = (
+            changes.where("op = 'truncate'")
+            .select(*[c for c in changes.columns if c not in ("schema", "table")], F.explode("tables").alias("_t"))
+            .select("*", F.col("_t.schema").alias("schema"), F.col("_t.table").alias("table"))
+            .drop("_t")
+        )
+        changes = changes.where("op <> 'truncate'").unionByName(trunc.select(*changes.columns))
+        names = sorted({k for k in st.relations} | {(s, t) for s, t, _ in snap} | _tables_with_changes(changes))
+        wanted = [n for n in names if match(*n)]
+        changes = changes.where(
+            F.struct("schema", "table").isin([F.struct(F.lit(s), F.lit(t)) for s, t in wanted])
+            if wanted
+            else F.lit(False)
+        )
+        changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
+        summary.lines = int(df.count())
+        summary.pending_prepared, carry_file = _carry_pending(pending, st, state, spark)
+
+        targets: dict[tuple[str, str], Any] = {}
+        for s, t in wanted:
+            path = config.target / table_dir_name(s, t)
+            app_id = f"pgrecv:{s}.{t}"
+            target = (
+                FrameParquetTarget(path, app_id, spark)
+                if config.fmt == "parquet"
+                else FrameDeltaRsTarget(path, app_id, spark)
+            )
+            if path.exists():
+                target.open()
+            targets[(s, t)] = target
+        facts = _table_facts(changes, {k: v.applied for k, v in targets.items()}, spark)
+        todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
+        progress.tables(len(todo))
+        failures: list[str] = []
+        for key in todo:
+            s, t = key
+            target = targets[key]
+            result = TableResult(f"{s}.{t}", str(target.path), "up to date", version=target.version)
+            if target.applied is not None:
+                result.applied_lsn = _lsn_text(target.applied)
+            f = facts[key]
+            result.inserts, result.updates, result.deletes, result.truncates = (
+                f["insert"],
+                f["update"],
+                f["delete"],
+                f["truncate"],
+            )
+            if not f["n"]:  # every change of the input is applied already
+                summary.tables.append(result)
+                progress.table_done(f"{s}.{t}")
+                continue
+            try:
+                if target.schema is not None and "_current" in target.schema.names:
+                    raise UsageError(f"{target.path} is a history-mode table: use the same --mode as before")
+                plan = _plan(s, t, st.relations.get(key, []), target.schema, config.append_only)
+                batch = _batch(changes, plan, target, f, spark, result, config)
+                target.path.parent.mkdir(parents=True, exist_ok=True)
+                result.bytes_written = target.write_frames(batch)
+                result.status = "applied"
+                result.version = target.version
+                result.applied_lsn = _lsn_text(batch.position)
+            except (InputError, UsageError) as exc:
+                result.status = "held back"
+                result.error = exc.message
+                failures.append(f"{s}.{t}: {exc.message}")
+            summary.tables.append(result)
+            progress.table_done(f"{s}.{t}")
+            if after_table is not None:
+                after_table(f"{s}.{t}")
+        if not failures:  # a held-back table may still need carried rows that this run committed
+            _finish_carried(carried, carry_file)
+        summary.warnings.extend(failures)
+        summary.seconds = time.monotonic() - started
+        return summary
+    finally:
+        spark.catalog.clearCache()  # the run's persisted frames (records, changes, final events)
+
+
+def _tables_with_changes(changes: Any) -> set[tuple[str, str]]:
+    rows = changes.select("schema", "table").distinct().collect()  # one row per table
+    return {(r["schema"], r["table"]) for r in rows if r["schema"] is not None}
+
+
+def _table_facts(
+    changes: Any, applied: dict[tuple[str, str], int | None], spark: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per table: counts by op past its applied position, the position, the last TRUNCATE, and
+    the columns with unchanged TOAST values (one small aggregate for all tables)."""
+    from pyspark.sql import functions as F
+
+    pos = spark.createDataFrame(
+        [(s, t, a if a is not None else -1) for (s, t), a in applied.items()] or [("", "", -1)],
+        "schema string, `table` string, _applied long",
+    )
+    every = changes.join(F.broadcast(pos), ["schema", "table"])
+    live = F.col("c") > F.col("_applied")
+    order = rp.order_col()
+    agg = every.groupBy("schema", "table").agg(
+        F.count(F.lit(1)).alias("n_all"),
+        F.sum(F.when(live, 1).otherwise(0)).alias("n"),
+        *[
+            F.sum(F.when(live & (F.col("op") == op), 1).otherwise(0)).alias(op)
+            for op in ("insert", "update", "delete", "truncate")
+        ],
+        F.max(F.when(live, F.col("c"))).alias("position"),
+        F.max(F.when(live & (F.col("op") == "truncate"), order)).alias("truncate_at"),
+        F.array_distinct(
+            F.flatten(
+                F.collect_set(F.when(live, F.coalesce(F.col("unchanged_toast"), F.array().cast("array<string>"))))
+            )
+        ).alias("toast"),
+    )
+    out = {}
+    for r in agg.collect():  # one row per table
+        d = r.asDict()
+        ta = d["truncate_at"]
+        d["truncate_at"] = tuple(ta) if ta is not None else None
+        d["toast"] = sorted(d["toast"] or [])
+        out[(r["schema"], r["table"])] = d
+    return out
+
+
+def _plan(
+    schema: str, table: str, relations: list[dict[str, Any]], existing: pa.Schema | None, append_only: bool
+) -> rp.TablePlan:
+    name = f"{schema}.{table}"
+    cols: dict[str, ColumnType] = {}
+    if existing is not None:
+        for f in existing:
+            cols[f.name] = ColumnType("(target)", f.type, None)
+    pg_columns: list[str] = []
+    for rel in relations:
+        pg_columns = [c["name"] for c in rel["columns"]]
+        for c in rel["columns"]:
+            ct = column_type(c.get("type"), int(c.get("typmod") if c.get("typmod") is not None else -1))
+            have = cols.get(c["name"])
+            if have is not None and not same_type(have.arrow, ct.arrow):
+                raise InputError(
+                    f"table {name}: column {c['name']} changed type from {have.arrow} to {ct.arrow} ({ct.pg_type}): "
+                    "spark-apply does not rewrite tables; re-create the target table from a snapshot"
+                )
+            if have is None or have.pg_type == "(target)":
+                cols[c["name"]] = ColumnType(
+                    ct.pg_type, have.arrow if have else ct.arrow, ct.convert, ct.is_json, ct.vector
+                )
+    for n, ct in list(cols.items()):
+        if ct.pg_type == "(target)":  # a column PostgreSQL no longer sends: keep its type, store NULL
+            cols[n] = ColumnType("text" if pa.types.is_string(ct.arrow) else "(target)", ct.arrow, None)
+    key, full, append = _identity(name, relations, append_only)
+    for k in key:
+        if k not in cols:
+            raise InputError(f"table {name}: key column {k} is not among its columns")
+    return rp.TablePlan(schema, table, cols, key, full, append, pg_columns)
+
+
+def _identity(name: str, relations: list[dict[str, Any]], append_only: bool) -> tuple[list[str], bool, bool]:
+    for rel in reversed(relations):
+        if rel.get("key") and rel.get("replica_identity") != "full":
+            return list(rel["key"]), False, False
+    if relations and relations[-1].get("replica_identity") == "full":
+        return [c["name"] for c in relations[-1]["columns"]], True, False
+    for rel in reversed(relations):  # test_decoding: the key is whatever old images named
+        if rel.get("key"):
+            return list(rel["key"]), False, False
+    if not relations:
+        raise InputError(f"table {name}: changes without any relation record before them: the input is incomplete")
+    if append_only:
+        return [], False, True
+    raise InputError(
+        f"table {name} has no primary key or replica identity: give it one (or REPLICA IDENTITY FULL), "
+        "or pass --append-only to append its inserts"
+    )
+
+
+def _batch(
+    changes: Any, plan: rp.TablePlan, target: Any, facts: dict[str, Any], spark: Any, result: Any, config: Any
+) -> Any:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from pgrecv.spark.lake import FrameBatch
+
+    names = list(plan.columns)
+    schema = pa.schema([(n, plan.columns[n].arrow) for n in names])
+    truncate = facts["truncate_at"] is not None
+    if plan.append_only:
+        rows = changes.where((F.col("schema") == plan.schema) & (F.col("table") == plan.table))
+        if target.applied is not None:
+            rows = rows.where(F.col("c") > target.applied)
+        if truncate:
+            rows = rows.where(rp.order_col() > rp.order_lit(facts["truncate_at"]))
+        bad = rows.where("op NOT IN ('insert', 'truncate')").select("op", "_path", "lsn").limit(1).collect()
+        if bad:
+            where = find_line(bad[0]["_path"], {"op": bad[0]["op"], "lsn": bad[0]["lsn"]})
+            raise InputError(
+                f"{where}: {bad[0]['op']} on a table without a key in --append-only mode: only inserts can be appended"
+            )
+        values, oks, raws = rp._image(F.col("new"), plan, F.col("json_nulls"))
+        ev = (
+            rows.where("op = 'insert'")
+            .select(
+                F.struct(*[values[n].alias(n) for n in names]).alias("v"),
+                F.struct(*[oks[n].alias(n) for n in names]).alias("ok"),
+                F.struct(*[raws[n].cast("string").alias(n) for n in names]).alias("raw"),
+                "_path",
+                "lsn",
+            )
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        _check_values(ev, plan, names)
+        return FrameBatch(schema, [], False, truncate, ev.select("v.*"), None, facts["position"], append_only=True)
+    events = rp.table_changes(changes, plan, target.applied, facts["truncate_at"])
+    final = rp.final_changes(events, plan, [c for c in facts["toast"] if c in plan.columns]).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    problem = final.where("_problem IS NOT NULL").select("_problem", "op", "_path", "lsn").limit(1).collect()
+    if problem:
+        p = problem[0]
+        where = find_line(p["_path"], {"op": p["op"], "lsn": p["lsn"]})
+        raise InputError(
+            f"{where}: {p['op']} {p['_problem']}: cannot identify the row; "
+            "give the table a primary key or REPLICA IDENTITY FULL"
+        )
+    upserts = final.where("kind = 'U'")
+    _check_values(upserts, plan, names)
+    rows = upserts.select("v.*", "need", "root")
+    if facts["toast"]:
+        rows = _fill_from_target(rows, plan, target, truncate)
+    keys = final.select("key.*")
+    return FrameBatch(
+        schema,
+        plan.key_cols,
+        plan.full,
+        truncate,
+        rows.select(*[F.col(f"`{n}`") for n in names]),
+        keys,
+        facts["position"],
+    )
+
+
+def _check_values(rows: Any, plan: rp.TablePlan, names: list[str]) -> None:
+    """Values the target type cannot hold: the table is held back, the first few named."""
+    from pyspark.sql import functions as F
+
+    bad_any = F.lit(False)
+    for n in names:
+        bad_any = bad_any | ~F.col(f"ok.`{n}`")
+    bad = rows.where(bad_any).select("ok", "raw", "_path", "lsn").limit(SAMPLE).collect()
+    if not bad:
+        return
+    r = bad[0]
+    col = next(n for n in names if not r["ok"][n])
+    value = r["raw"][col]
+    ct = plan.columns[col]
+    where = find_line(r["_path"], {"lsn": r["lsn"], "table": plan.table})
+    more = f" (and {len(bad) - 1}+ more)" if len(bad) > 1 else ""
+    raise InputError(
+        f"{where}: value {value!r} of column {col} ({ct.pg_type}) cannot be stored as {ct.arrow}{more}: "
+        "the table is held back; see docs/spark-apply.md (type mapping)"
+    )
+
+
+def _fill_from_target(rows: Any, plan: rp.TablePlan, target: Any, truncate: bool) -> Any:
+    """Unchanged-TOAST columns the batch could not supply: the target's row of the root key."""
+    from pyspark.sql import functions as F
+
+    need = rows.where(F.size("need") > 0)
+    if need.limit(1).count() == 0:
+        return rows.drop("need", "root")
+    cur = None if truncate else target.frame()
+    sample = need.select("need").limit(1).collect()
+    if cur is None:
+        raise InputError(
+            f"table {plan.name}: unchanged TOAST column(s) {', '.join(sample[0]['need'])}, "
+            "but the target has no row to "
+            "keep them from: apply the earlier changes or a snapshot (pgrecv snapshot) first"
+        )
+    t = cur.select(
+        F.struct(*[F.col(f"`{k}`").alias(k) for k in plan.key_cols]).alias("_tk"),
+        *[F.col(f"`{c}`").alias(f"_t_{c}") for c in plan.columns if c in cur.columns],
+    )
+    j = need.join(t, F.col("root") == F.col("_tk"), "left")
+    missing = j.where(F.col("_tk").isNull()).select("need").limit(1).collect()
+    if missing:
+        raise InputError(
+            f"table {plan.name}: unchanged TOAST column(s) {', '.join(missing[0]['need'])}, "
+            "but the target has no row to "
+            "keep them from: apply the earlier changes or a snapshot (pgrecv snapshot) first"
+        )
+    out = j
+    for c in plan.columns:
+        if f"_t_{c}" in j.columns:
+            out = out.withColumn(c, F.when(F.array_contains("need", c), F.col(f"_t_{c}")).otherwise(F.col(f"`{c}`")))
+    out = out.select(*[F.col(f"`{c}`") for c in plan.columns])
+    return rows.where(F.size("need") == 0).drop("need", "root").unionByName(out)
+
+
+def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> tuple[int, Path | None]:
+    """Prepared transactions whose outcome is not in the input: their records (and their tables'
+    relation records) are written, by Spark, to one 0600 file under ``state`` for the next run.
+    Returns (how many, the file)."""
+    import shutil
+
+    import orjson
+    from pyspark.sql import functions as F
+
+    from pgrecv.spark.writers import _fsync_dir
+
+    count = pending.select("gid", "xid").distinct().count()
+    if not count:
+        return 0, None
+    tables = {(r["schema"], r["table"]) for r in pending.select("schema", "table").distinct().collect()}
+    rel_lines = [
+        orjson.dumps({"v": 1, "op": "relation", **rel}).decode()
+        for k in sorted(tables)
+        for rel in st.relations.get(k, [])[-1:]
+    ]
+
+    def field(name: str, expr: Any) -> Any:
+        return F.concat(F.lit(f',"{name}":'), F.coalesce(expr, F.lit("null")))
+
+    # built field by field: the row images stay their exact raw JSON text
+    parts = [F.lit('{"v":1')]
+    parts += [field(c, _json_string(F.col(c))) for c in ("op", "schema", "table", "gid", "lsn", "commit_time")]
+    parts += [field("xid", F.col("xid").cast("string")), field("commit_lsn", F.lit(None)), field("new", F.col("new"))]
+    parts += [field("old", F.col("old")), field("tables", F.to_json(F.col("tables")))]
+    parts += [
+        field(c, F.to_json(F.col(c)))
+        for c in ("unchanged_toast", "old_unchanged_toast", "json_nulls", "old_json_nulls")
+    ]
+    parts.append(F.lit("}"))
+    lines = pending.orderBy(*rp.POS).select(F.concat(*parts).alias("value"))
+    if rel_lines:
+        lines = spark.createDataFrame([(x,) for x in rel_lines], "value string").unionByName(lines)
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(state, 0o700)  # raw change data: this user only (also for a directory an older run made)
+    tmp = state / f".tmp-{uuid.uuid4().hex}"
+    lines.coalesce(1).write.text(str(tmp))
+    part = next(p for p in tmp.iterdir() if p.name.startswith("part-"))
+    os.chmod(part, 0o600)
+    fd = os.open(part, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    final = state / f"{uuid.uuid4().hex}.jsonl"
+    os.replace(part, final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    _fsync_dir(state)
+    return count, final
+
+
+def _json_string(col: Any) -> Any:
+    """A string column as JSON text (NULL stays NULL)."""
+    from pyspark.sql import functions as F
+
+    return F.regexp_extract(F.to_json(F.struct(col.alias("x"))), r'^\{"x":(.*)\}$', 1)
+
+
+def _finish_carried(carried: list[Path], written: Path | None) -> None:
+    """Files carried by earlier runs, once every table is applied: what is still pending is in
+    this run's new file."""
+    for p in carried:
+        if p != written:
+            p.unlink(missing_ok=True)

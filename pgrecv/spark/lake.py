@@ -1,0 +1,302 @@
+"""Writers for DataFrames: only the data files that hold a touched key are rewritten, by Spark.
+
+A batch is the table's final events (:func:`pgrecv.spark.replay.final_changes`): keys to delete and
+rows to upsert, and whether the batch starts with a TRUNCATE. The current data files that hold
+none of the batch's keys are kept as they are; the others are read, their touched rows dropped,
+and written again with the upserts, clustered by key (so that changes to nearby keys touch few
+files next time). One atomic step then switches the table and records the batch's position:
+
+* Parquet: a new version directory (kept files hard-linked into it), then the pointer and the
+  ``current`` link, as :class:`pgrecv.spark.writers.ParquetTarget` does;
+* Delta (delta-rs commits what Spark wrote): one commit with the remove and add actions and the
+  app transaction ``pgrecv:<schema>.<table>``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from pgrecv.errors import OutputError
+from pgrecv.spark.writers import POINTER, DeltaRsTarget, ParquetTarget, _atomic_write, _fsync_dir
+
+ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
+DATA_SUFFIX = ".parquet"
+
+
+@dataclass
+class FrameBatch:
+    schema: pa.Schema  # the table's columns after the batch
+    key_cols: list[str]
+    null_safe: bool
+    truncate: bool
+    upserts: Any  # DataFrame of full rows (schema's columns)
+    keys: Any  # DataFrame of every touched key (key columns)
+    position: int
+    append_only: bool = False
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def key_condition(left: str, right: str, key_cols: list[str], null_safe: bool) -> Any:
+    from pyspark.sql import functions as F
+
+    cond = F.lit(True)
+    for k in key_cols:
+        a, b = F.col(f"{left}.{_q(k)}"), F.col(f"{right}.{_q(k)}")
+        cond = cond & (a.eqNullSafe(b) if null_safe else a == b)
+    return cond
+
+
+def _spark_schema(schema: pa.Schema) -> Any:
+    from pgrecv.spark.sparkops import spark_schema
+
+    return spark_schema(schema)
+
+
+def _local(uri: str) -> str:
+    path = uri[5:] if uri.startswith("file:") else uri
+    while path.startswith("//"):
+        path = path[1:]
+    return path
+
+
+class _Rewrite:
+    """What a batch does to a set of current files; :meth:`write` leaves new files in ``out``."""
+
+    def __init__(self, spark: Any, batch: FrameBatch, files: list[str], current_schema: pa.Schema | None) -> None:
+        self.spark = spark
+        self.batch = batch
+        self.files = files  # local paths of the current data files
+        self.current_schema = current_schema
+
+    def plan(self) -> tuple[list[str], Any]:
+        """(files to drop, DataFrame of the rows to write)."""
+        from pyspark.sql import functions as F
+
+        b = self.batch
+        names = b.schema.names
+        cols = [F.col(_q(n)) for n in names]
+        new_rows = b.upserts.select(*cols)
+        if b.truncate or not self.files:
+            return list(self.files), new_rows
+        cur = self._read(self.files)
+        if b.append_only:
+            return [], new_rows
+        grew = self.current_schema is None or set(names) != set(self.current_schema.names)
+        if grew:
+            touched = list(self.files)  # old files lack the new columns: rewrite them all
+        else:
+            hits = (
+                cur.select(F.col("_metadata.file_path").alias("_f"), *[F.col(_q(k)) for k in b.key_cols])
+                .alias("t")
+                .join(b.keys.alias("s"), key_condition("t", "s", b.key_cols, b.null_safe), "left_semi")
+                .select("_f")
+                .distinct()
+                .collect()  # one row per data file of the table: bounded by the file count, not the rows
+            )
+            touched = sorted({_local(r["_f"]) for r in hits})
+        if not touched:
+            return [], new_rows
+        old = self._read(touched).alias("t")
+        kept = old.join(b.keys.alias("s"), key_condition("t", "s", b.key_cols, b.null_safe), "left_anti")
+        return touched, kept.select(*cols).unionByName(new_rows)
+
+    def _read(self, files: list[str]) -> Any:
+        # the batch's schema: columns a file lacks (added since it was written) read as NULL
+        return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*files)
+
+    def write(self, rows: Any, out: Path) -> list[Path]:
+        """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths."""
+        b = self.batch
+        if b.key_cols:
+            from pyspark.sql import functions as F
+
+            keys = [F.col(_q(k)) for k in b.key_cols]
+            rows = rows.repartitionByRange(*keys).sortWithinPartitions(*keys)
+        rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(str(out))
+        return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
+
+
+def _fsync_files(paths: list[Path]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class FrameParquetTarget(ParquetTarget):
+    """:class:`ParquetTarget` with a batch of DataFrames; kept files are hard links."""
+
+    def data_files(self) -> list[str]:
+        if self.version is None:
+            return []
+        d = self._dir(self.version)
+        return sorted(str(p) for p in d.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
+
+    def frame(self) -> Any:
+        files = self.data_files()
+        if not files or self.schema is None:
+            return None
+        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*files)
+
+    def write_frames(self, batch: FrameBatch) -> int:
+        """Writes the batch; returns the bytes of the files written."""
+        import pyarrow.parquet as pq
+
+        current = self.data_files()
+        rw = _Rewrite(self.spark, batch, current, self.schema)
+        dropped, rows = rw.plan()
+        version = (self.version or 0) + 1
+        base = self.path / "_versions"
+        base.mkdir(parents=True, exist_ok=True)
+        final = self._dir(version)
+        if final.exists():  # left by a run killed after the rename and before the pointer switch
+            shutil.rmtree(final)
+        tmp = base / f".tmp-v{version:06d}-{uuid.uuid4().hex}"
+        written = rw.write(rows, tmp)
+        size = sum(p.stat().st_size for p in written)
+        for p in tmp.iterdir():
+            if not p.name.endswith(DATA_SUFFIX) or p.name.startswith(("_", ".")):
+                p.unlink()  # Spark's _SUCCESS and .crc files
+        gone = set(dropped)
+        for kept in current:
+            if kept not in gone:
+                dest = tmp / os.path.basename(kept)
+                try:
+                    os.link(kept, dest)
+                except OSError:
+                    shutil.copy2(kept, dest)
+        pq.write_metadata(batch.schema, tmp / "_schema.parquet")  # the schema even when empty
+        _fsync_files(list(tmp.iterdir()))
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(base)
+        pointer = {
+            "v": 1,
+            "format": "parquet",
+            "mode": "latest",
+            "version": version,
+            "path": f"_versions/v{version:06d}",
+            "applied_lsn": f"{batch.position >> 32:X}/{batch.position & 0xFFFFFFFF:X}",
+            "applied_lsn_int": batch.position,
+            "key": batch.key_cols,
+        }
+        _atomic_write(self.path / POINTER, orjson.dumps(pointer, option=orjson.OPT_INDENT_2))
+        self._link(version)
+        self.version = version
+        self._cleanup(version)
+        return size
+
+
+class FrameDeltaRsTarget(DeltaRsTarget):
+    """Spark writes the data files into the table's directory; delta-rs commits them (with the
+    removal of the files they replace and the app transaction) in one atomic commit."""
+
+    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
+        super().__init__(path, app_id)
+        self.spark = spark
+        self._files: dict[str, int] = {}  # path relative to the table → size, as in the log
+
+    def open(self) -> None:
+        super().open()
+        if self.version is None:
+            return
+        from deltalake import DeltaTable
+
+        actions = DeltaTable(str(self.path)).get_add_actions(flatten=True)
+        table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
+        paths = table.column("path").to_pylist()
+        sizes = table.column("size_bytes").to_pylist()
+        self._files = dict(zip(paths, sizes, strict=True))
+
+    def data_files(self) -> list[str]:
+        from urllib.parse import unquote
+
+        return [str(self.path / unquote(p)) for p in sorted(self._files)]
+
+    def frame(self) -> Any:
+        files = self.data_files()
+        if not files or self.schema is None:
+            return None
+        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*files)
+
+    def write_frames(self, batch: FrameBatch) -> int:
+        import pyarrow.parquet as pq
+        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+        current = self.data_files()
+        rw = _Rewrite(self.spark, batch, current, self.schema)
+        dropped, rows = rw.plan()
+        sub = f"pgrecv-{uuid.uuid4().hex}"
+        self.path.mkdir(parents=True, exist_ok=True)
+        written = rw.write(rows, self.path / sub)
+        for f in (self.path / sub).iterdir():
+            if f not in written:
+                f.unlink()
+        _fsync_files(written)
+        now = int(time.time() * 1000)
+        adds = []
+        for f in written:
+            meta = pq.read_metadata(f)
+            adds.append(
+                AddAction(
+                    path=f"{sub}/{f.name}",
+                    size=f.stat().st_size,
+                    partition_values={},
+                    modification_time=now,
+                    data_change=True,
+                    stats=orjson.dumps({"numRecords": meta.num_rows}).decode(),
+                )
+            )
+        by_local = {str(self.path / _unq(p)): p for p in self._files}
+        removes = [
+            RemoveAction(path=by_local[f], data_change=True, deletion_timestamp=now, size=self._files[by_local[f]])
+            for f in dropped
+        ]
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch.position)])
+        try:
+            if self.version is None:
+                create_table_with_add_actions(
+                    str(self.path), _delta_schema(batch.schema), adds, mode="error", commit_properties=commit
+                )
+            else:
+                DeltaTable(str(self.path)).create_write_transaction(
+                    [*adds, *removes], mode="append", schema=batch.schema, commit_properties=commit
+                )
+        except Exception as exc:
+            from deltalake.exceptions import CommitFailedError
+
+            if isinstance(exc, CommitFailedError):
+                raise OutputError(
+                    f"{self.path}: another writer committed to this Delta table meanwhile ({exc}): "
+                    "run spark-apply again (one run per target at a time)"
+                ) from None
+            raise
+        self.version = DeltaTable(str(self.path)).version()
+        return sum(f.stat().st_size for f in written)
+
+
+def _unq(p: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(p)
+
+
+def _delta_schema(schema: pa.Schema) -> Any:
+    from deltalake import Schema
+
+    return Schema.from_arrow(schema)

@@ -1,0 +1,526 @@
+"""docs/spark-apply.md's replay rules as DataFrame operations (they run in Spark tasks).
+
+* :func:`committed` — rows of committed transactions only, each with its commit LSN: plain rows
+  joined to their ``commit``, prepared rows to their ``commit_prepared`` (by gid and xid),
+  streamed rows to the ``stream_commit`` (or ``stream_prepare``) of their top-level transaction;
+  rows of aborted sub-transactions dropped. Snapshot rows and manifests become inserts and a
+  TRUNCATE at the snapshot position.
+* :func:`table_changes` — one table's changes as typed key/value events, past the applied position
+  and after the last TRUNCATE, a primary-key change split into a delete and an upsert.
+* :func:`final_changes` — the last event per key, unchanged-TOAST columns filled from the latest
+  earlier value in the batch (following key changes), else marked for the target's row.
+
+Order everywhere: (commit LSN, change LSN) as 64-bit integers, then the line's place in the input
+(``_rank``, ``_blk``, ``_mid``), which orders test_decoding's changes (they have no LSN) and makes
+the duplicates of an at-least-once delivery (same commit and change LSN) collapse harmlessly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgrecv.errors import InputError
+from pgrecv.spark.convert import json_member, scalar
+from pgrecv.spark.types import ColumnType
+
+ROW_OPS = ("insert", "update", "delete")
+CHANGE_OPS = (*ROW_OPS, "truncate")
+POS = ("_rank", "_blk", "_mid")
+ORDER = ("c", "l", *POS)
+KEEP = (
+    "op",
+    "schema",
+    "table",
+    "tables",
+    "new",
+    "old",
+    "unchanged_toast",
+    "old_unchanged_toast",
+    "json_nulls",
+    "old_json_nulls",
+    "xid",
+    "commit_time",
+    "_path",
+    "lsn",
+    "lsn_i",
+    *POS,
+)
+
+
+@dataclass
+class Structure:
+    """What the driver learns from the (few) structural records."""
+
+    transactions: int = 0
+    incomplete: int = 0
+    rolled_back: int = 0
+    relations: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    missing_prepared: list[tuple[str, int]] = field(default_factory=list)
+
+
+ORDER_TYPES = ("bigint", "bigint", "int", "bigint", "bigint")
+
+
+def order_col(prefix: str = "") -> Any:
+    """The replay order of a row as one comparable struct."""
+    F = _F()
+    return F.struct(*[F.col(f"{prefix}{c}").alias(c) for c in ORDER])
+
+
+def pos_col(prefix: str = "") -> Any:
+    """A line's place in the input as one comparable struct (field names shared by every prefix)."""
+    F = _F()
+    return F.struct(*[F.col(f"{prefix}{c}").alias(c) for c in POS])
+
+
+def order_lit(values: tuple[Any, ...]) -> Any:
+    F = _F()
+    return F.struct(*[F.lit(v).cast(t).alias(c) for v, t, c in zip(values, ORDER_TYPES, ORDER, strict=True)])
+
+
+def _F() -> Any:
+    from pyspark.sql import functions as F
+
+    return F
+
+
+def _first_after(rows: Any, ends: Any, on: Any, end_cols: list[str]) -> Any:
+    """Each row with the first ``ends`` record (by input position) after it that matches ``on``."""
+    from pyspark.sql import Window
+
+    F = _F()
+    j = rows.join(ends, on & (pos_col("e") > pos_col()), "left")
+    w = Window.partitionBy(*POS).orderBy(*[F.col(f"e{p}").asc_nulls_last() for p in POS])
+    return j.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
+
+
+def committed(records: Any, manifests: list[tuple[str, str, int]]) -> tuple[Any, Any]:
+    """(committed changes, pending prepared rows) from all records."""
+    from pyspark.sql import Window
+
+    F = _F()
+    r = records
+    is_change = F.col("op").isin(*CHANGE_OPS)
+
+    # plain transactions: the row's commit_lsn has a commit record
+    commits = r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct()
+    plain = (
+        r.where(is_change & F.col("commit_lsn_i").isNotNull())
+        .join(commits, F.col("commit_lsn_i") == F.col("c"), "left_semi")
+        .select(*KEEP, F.col("commit_lsn_i").alias("c"))
+    )
+
+    # streamed chunks: the top-level xid is the enclosing stream_start's (rows of sub-transactions
+    # carry their own xid), so this one rule is positional: a window over each file in line order
+    chunky = F.col("commit_lsn_i").isNull() & F.col("gid").isNull()
+    marks = r.where(F.col("op").isin("stream_start", "stream_stop") | (is_change & chunky))
+    w = Window.partitionBy("_path").orderBy("_blk", "_mid").rowsBetween(Window.unboundedPreceding, 0)
+    mark = F.when(F.col("op") == "stream_start", F.col("xid")).when(F.col("op") == "stream_stop", F.lit(-1))
+    streamed = (
+        marks.withColumn("top", F.last(mark, ignorenulls=True).over(w))
+        .where(is_change)
+        .withColumn("top", F.when(F.col("top") >= 0, F.col("top")))
+    )
+    stray = streamed.where("top IS NULL").select("op", "_path", "lsn", "xid").limit(1).collect()
+    if stray:
+        from pgrecv.spark.source import find_line
+
+        s = stray[0]
+        where = find_line(s["_path"], {"op": s["op"], "lsn": s["lsn"], "xid": s["xid"]})
+        raise InputError(
+            f"{where}: {s['op']} outside a transaction (no begin or stream_start before it): the file is corrupt"
+        )
+    ends = r.where(
+        F.col("op").isin("stream_commit", "stream_prepare")
+        | ((F.col("op") == "stream_abort") & (F.col("subxid") == F.col("xid")))
+    ).select(
+        F.col("xid").alias("exid"),
+        F.col("op").alias("eop"),
+        F.col("commit_lsn_i").alias("ec"),
+        F.col("commit_time").alias("etime"),
+        F.col("gid").alias("egid"),
+        *[F.col(p).alias(f"e{p}") for p in POS],
+    )
+    streamed = _first_after(streamed, ends, F.col("top") == F.col("exid"), [])
+    subaborts = r.where("op = 'stream_abort' AND subxid <> xid").select(
+        F.col("xid").alias("axid"), F.col("subxid").alias("asub"), *[F.col(p).alias(f"a{p}") for p in POS]
+    )
+    apos = pos_col("a")
+    aborted_sub = (
+        (F.col("top") == F.col("axid"))
+        & (F.col("xid") == F.col("asub"))
+        & (apos > pos_col())
+        & (F.col("eop").isNull() | (apos < pos_col("e")))
+    )
+    streamed = streamed.join(subaborts, aborted_sub, "left_anti")
+    stream_done = streamed.where("eop = 'stream_commit'").select(
+        *[c for c in KEEP if c != "commit_time"], F.col("etime").alias("commit_time"), F.col("ec").alias("c")
+    )
+    stream_prepared = streamed.where("eop = 'stream_prepare'").select(
+        *[c for c in KEEP if c not in ("xid",)],
+        F.col("top").alias("xid"),
+        F.col("egid").alias("gid"),
+        *[F.col(f"e{p}").alias(f"p{p}") for p in POS],
+    )
+
+    # two-phase: rows of a prepared transaction wait for commit_prepared of their gid (and xid)
+    prepared = r.where(is_change & F.col("commit_lsn_i").isNull() & F.col("gid").isNotNull()).select(
+        *KEEP, "gid", *[F.col(p).alias(f"p{p}") for p in POS]
+    )
+    prepared = prepared.unionByName(stream_prepared)
+    outcomes = r.where(F.col("op").isin("commit_prepared", "rollback_prepared")).select(
+        F.col("gid").alias("ogid"),
+        F.col("xid").alias("oxid"),
+        F.col("op").alias("oop"),
+        F.col("commit_lsn_i").alias("oc"),
+        F.col("commit_time").alias("otime"),
+        *[F.col(p).alias(f"o{p}") for p in POS],
+    )
+    on = (
+        (F.col("gid") == F.col("ogid"))
+        & (F.col("oxid").isNull() | F.col("xid").isNull() | (F.col("oxid") == F.col("xid")))
+        & (pos_col("o") > pos_col("p"))
+    )
+    j = prepared.join(outcomes, on, "left")
+    wp = Window.partitionBy(*POS).orderBy(*[F.col(f"o{p}").asc_nulls_last() for p in POS])
+    j = j.withColumn("_n", F.row_number().over(wp)).where("_n = 1").drop("_n")
+    two_phase = j.where("oop = 'commit_prepared'").select(
+        *[c for c in KEEP if c != "commit_time"], F.col("otime").alias("commit_time"), F.col("oc").alias("c")
+    )
+    pending = j.where("oop IS NULL").select(*KEEP, "gid")
+
+    # snapshots: rows are inserts at the snapshot position (consistent point - 1), after a TRUNCATE
+    snap = r.where("op = 'snapshot'").select(
+        *[F.lit("insert").alias("op") if c == "op" else F.col(c) for c in KEEP],
+        (F.col("snapshot_lsn_i") - 1).alias("c"),
+    )
+    parts = [plain, stream_done, two_phase, snap]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    out = out.withColumn("l", F.coalesce(F.col("lsn_i"), F.lit(0).cast("bigint")))
+    if manifests:
+        spark = records.sparkSession
+        trunc = spark.createDataFrame(
+            [(s, t, pos) for s, t, pos in manifests],
+            "schema string, `table` string, c long",
+        ).select(
+            F.lit("truncate").alias("op"),
+            F.lit(None).cast("string").alias("schema"),
+            F.lit(None).cast("string").alias("table"),
+            F.array(F.struct(F.col("schema").alias("schema"), F.col("table").alias("table"))).alias("tables"),
+            "c",
+        )
+        full = trunc
+        for c in out.columns:
+            if c not in full.columns:
+                full = full.withColumn(c, F.lit(None).cast(out.schema[c].dataType))
+        full = full.withColumn("l", F.lit(0).cast("bigint")).withColumn("_rank", F.lit(-(2**31)).cast("int"))
+        out = out.unionByName(full.select(*out.columns))
+    return out, pending
+
+
+def structure(records: Any) -> Structure:
+    """Counts for the summary, and the relation records (collected: a few per table and file)."""
+    F = _F()
+    r = records
+    s = Structure()
+    rels = (
+        r.where("op = 'relation'")
+        .select("schema", "table", "replica_identity", "key", "columns", *POS)
+        .orderBy(*POS)
+        .collect()
+    )
+    for rel in rels:
+        if rel["schema"] is None or rel["table"] is None or rel["columns"] is None:
+            raise InputError("the input has a relation record without schema, table or columns: it is corrupt")
+        s.relations.setdefault((rel["schema"], rel["table"]), []).append(
+            {
+                "schema": rel["schema"],
+                "table": rel["table"],
+                "replica_identity": rel["replica_identity"],
+                "key": list(rel["key"] or []),
+                "columns": [c.asDict() for c in rel["columns"]],
+            }
+        )
+    counts = (
+        r.where(
+            F.col("op").isin(
+                "begin",
+                "commit",
+                "stream_start",
+                "stream_commit",
+                "stream_abort",
+                "stream_prepare",
+                "rollback_prepared",
+                "commit_prepared",
+            )
+        )
+        .select(
+            "op",
+            F.when(F.col("op").isin("begin", "commit"), F.col("commit_lsn_i").cast("string"))
+            .when(
+                F.col("op").isin("rollback_prepared", "commit_prepared"),
+                F.concat_ws("/", "gid", F.col("xid").cast("string")),
+            )
+            .when((F.col("op") == "stream_abort") & (F.col("subxid") != F.col("xid")), F.lit(None))
+            .otherwise(F.col("xid").cast("string"))
+            .alias("k"),
+        )
+        .where("k IS NOT NULL")
+        .distinct()
+    )
+    n = {row["op"]: row["count"] for row in counts.groupBy("op").count().collect()}  # a row per op
+    s.transactions = n.get("commit", 0) + n.get("stream_commit", 0) + n.get("commit_prepared", 0)
+    s.rolled_back = n.get("rollback_prepared", 0) + n.get("stream_abort", 0)
+    begins = counts.where("op = 'begin'").select("k").subtract(counts.where("op = 'commit'").select("k")).count()
+    started = counts.where("op = 'stream_start'").select("k")
+    ended = counts.where(F.col("op").isin("stream_commit", "stream_abort", "stream_prepare")).select("k")
+    s.incomplete = begins + started.subtract(ended).count()
+    return s
+
+
+# --- one table ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TablePlan:
+    schema: str
+    table: str
+    columns: dict[str, ColumnType]  # every column of the target after this batch
+    key_cols: list[str]
+    full: bool  # REPLICA IDENTITY FULL without a key: rows are identified by all columns (NULL-safe)
+    append_only: bool
+    pg_columns: list[str]  # the columns PostgreSQL sends (the latest relation's)
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+def _image(raw: Any, plan: TablePlan, json_nulls: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(typed values, ok flags, raw texts) of one row image column by column."""
+    F = _F()
+    names = list(plan.columns)
+    texts = F.from_json(raw, "struct<" + ", ".join(f"`{n.replace('`', '``')}`: string" for n in names) + ">")
+    values: dict[str, Any] = {}
+    oks: dict[str, Any] = {}
+    raws: dict[str, Any] = {}
+    for n in names:
+        ct = plan.columns[n]
+        if ct.is_json:
+            text = F.when(
+                texts[n].isNull() & F.coalesce(F.array_contains(json_nulls, n), F.lit(False)), F.lit("null")
+            ).otherwise(F.when(texts[n].isNotNull(), json_member(raw, n)))
+            values[n], oks[n] = text, F.lit(True)
+        else:
+            text = texts[n]
+            values[n], oks[n] = scalar(text, ct)
+        raws[n] = text
+    return values, oks, raws
+
+
+def table_changes(changes: Any, plan: TablePlan, applied: int | None, truncate_at: tuple[Any, ...] | None) -> Any:
+    """The table's events: kind U (upsert the image) or D (delete the key), typed, in order;
+    a primary-key change is a D of the old key and a U of the new one (``src``: the old key)."""
+    F = _F()
+    t = changes.where((F.col("schema") == plan.schema) & (F.col("table") == plan.table) & (F.col("op") != "truncate"))
+    if applied is not None:
+        t = t.where(F.col("c") > applied)
+    if truncate_at is not None:
+        t = t.where(order_col() > order_lit(truncate_at))
+    # at-least-once delivery: a change that came twice (a transaction sent again after a restart,
+    # a cut one in stdout output) has the same commit and change LSN; test_decoding's changes
+    # have no LSN, and their copies replay identically in input order
+    t = t.where(F.col("l") > 0).dropDuplicates(["c", "l", "op"]).unionByName(t.where(F.col("l") <= 0))
+    new, new_ok, new_raw = _image(F.col("new"), plan, F.col("json_nulls"))
+    old, old_ok, old_raw = _image(F.col("old"), plan, F.col("old_json_nulls"))
+    names = list(plan.columns)
+    keys = plan.key_cols
+    empty = F.array().cast("array<string>")
+    toast = F.coalesce(F.col("unchanged_toast"), empty)
+    old_toast = F.coalesce(F.col("old_unchanged_toast"), empty)
+    has_old = F.col("old").isNotNull()
+    # REPLICA IDENTITY FULL: an unchanged TOAST value of the new image is in the old one (unless
+    # TOASTed there too; test_decoding leaves NULLs out of old images, and absent means NULL)
+    from_old = {n: F.array_contains(toast, n) & has_old & ~F.array_contains(old_toast, n) for n in names}
+    if not plan.full:
+        from_old = {n: F.lit(False) for n in names}
+    present = {n: ~F.array_contains(toast, n) | from_old[n] for n in names}
+
+    def pick(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return {n: F.when(from_old[n], b[n]).otherwise(a[n]) for n in names}
+
+    def event(
+        kind: str,
+        key: dict[str, Any],
+        src: dict[str, Any],
+        v: dict[str, Any],
+        has: dict[str, Any],
+        ok: dict[str, Any],
+        raw: dict[str, Any],
+    ) -> Any:
+        return F.struct(
+            F.lit(kind).alias("kind"),
+            F.struct(*[key[k].alias(k) for k in keys]).alias("key"),
+            F.struct(*[src[k].alias(k) for k in keys]).alias("src"),
+            F.struct(*[v[n].alias(n) for n in names]).alias("v"),
+            F.struct(*[has[n].alias(n) for n in names]).alias("has"),
+            F.struct(*[ok[n].alias(n) for n in names]).alias("ok"),
+            F.struct(*[raw[n].cast("string").alias(n) for n in names]).alias("raw"),
+        )
+
+    value = pick(new, old)  # (FULL identity: the key columns too, when TOASTed in the new image)
+    same_key = F.lit(True)
+    for k in keys:
+        same_key = same_key & old[k].eqNullSafe(value[k])
+    moved = (F.col("op") == "update") & has_old & ~same_key
+    src = {k: F.when(moved, old[k]).otherwise(value[k]) for k in keys}
+    upsert = event("U", value, src, value, present, pick(new_ok, old_ok), pick(new_raw, old_raw))
+    only_key = {n: old[n] if n in keys else F.lit(None) for n in names}
+    delete = event(
+        "D",
+        old,
+        old,
+        only_key,
+        {n: F.lit(True) for n in names},
+        {n: old_ok[n] if n in keys else F.lit(True) for n in names},
+        {n: old_raw[n] if n in keys else F.lit(None) for n in names},
+    )
+    events = (
+        F.when(F.col("op") == "delete", F.array(delete)).when(moved, F.array(delete, upsert)).otherwise(F.array(upsert))
+    )
+    problem = F.when(
+        F.col("op").isin("insert", "update") & F.col("new").isNull(), F.lit("without a new row image")
+    ).when((F.col("op") == "delete") & ~has_old, F.lit("without an old row image (REPLICA IDENTITY NOTHING?)"))
+    out = t.select("op", *ORDER, "_path", "lsn", "commit_time", problem.alias("_problem"), F.explode(events).alias("e"))
+    return out.select("op", *ORDER, "_path", "lsn", "commit_time", "_problem", "e.*")
+
+
+def _key_text(name: str) -> str:
+    import orjson
+
+    return orjson.dumps(name).decode() + ":"
+
+
+def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], max_rounds: int = 8) -> Any:
+    """The last event per key. Unchanged-TOAST columns are filled from the latest earlier value of
+    the same row in the batch, following primary-key changes; what the batch cannot supply is left
+    to the target: ``need`` lists those columns and ``root`` is the key the row had before the
+    batch, whose target row holds them."""
+    from pyspark.sql import Window
+
+    F = _F()
+    ev = events
+    if toast_cols:
+        ev = _fill_toast(ev, toast_cols, max_rounds)
+    else:
+        ev = ev.withColumn("root", F.col("key")).withColumn("need", F.array().cast("array<string>"))
+    # per key, the latest event (a PK change's delete of the old key and upsert of the new one have
+    # the same order but different keys)
+    w = Window.partitionBy("key").orderBy(*[F.col(c).desc() for c in ORDER], F.col("kind").desc())
+    return ev.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
+
+
+def _fill_toast(ev: Any, cols: list[str], max_rounds: int) -> Any:
+    """Round by round: a window pass along each key, then the key changes whose old key's state is
+    known look it up there. Without key changes that lack a value, one pass does it all."""
+    F = _F()
+    moved = (F.col("kind") == "U") & (F.col("src") != F.col("key"))
+    ev = ev.withColumn("_mv", moved)
+    ev = ev.withColumn("_res", ~moved | _all([F.col(f"has.{c}") for c in cols]))
+    ev = ev.withColumn("root", F.when(moved, F.col("src")).otherwise(F.col("key")))
+    for rounds in range(max_rounds + 1):
+        # each round cuts the lineage (a local checkpoint): the plan stays one round deep
+        ev = _carry(ev, cols).localCheckpoint()
+        if ev.where(F.col("_mv") & ~F.col("_res")).limit(1).count() == 0:
+            break
+        if rounds == max_rounds:
+            raise InputError(
+                f"more than {max_rounds} chained primary-key changes with unchanged TOAST values in one batch: "
+                "apply the input in smaller batches (fewer files per run)"
+            )
+        ev = _resolve_moves(ev, cols)
+    need = F.array_compact(F.array(*[F.when((F.col("kind") == "U") & ~F.col(f"has.{c}"), F.lit(c)) for c in cols]))
+    return ev.withColumn("need", need).drop("_mv", "_res")
+
+
+def _carry(ev: Any, cols: list[str]) -> Any:
+    """Along each key: a missing value is the nearest earlier one; a delete or an unresolved key
+    change before it stops the search (nothing, or wait for the next round)."""
+    from pyspark.sql import Window
+
+    F = _F()
+    before = Window.partitionBy("key").orderBy(*[F.col(c) for c in ORDER]).rowsBetween(Window.unboundedPreceding, -1)
+    ev = ev.withColumn("_wait", F.lit(False))
+    for c in cols:
+        vtype = ev.schema["v"].dataType[c].dataType.simpleString()
+        stop = (F.col("kind") == "D") | F.col("_mv") | F.col(f"has.{c}")
+        mark = F.when(
+            stop,
+            F.struct(
+                F.col("kind").alias("k"),
+                F.col("_mv").alias("m"),
+                F.col("_res").alias("r"),
+                F.col(f"has.{c}").alias("h"),
+                F.col(f"v.{c}").cast(vtype).alias("x"),
+                F.col("root").alias("root"),
+            ),
+        )
+        p = F.last(mark, ignorenulls=True).over(before)
+        ev = ev.withColumn("_p", p)
+        lacking = (F.col("kind") == "U") & ~F.col("_mv") & ~F.col(f"has.{c}")
+        take = lacking & (F.col("_p.k") == "U") & F.col("_p.h")
+        wait = lacking & F.col("_p.m") & ~F.col("_p.r")
+        inherit = lacking & (F.col("_p.k") == "U") & F.col("_p.root").isNotNull() & ~wait
+        ev = (
+            ev.withColumn("v", F.when(take, F.col("v").withField(c, F.col("_p.x"))).otherwise(F.col("v")))
+            .withColumn("has", F.when(take, F.col("has").withField(c, F.lit(True))).otherwise(F.col("has")))
+            .withColumn("root", F.when(inherit, F.col("_p.root")).otherwise(F.col("root")))
+            .withColumn("_wait", F.col("_wait") | wait)
+            .drop("_p")
+        )
+    return ev.withColumn("_res", F.when(F.col("_mv"), F.col("_res")).otherwise(~F.col("_wait"))).drop("_wait")
+
+
+def _resolve_moves(ev: Any, cols: list[str]) -> Any:
+    """Key changes lacking values take them from the old key's latest earlier state, once that
+    state is itself resolved; with no earlier event on the old key, from its target row."""
+    from pyspark.sql import Window
+
+    F = _F()
+    states = ev.select(
+        F.col("key").alias("_sk"),
+        *[F.col(c).alias(f"_s{c}") for c in ORDER],
+        F.col("kind").alias("_skind"),
+        F.col("_res").alias("_sres"),
+        F.col("root").alias("_sroot"),
+        F.col("has").alias("_shas"),
+        F.col("v").alias("_sv"),
+    )
+    todo = ev.where(F.col("_mv") & ~F.col("_res"))
+    rest = ev.where(~(F.col("_mv") & ~F.col("_res")))
+    cond = (F.col("src") == F.col("_sk")) & (order_col("_s") < order_col())
+    ids = [*ORDER, "kind", "key"]
+    cand = todo.join(states, cond, "left")
+    w = Window.partitionBy(*ids).orderBy(*[F.col(f"_s{c}").desc_nulls_last() for c in ORDER])
+    cand = cand.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
+    ready = F.col("_skind").isNull() | (F.col("_skind") == "D") | F.col("_sres")
+    for c in cols:
+        take = ready & ~F.col(f"has.{c}") & (F.col("_skind") == "U") & F.col(f"_shas.{c}")
+        cand = cand.withColumn("v", F.when(take, F.col("v").withField(c, F.col(f"_sv.{c}"))).otherwise(F.col("v")))
+        cand = cand.withColumn("has", F.when(take, F.col("has").withField(c, F.lit(True))).otherwise(F.col("has")))
+    cand = cand.withColumn(
+        "root", F.when(ready & (F.col("_skind") == "U"), F.col("_sroot")).otherwise(F.col("root"))
+    ).withColumn("_res", ready)
+    cand = cand.drop(*[c for c in cand.columns if c.startswith("_s")])
+    return rest.unionByName(cand)
+
+
+def _all(conds: list[Any]) -> Any:
+    F = _F()
+    out = F.lit(True)
+    for c in conds:
+        out = out & c
+    return out

@@ -1,0 +1,175 @@
+"""The input as one Spark DataFrame of records, read by Spark tasks (never row by row in the driver).
+
+Every line of every file becomes a row with the envelope fields of docs/event-format.md, the row
+images ``new``/``old`` kept as their raw JSON text (Spark's file reader keeps the exact bytes; its
+SQL JSON functions would turn ``3.14159265358979323846264`` into a double), LSNs as 64-bit
+integers, and the line's place in the input: ``_rank`` (the file's index in replay order),
+``_blk`` (the split it was read in) and ``_mid`` (its order within the split). Ordered by those
+three, rows are in file order, which the positional rules (streamed chunks) need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pgrecv.errors import InputError
+
+# Only the fields the replay uses; the JSON reader skips the rest of each line.
+ENVELOPE = ", ".join(
+    [
+        "v long",
+        "op string",
+        "schema string",
+        "table string",
+        "xid long",
+        "subxid long",
+        "commit_lsn string",
+        "lsn string",
+        "commit_time string",
+        "gid string",
+        "snapshot_lsn string",
+        "new string",
+        "old string",
+        "unchanged_toast array<string>",
+        "old_unchanged_toast array<string>",
+        "json_nulls array<string>",
+        "old_json_nulls array<string>",
+        "tables array<struct<schema: string, `table`: string>>",
+        "replica_identity string",
+        "key array<string>",
+        "columns array<struct<name: string, type: string, typmod: long, key: boolean>>",
+        "_corrupt string",
+    ]
+)
+LSN_FIELDS = ("commit_lsn", "lsn", "snapshot_lsn")
+# A PostgreSQL LSN as pg_lsn prints it (upper-case hex; zero-padded halves accepted). The high half
+# stops at 7FFFFFFF so that every LSN fits a signed 64-bit integer (16 EiB of WAL: never reached).
+LSN_PATTERN = r"^[0-7]?[0-9A-Fa-f]{1,7}/[0-9A-Fa-f]{1,8}$"
+
+
+def lsn_expr(col: Any) -> Any:
+    """``X/Y`` text → bigint, in Spark (NULL for NULL)."""
+    from pyspark.sql import functions as F
+
+    hi = F.conv(F.substring_index(col, "/", 1), 16, 10).cast("bigint")
+    lo = F.conv(F.substring_index(col, "/", -1), 16, 10).cast("bigint")
+    return F.when(col.isNull(), F.lit(None).cast("bigint")).otherwise(hi * F.lit(4294967296) + lo)
+
+
+@dataclass
+class Records:
+    """The records of one run and the few facts the driver needs about them."""
+
+    frame: Any  # the DataFrame (persisted: every table's replay reads it)
+    files: list[Path]
+
+
+def read_records(spark: Any, files: list[Path], carried: list[Path]) -> Records:
+    """Carried-over prepared transactions first (negative ranks), then the input in name order."""
+    from pyspark.sql import functions as F
+
+    ordered = [*carried, *files]
+    if not ordered:
+        return Records(None, files)
+    ranks = spark.createDataFrame(
+        [(_uri(p), i - len(carried)) for i, p in enumerate(ordered)], "_path string, _rank int"
+    )
+    df = (
+        spark.read.schema(ENVELOPE)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", "_corrupt")
+        .json([str(p) for p in ordered])
+        .select(
+            "*",
+            F.col("_metadata.file_path").alias("_path"),
+            F.col("_metadata.file_block_start").alias("_blk"),
+            F.monotonically_increasing_id().alias("_mid"),
+        )
+    )
+    df = df.join(F.broadcast(ranks), "_path")
+    bad_lsn = F.lit(False)
+    for name in LSN_FIELDS:
+        col = F.col(name)
+        bad_lsn = bad_lsn | (col.isNotNull() & ~col.rlike(LSN_PATTERN))
+    df = df.select(
+        "*",
+        *[lsn_expr(F.col(n)).alias(f"{n}_i") for n in LSN_FIELDS],
+        bad_lsn.alias("_bad_lsn"),
+    )
+    return Records(df, files)
+
+
+def _uri(path: Path) -> str:
+    """The form Spark's ``_metadata.file_path`` gives a local file."""
+    return path.resolve().as_uri().replace("file:///", "file:/", 1)
+
+
+def find_line(path_uri: str, needle: dict[str, Any]) -> str:
+    """``file:line`` of the first line holding every ``"field":value`` of ``needle`` (for error
+    messages only: reads one file in the driver, line by line, without keeping it)."""
+    import orjson
+
+    path = path_uri[5:] if path_uri.startswith("file:") else path_uri
+    while path.startswith("//"):
+        path = path[1:]
+    parts = [orjson.dumps({k: v})[1:-1] for k, v in needle.items() if v is not None]
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if all(p in line for p in parts):
+                    return f"{path}:{lineno}"
+    except OSError:
+        pass
+    return path
+
+
+def check_input(records: Records) -> None:
+    """Lines that are not records of this format, and malformed LSNs: the input is corrupt (exit 9)."""
+    from pyspark.sql import functions as F
+
+    df = records.frame
+    bad = df.where(
+        F.col("_corrupt").isNotNull()
+        | F.col("op").isNull()
+        | (F.col("v") != 1)
+        | F.col("v").isNull()
+        | F.col("_bad_lsn")
+    )
+    first = bad.orderBy("_rank", "_blk", "_mid").limit(1).collect()
+    if not first:
+        return
+    r = first[0]
+    if r["_corrupt"] is not None:
+        where = _line_of_text(r["_path"], r["_corrupt"])
+        raise InputError(f"{where}: not a valid JSON record: the file is corrupt or truncated")
+    if r["op"] is None:
+        where = find_line(r["_path"], {"v": r["v"]})
+        raise InputError(f"{where}: record lacks the field 'op': the file is corrupt")
+    if r["v"] != 1:
+        where = find_line(r["_path"], {"op": r["op"], "v": r["v"]})
+        raise InputError(f"{where}: unsupported format version v={r['v']!r}: this pgrecv reads v=1")
+    for name in LSN_FIELDS:
+        value = r[name]
+        if value is not None:
+            import re
+
+            if not re.fullmatch(LSN_PATTERN, value):
+                where = find_line(r["_path"], {name: value})
+                raise InputError(f"{where}: invalid LSN {value!r} in {name}: the file is corrupt")
+
+
+def _line_of_text(path_uri: str, text: str) -> str:
+    path = path_uri[5:] if path_uri.startswith("file:") else path_uri
+    while path.startswith("//"):
+        path = path[1:]
+    want = text.encode().rstrip(b"\n")
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.rstrip(b"\n") == want:
+                    return f"{path}:{lineno}"
+    except OSError:
+        pass
+    return path

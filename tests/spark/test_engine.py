@@ -1,0 +1,162 @@
+"""The Spark replay (`--replay spark`): exact json, values a target type cannot hold (one table held
+back, the others applied, exit 15), malformed LSNs and values refused with file:line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pgrecv.errors import InputError
+from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
+from tests.util import pgrecv
+
+pytest.importorskip("pyspark")
+deltalake = pytest.importorskip("deltalake")
+
+
+def _rel(table: str, cols: list[tuple[str, str]]) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "op": "relation",
+        "schema": "public",
+        "table": table,
+        "replica_identity": "default",
+        "key": ["id"],
+        "columns": [{"name": n, "type": t, "typmod": -1, "key": n == "id"} for n, t in cols],
+    }
+
+
+def _txn(commit: str, rows: list[str]) -> list[str]:
+    env = {"xid": 1, "commit_lsn": commit, "commit_time": None}
+    return [
+        orjson.dumps({"v": 1, "op": "begin", **env}).decode(),
+        *rows,
+        orjson.dumps({"v": 1, "op": "commit", **env, "end_lsn": commit}).decode(),
+    ]
+
+
+def _insert(table: str, commit: str, lsn: str, new: str) -> str:
+    head = {"v": 1, "op": "insert", "schema": "public", "table": table, "xid": 1, "commit_lsn": commit, "lsn": lsn}
+    return orjson.dumps(head).decode()[:-1] + f',"key":["id"],"new":{new},"unchanged_toast":[]}}'
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(x + "\n" for x in lines))
+    return path
+
+
+def _rows(target: Path, table: str) -> list[dict[str, Any]]:
+    return sorted(
+        deltalake.DeltaTable(str(target / table_dir_name("public", table))).to_pyarrow_table().to_pylist(),
+        key=lambda r: r["id"],
+    )
+
+
+def test_json_reaches_the_target_as_the_exact_text(tmp_path: Path, spark: Any) -> None:
+    docs = [
+        "12345678901234567890123",
+        "3.14159265358979323846264",
+        "1" + "0" * 400,
+        '{"a":[1.000000000000000000001,"b"],"n":null}',
+        '"a string"',
+        '"{\\"x\\":1}"',
+    ]
+    lines = [orjson.dumps(_rel("j", [("id", "integer"), ("doc", "jsonb")])).decode()]
+    rows = [_insert("j", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"doc":{d}}}') for i, d in enumerate(docs)]
+    src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
+    target = tmp_path / "lake"
+    summary = run_apply(ApplyConfig((str(src),), target, fmt="delta", replay="spark"), spark=spark)
+    assert [t.status for t in summary.tables] == ["applied"]
+    assert [r["doc"] for r in _rows(target, "j")] == docs
+
+
+def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path) -> None:
+    lines = [
+        orjson.dumps(_rel("good", [("id", "integer"), ("d", "date")])).decode(),
+        orjson.dumps(_rel("bad", [("id", "integer"), ("d", "date"), ("n", "numeric")])).decode(),
+    ]
+    rows = [
+        _insert("good", "0/100", "0/10", '{"id":1,"d":"2024-02-29"}'),
+        _insert("bad", "0/100", "0/20", '{"id":1,"d":"2024-02-29","n":"1.5"}'),
+        _insert("bad", "0/100", "0/30", '{"id":2,"d":"10000-01-01","n":"2"}'),
+    ]
+    src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
+    target = tmp_path / "lake"
+    target.mkdir()
+    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", "delta", "--replay", "spark")
+    assert proc.returncode == 15, proc.stderr
+    err = proc.stderr.decode()
+    assert f"{src}:6" in err and "'10000-01-01'" in err and "column d" in err, err
+    assert "Traceback" not in err
+    assert [r["d"].isoformat() for r in _rows(target, "good")] == ["2024-02-29"]
+    assert not (target / table_dir_name("public", "bad")).exists()
+
+
+@pytest.mark.parametrize(
+    ("bad", "what"),
+    [
+        (_insert("t", "0/100", "-1/-5", '{"id":1}'), "invalid LSN '-1/-5'"),
+        (_insert("t", "0/100", "0/0x10", '{"id":1}'), "invalid LSN '0/0x10'"),
+        ('{"v":1,"op":"insert","schema":"public",', "not a valid JSON record"),
+    ],
+)
+def test_malformed_input_is_refused_with_its_line(tmp_path: Path, spark: Any, bad: str, what: str) -> None:
+    lines = [orjson.dumps(_rel("t", [("id", "integer")])).decode(), *_txn("0/100", [bad])]
+    src = _write(tmp_path / "a.jsonl", lines)
+    with pytest.raises(InputError, match=rf"{src}:3: {what}"):
+        run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="parquet", replay="spark"), spark=spark)
+
+
+def test_a_float_for_an_integer_is_refused(tmp_path: Path, spark: Any) -> None:
+    lines = [orjson.dumps(_rel("t", [("id", "integer"), ("i", "integer")])).decode()]
+    lines += _txn("0/100", [_insert("t", "0/100", "0/10", '{"id":1,"i":1.5}')])
+    src = _write(tmp_path / "a.jsonl", lines)
+    summary = run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="parquet", replay="spark"), spark=spark)
+    assert [t.status for t in summary.tables] == ["held back"]
+    assert f"{src}:3: value '1.5' of column i (integer)" in (summary.tables[0].error or "")
+
+
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+def test_every_name_postgresql_allows(tmp_path: Path, spark: Any, fmt: str) -> None:
+    """Names that need escaping, and two of 63 bytes (NAMEDATALEN - 1), for both formats."""
+    from pgrecv.spark.apply import MAX_DIR_NAME
+
+    names = [("public", "%C3%BCn ü.x~"), ("s" * 63, "€" * 21)]
+    lines = []
+    for schema, table in names:
+        rel = {**_rel(table, [("id", "integer")]), "schema": schema}
+        lines.append(orjson.dumps(rel).decode())
+    rows = [
+        orjson.dumps(
+            {
+                "v": 1,
+                "op": "insert",
+                "schema": s,
+                "table": t,
+                "xid": 1,
+                "commit_lsn": "0/100",
+                "lsn": f"0/{i + 1}",
+                "key": ["id"],
+                "new": {"id": i},
+                "unchanged_toast": [],
+            }
+        ).decode()
+        for i, (s, t) in enumerate(names)
+    ]
+    src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
+    target = tmp_path / "lake"
+    summary = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+    assert [t.status for t in summary.tables] == ["applied", "applied"]
+    for i, (s, t) in enumerate(names):
+        path = target / table_dir_name(s, t)
+        assert len(path.name) <= MAX_DIR_NAME and "%" not in path.name
+        if fmt == "delta":
+            got = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+        else:
+            import pyarrow.parquet as pq
+
+            got = pq.read_table(path / "current").to_pylist()
+        assert got == [{"id": i}]
