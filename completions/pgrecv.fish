@@ -120,6 +120,8 @@ complete -c pgrecv -n '__fish_seen_subcommand_from start' -l until-caught-up -d 
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -s F -l fsync-interval -x -d 'How often to make output durable.'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -s s -l status-interval -x -d 'How often to report to the server.'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -l metrics-file -x -d 'Rewrite PATH (Prometheus text format, for node_exporter\'s textfile collector) every status interval.'
+complete -c pgrecv -n '__fish_seen_subcommand_from start' -l heartbeat -x -d 'After INTERVAL without changes, emit a transactional logical message in the slot\'s database (a normal connection), so the slot advances while the published tables are idle; heartbeats are confirmed, not written.'
+complete -c pgrecv -n '__fish_seen_subcommand_from start' -l keep-heartbeats -d 'With --heartbeat: write heartbeat messages to the output too.'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -l synchronous -d 'Make the output durable and report it at every transaction boundary, without a timer (for synchronous_standby_names; name pgrecv there by the application_name in -d).'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -s n -l no-loop -d 'Exit (code 11) when the connection is lost instead of reconnecting.'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -l table -x -d 'Only these tables (schema.table glob, repeatable).'

@@ -399,6 +399,15 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
     help="Rewrite PATH (Prometheus text format, for node_exporter's textfile collector) every status interval.",
 )
 @click.option(
+    "--heartbeat",
+    type=DURATION,
+    metavar="INTERVAL",
+    help="After INTERVAL without changes, emit a transactional logical message in the slot's database "
+    "(a normal connection), so the slot advances while the published tables are idle; "
+    "heartbeats are confirmed, not written.",
+)
+@click.option("--keep-heartbeats", is_flag=True, help="With --heartbeat: write heartbeat messages to the output too.")
+@click.option(
     "--synchronous",
     is_flag=True,
     help="Make the output durable and report it at every transaction boundary, without a timer "
@@ -439,6 +448,8 @@ def start(
     status_interval: float,
     synchronous: bool,
     metrics_file: str | None,
+    heartbeat: float | None,
+    keep_heartbeats: bool,
     no_loop: bool,
     tables: tuple[str, ...],
     exclude_tables: tuple[str, ...],
@@ -462,6 +473,10 @@ def start(
         raise UsageError("--rotate-size and --rotate-interval need --output-dir")
     if (plugin or if_not_exists) and not create_slot_first:
         raise UsageError("-P/--plugin and --if-not-exists go with --create")
+    if keep_heartbeats and heartbeat is None:
+        raise UsageError("--keep-heartbeats goes with --heartbeat")
+    if heartbeat is not None and heartbeat <= 0:
+        raise UsageError("--heartbeat needs an interval above 0 (e.g. 10s)")
     opts = conn_opts(kw)
     ops = parse_ops(op_filter)
     to_terminal = not output_dir and (file in (None, "-")) and sys.stdout.isatty()
@@ -494,6 +509,10 @@ def start(
         settings=settings,
         user_options=parse_options(plugin_options),
     )
+    if heartbeat is not None and slot_plugin not in ("pgoutput", "test_decoding"):
+        raise UsageError(f"--heartbeat needs a plugin pgrecv decodes (pgoutput, test_decoding), not {slot_plugin}")
+    if heartbeat is not None and slot_plugin == "pgoutput" and dict(options).get("messages") != "true":
+        raise UsageError("--heartbeat needs pgoutput's messages (heartbeats are logical messages): drop --no-messages")
     if fmt != "raw" and slot_plugin not in ("pgoutput", "test_decoding"):
         raise UsageError(f"pgrecv decodes pgoutput and test_decoding, not {slot_plugin}: use --format raw")
     option_map = dict(options)
@@ -509,6 +528,8 @@ def start(
         fsync_interval=fsync_interval,
         synchronous=synchronous,
         metrics_file=metrics_file,
+        heartbeat=heartbeat,
+        keep_heartbeats=keep_heartbeats,
         no_loop=no_loop,
         tables=tables,
         exclude_tables=exclude_tables,
