@@ -106,15 +106,14 @@ def create(
     """Create a logical replication slot (and a publication for pgoutput)."""
     from pgrecv.slots import create_slot
 
+    opts = conn_opts(kw)
     if snapshot_dir is not None:
         from pgrecv.snapshot_cli import create_with_snapshot
 
-        create_with_snapshot(
-            conn_opts(kw), slot, snapshot_dir, plugin, if_not_exists, two_phase, failover, publication, tables
-        )
+        create_with_snapshot(opts, slot, snapshot_dir, plugin, if_not_exists, two_phase, failover, publication, tables)
         return
     result = create_slot(
-        conn_opts(kw),
+        opts,
         slot,
         plugin,
         if_not_exists=if_not_exists,
@@ -130,6 +129,20 @@ def create(
         info(f'created slot "{result.name}" ({result.plugin}) at {result.consistent_point}')
     else:
         info(f'slot "{slot}" already exists')
+    warn_divergence(opts, publication if plugin == "pgoutput" else None, slot, pgoutput=plugin == "pgoutput")
+
+
+def warn_divergence(opts: ConnOptions, publication: str | None, slot: str | None, *, pgoutput: bool) -> None:
+    """One stderr line per way the output could differ from the source (pgrecv.divergence)."""
+    from pgrecv import divergence
+    from pgrecv.conn import connect
+    from pgrecv.slots import get_slot
+
+    with connect(opts) as conn:
+        pub = divergence.only_publication(conn, publication) if pgoutput else None
+        row = get_slot(conn, slot) if slot is not None else None
+        for line in divergence.warnings(conn, pub, row):
+            log(f"warning: {line}", 0)
 
 
 @cli.command()
@@ -500,7 +513,7 @@ def start(
         streaming=streaming,
         two_phase=two_phase,
     )
-    slot_plugin, options = plan_start(
+    slot_plugin, options, warnings = plan_start(
         opts,
         slot,
         fmt=fmt,
@@ -528,6 +541,7 @@ def start(
         fsync_interval=fsync_interval,
         synchronous=synchronous,
         metrics_file=metrics_file,
+        warnings=warnings,
         heartbeat=heartbeat,
         keep_heartbeats=keep_heartbeats,
         no_loop=no_loop,

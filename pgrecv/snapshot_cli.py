@@ -95,9 +95,11 @@ snapshot: click.Command = _snapshot
 
 def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> None:
     """Run the snapshot with a progress bar on a terminal, and say what it wrote."""
+    from pgrecv.cli import warn_divergence
     from pgrecv.lsn import lsn_str
     from pgrecv.snapshot import run_snapshot
 
+    warn_divergence(opts, options.get("publication"), None, pgoutput=options.get("plugin", "pgoutput") == "pgoutput")
     progress = sys.stderr.isatty() and not STATE.quiet
     result = run_snapshot(opts, slot, output_dir, progress=progress, log=log, **options)
     info(

@@ -80,6 +80,7 @@ class StartConfig:
     ops: frozenset[str] | None = None
     synchronous: bool = False  # durable and reported at every transaction boundary (group-committed)
     metrics_file: str | None = None  # Prometheus text file rewritten every status interval
+    warnings: Sequence[str] = ()  # where the output can differ from the source (pgrecv.divergence)
     heartbeat: float | None = None  # emit a heartbeat message after this long without changes
     keep_heartbeats: bool = False  # write heartbeat transactions to the output like any other
     assemble: bool = False  # pgoutput streaming is on: make streamed transactions whole
@@ -292,6 +293,9 @@ class Streamer:
             self.log(f"streaming until caught up with {lsn_str(self.target)}")
         start = max(cfg.startpos or 0, self.resume_start, self.feedback.written)
         rc.start(cfg.slot, start, cfg.options)
+        if not self._started_once:  # said once the stream runs, not before an error of its own
+            for line in cfg.warnings:
+                self.log(f"warning: {line}", 0)
         self._started_once = True
         now = time.monotonic()
         self.feedback.start(now)
@@ -745,8 +749,11 @@ def plan_start(
     publication: str | None,
     settings: PgOutputSettings,
     user_options: Sequence[tuple[str, str]],
-) -> tuple[str, list[tuple[str, str]]]:
-    """The slot's plugin and the options to stream it with (checked before anything is written)."""
+) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """The slot's plugin, the options to stream it with (checked before anything is written) and
+    the warnings where the output can differ from the source."""
+    from pgrecv import divergence
+
     with connect(opts) as conn:
         info = logical_slot(conn, slot)
         slot_plugin = str(info["plugin"])
@@ -756,4 +763,8 @@ def plan_start(
             )
         if fmt == "raw" and settings.streaming is None:
             settings = replace(settings, streaming="off")  # raw output stays what the plugin wrote
-        return slot_plugin, plan_options(conn, info, publication, settings, user_options, sql_interface=False)
+        options = plan_options(conn, info, publication, settings, user_options, sql_interface=False)
+        pub = None
+        if slot_plugin == "pgoutput" and "publication_names" not in {n for n, _ in user_options}:
+            pub = divergence.only_publication(conn, publication)
+        return slot_plugin, options, divergence.warnings(conn, pub, info)
