@@ -20,7 +20,7 @@ _pgrecv() {
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot -P --plugin --if-not-exists --two-phase --enable-two-phase --failover --enable-failover --publication --table --snapshot -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot -P --plugin --if-not-exists --two-phase --enable-two-phase --failover --enable-failover --publication --table --publish-generated-columns --publish-via-partition-root --snapshot -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
         demo)
             case "$prev" in
                 --bindir) COMPREPLY=($(compgen -d -- "$cur")); return ;;

@@ -16,6 +16,8 @@ complete -c pgrecv -n '__fish_seen_subcommand_from create' -l two-phase -l enabl
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -l failover -l enable-failover -d 'Synchronise the slot to standbys (PostgreSQL 17+; --enable-failover as in pg_recvlogical 18).'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -l publication -x -d 'pgoutput: create this publication if missing (FOR ALL TABLES, or the --table list).'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -l table -x -d 'Table for a new publication (repeatable).'
+complete -c pgrecv -n '__fish_seen_subcommand_from create' -l publish-generated-columns -d 'With --publication: publish stored generated columns\' values (PostgreSQL 18+).'
+complete -c pgrecv -n '__fish_seen_subcommand_from create' -l publish-via-partition-root -d 'With --publication: changes to partitions carry the partitioned table\'s name.'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -l snapshot -r -a '(__fish_complete_directories)' -d 'Also copy existing rows into DIR (pgrecv snapshot).'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -s d -l dbname -x -d 'Database name, conninfo string or URI.'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -s h -l host -x -d 'Server host or socket directory.'

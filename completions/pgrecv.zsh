@@ -32,6 +32,8 @@ _pgrecv() {
                 '(--failover --enable-failover)'{--failover,--enable-failover}'[Synchronise the slot to standbys (PostgreSQL 17+; --enable-failover as in pg_recvlogical 18).]' \
                 '--publication[pgoutput\: create this publication if missing (FOR ALL TABLES, or the --table list).]:name: ' \
                 '*--table[Table for a new publication (repeatable).]:\[schema.\]table: ' \
+                '--publish-generated-columns[With --publication\: publish stored generated columns'\'' values (PostgreSQL 18+).]' \
+                '--publish-via-partition-root[With --publication\: changes to partitions carry the partitioned table'\''s name.]' \
                 '--snapshot[Also copy existing rows into DIR (pgrecv snapshot).]:directory:_files -/' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \

@@ -84,6 +84,16 @@ def cli() -> None:
     help="Table for a new publication (repeatable).",
 )
 @click.option(
+    "--publish-generated-columns",
+    is_flag=True,
+    help="With --publication: publish stored generated columns' values (PostgreSQL 18+).",
+)
+@click.option(
+    "--publish-via-partition-root",
+    is_flag=True,
+    help="With --publication: changes to partitions carry the partitioned table's name.",
+)
+@click.option(
     "--snapshot",
     "snapshot_dir",
     type=PathType(),
@@ -100,17 +110,22 @@ def create(
     failover: bool,
     publication: str | None,
     tables: tuple[str, ...],
+    publish_generated_columns: bool,
+    publish_via_partition_root: bool,
     snapshot_dir: str | None,
     **kw: Any,
 ) -> None:
     """Create a logical replication slot (and a publication for pgoutput)."""
-    from pgrecv.slots import create_slot
+    from pgrecv.slots import PublicationOptions, create_slot
 
     opts = conn_opts(kw)
+    pub_options = PublicationOptions(publish_generated_columns, publish_via_partition_root)
     if snapshot_dir is not None:
         from pgrecv.snapshot_cli import create_with_snapshot
 
-        create_with_snapshot(opts, slot, snapshot_dir, plugin, if_not_exists, two_phase, failover, publication, tables)
+        create_with_snapshot(
+            opts, slot, snapshot_dir, plugin, if_not_exists, two_phase, failover, publication, tables, pub_options
+        )
         return
     result = create_slot(
         opts,
@@ -122,6 +137,7 @@ def create(
         publication=publication,
         tables=tables,
         on_wait=info,
+        pub_options=pub_options,
     )
     if result.publication_created:
         info(f'created publication "{publication}"')

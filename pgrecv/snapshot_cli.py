@@ -119,6 +119,7 @@ def create_with_snapshot(
     failover: bool,
     publication: str | None,
     tables: tuple[str, ...],
+    pub_options: Any = None,
 ) -> None:
     """`pgrecv create ... --snapshot DIR`: the publication if asked for, then `pgrecv snapshot`."""
     from pgrecv.conn import connect
@@ -137,7 +138,9 @@ def create_with_snapshot(
                     f'replication slot "{slot}" already exists: a snapshot needs a new slot; drop it with '
                     f"'pgrecv drop --slot {slot}' or choose another name"
                 )
-            created = ensure_publication(conn, publication, tables)
+            if pub_options is not None:
+                pub_options.check(publication, conn.info.server_version // 10000)
+            created = ensure_publication(conn, publication, tables, pub_options)
     try:
         run_and_report(
             opts, slot, output_dir, plugin=plugin, publication=publication, two_phase=two_phase, failover=failover
