@@ -99,9 +99,10 @@ def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> Non
     from pgrecv.lsn import lsn_str
     from pgrecv.snapshot import run_snapshot
 
-    warn_divergence(opts, options.get("publication"), None, pgoutput=options.get("plugin", "pgoutput") == "pgoutput")
     progress = sys.stderr.isatty() and not STATE.quiet
     result = run_snapshot(opts, slot, output_dir, progress=progress, log=log, **options)
+    # said once it worked, so that a failure stays the one line it was
+    warn_divergence(opts, options.get("publication"), slot, pgoutput=options.get("plugin", "pgoutput") == "pgoutput")
     info(
         f'created slot "{slot}" at {lsn_str(result.snapshot_lsn)}; snapshot of {len(result.tables)} tables, '
         f"{result.rows} rows in {len(result.files)} files in {output_dir}; "
