@@ -20,7 +20,7 @@ _pgrecv() {
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot -P --plugin --if-not-exists --two-phase --enable-two-phase --failover --enable-failover --publication --table --snapshot -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot -P --plugin --if-not-exists --two-phase --enable-two-phase --failover --enable-failover --publication --table --publish-generated-columns --publish-via-partition-root --snapshot -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
         demo)
             case "$prev" in
                 --bindir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
@@ -111,6 +111,7 @@ _pgrecv() {
                 -F|--fsync-interval) return ;;
                 -s|--status-interval) return ;;
                 --metrics-file) return ;;
+                --heartbeat) return ;;
                 --table) return ;;
                 --exclude-table) return ;;
                 --op) return ;;
@@ -119,7 +120,7 @@ _pgrecv() {
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot -f --file --output-dir --rotate-size --rotate-interval --format -o --option --create -P --plugin --if-not-exists --publication --proto-version --binary --messages --origin --streaming --two-phase -I --startpos -E --endpos --until-caught-up -F --fsync-interval -s --status-interval --metrics-file --synchronous -n --no-loop --table --exclude-table --op -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot -f --file --output-dir --rotate-size --rotate-interval --format -o --option --create -P --plugin --if-not-exists --publication --proto-version --binary --messages --origin --streaming --two-phase -I --startpos -E --endpos --until-caught-up -F --fsync-interval -s --status-interval --metrics-file --heartbeat --keep-heartbeats --synchronous -n --no-loop --table --exclude-table --op -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
     esac
 }
 complete -o default -F _pgrecv pgrecv

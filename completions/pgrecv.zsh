@@ -32,6 +32,8 @@ _pgrecv() {
                 '(--failover --enable-failover)'{--failover,--enable-failover}'[Synchronise the slot to standbys (PostgreSQL 17+; --enable-failover as in pg_recvlogical 18).]' \
                 '--publication[pgoutput\: create this publication if missing (FOR ALL TABLES, or the --table list).]:name: ' \
                 '*--table[Table for a new publication (repeatable).]:\[schema.\]table: ' \
+                '--publish-generated-columns[With --publication\: publish stored generated columns'\'' values (PostgreSQL 18+).]' \
+                '--publish-via-partition-root[With --publication\: changes to partitions carry the partitioned table'\''s name.]' \
                 '--snapshot[Also copy existing rows into DIR (pgrecv snapshot).]:directory:_files -/' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
@@ -158,6 +160,8 @@ _pgrecv() {
                 '(-F --fsync-interval)'{-F,--fsync-interval}'[How often to make output durable.]:fsync_interval: ' \
                 '(-s --status-interval)'{-s,--status-interval}'[How often to report to the server.]:status_interval: ' \
                 '--metrics-file[Rewrite PATH (Prometheus text format, for node_exporter'\''s textfile collector) every status interval.]:path: ' \
+                '--heartbeat[After INTERVAL without changes, emit a transactional logical message in the slot'\''s database (a normal connection), so the slot advances while the published tables are idle; heartbeats are confirmed, not written.]:interval: ' \
+                '--keep-heartbeats[With --heartbeat\: write heartbeat messages to the output too.]' \
                 '--synchronous[Make the output durable and report it at every transaction boundary, without a timer (for synchronous_standby_names; name pgrecv there by the application_name in -d).]' \
                 '(-n --no-loop)'{-n,--no-loop}'[Exit (code 11) when the connection is lost instead of reconnecting.]' \
                 '*--table[Only these tables (schema.table glob, repeatable).]:glob: ' \

@@ -84,6 +84,16 @@ def cli() -> None:
     help="Table for a new publication (repeatable).",
 )
 @click.option(
+    "--publish-generated-columns",
+    is_flag=True,
+    help="With --publication: publish stored generated columns' values (PostgreSQL 18+).",
+)
+@click.option(
+    "--publish-via-partition-root",
+    is_flag=True,
+    help="With --publication: changes to partitions carry the partitioned table's name.",
+)
+@click.option(
     "--snapshot",
     "snapshot_dir",
     type=PathType(),
@@ -100,21 +110,25 @@ def create(
     failover: bool,
     publication: str | None,
     tables: tuple[str, ...],
+    publish_generated_columns: bool,
+    publish_via_partition_root: bool,
     snapshot_dir: str | None,
     **kw: Any,
 ) -> None:
     """Create a logical replication slot (and a publication for pgoutput)."""
-    from pgrecv.slots import create_slot
+    from pgrecv.slots import PublicationOptions, create_slot
 
+    opts = conn_opts(kw)
+    pub_options = PublicationOptions(publish_generated_columns, publish_via_partition_root)
     if snapshot_dir is not None:
         from pgrecv.snapshot_cli import create_with_snapshot
 
         create_with_snapshot(
-            conn_opts(kw), slot, snapshot_dir, plugin, if_not_exists, two_phase, failover, publication, tables
+            opts, slot, snapshot_dir, plugin, if_not_exists, two_phase, failover, publication, tables, pub_options
         )
         return
     result = create_slot(
-        conn_opts(kw),
+        opts,
         slot,
         plugin,
         if_not_exists=if_not_exists,
@@ -123,6 +137,7 @@ def create(
         publication=publication,
         tables=tables,
         on_wait=info,
+        pub_options=pub_options,
     )
     if result.publication_created:
         info(f'created publication "{publication}"')
@@ -130,6 +145,20 @@ def create(
         info(f'created slot "{result.name}" ({result.plugin}) at {result.consistent_point}')
     else:
         info(f'slot "{slot}" already exists')
+    warn_divergence(opts, publication if plugin == "pgoutput" else None, slot, pgoutput=plugin == "pgoutput")
+
+
+def warn_divergence(opts: ConnOptions, publication: str | None, slot: str | None, *, pgoutput: bool) -> None:
+    """One stderr line per way the output could differ from the source (pgrecv.divergence)."""
+    from pgrecv import divergence
+    from pgrecv.conn import connect
+    from pgrecv.slots import get_slot
+
+    with connect(opts) as conn:
+        pub = divergence.only_publication(conn, publication) if pgoutput else None
+        row = get_slot(conn, slot) if slot is not None else None
+        for line in divergence.warnings(conn, pub, row):
+            log(f"warning: {line}", 0)
 
 
 @cli.command()
@@ -399,6 +428,15 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
     help="Rewrite PATH (Prometheus text format, for node_exporter's textfile collector) every status interval.",
 )
 @click.option(
+    "--heartbeat",
+    type=DURATION,
+    metavar="INTERVAL",
+    help="After INTERVAL without changes, emit a transactional logical message in the slot's database "
+    "(a normal connection), so the slot advances while the published tables are idle; "
+    "heartbeats are confirmed, not written.",
+)
+@click.option("--keep-heartbeats", is_flag=True, help="With --heartbeat: write heartbeat messages to the output too.")
+@click.option(
     "--synchronous",
     is_flag=True,
     help="Make the output durable and report it at every transaction boundary, without a timer "
@@ -439,6 +477,8 @@ def start(
     status_interval: float,
     synchronous: bool,
     metrics_file: str | None,
+    heartbeat: float | None,
+    keep_heartbeats: bool,
     no_loop: bool,
     tables: tuple[str, ...],
     exclude_tables: tuple[str, ...],
@@ -462,6 +502,10 @@ def start(
         raise UsageError("--rotate-size and --rotate-interval need --output-dir")
     if (plugin or if_not_exists) and not create_slot_first:
         raise UsageError("-P/--plugin and --if-not-exists go with --create")
+    if keep_heartbeats and heartbeat is None:
+        raise UsageError("--keep-heartbeats goes with --heartbeat")
+    if heartbeat is not None and heartbeat <= 0:
+        raise UsageError("--heartbeat needs an interval above 0 (e.g. 10s)")
     opts = conn_opts(kw)
     ops = parse_ops(op_filter)
     to_terminal = not output_dir and (file in (None, "-")) and sys.stdout.isatty()
@@ -485,7 +529,7 @@ def start(
         streaming=streaming,
         two_phase=two_phase,
     )
-    slot_plugin, options = plan_start(
+    slot_plugin, options, warnings = plan_start(
         opts,
         slot,
         fmt=fmt,
@@ -494,6 +538,10 @@ def start(
         settings=settings,
         user_options=parse_options(plugin_options),
     )
+    if heartbeat is not None and slot_plugin not in ("pgoutput", "test_decoding"):
+        raise UsageError(f"--heartbeat needs a plugin pgrecv decodes (pgoutput, test_decoding), not {slot_plugin}")
+    if heartbeat is not None and slot_plugin == "pgoutput" and dict(options).get("messages") != "true":
+        raise UsageError("--heartbeat needs pgoutput's messages (heartbeats are logical messages): drop --no-messages")
     if fmt != "raw" and slot_plugin not in ("pgoutput", "test_decoding"):
         raise UsageError(f"pgrecv decodes pgoutput and test_decoding, not {slot_plugin}: use --format raw")
     option_map = dict(options)
@@ -509,6 +557,9 @@ def start(
         fsync_interval=fsync_interval,
         synchronous=synchronous,
         metrics_file=metrics_file,
+        warnings=warnings,
+        heartbeat=heartbeat,
+        keep_heartbeats=keep_heartbeats,
         no_loop=no_loop,
         tables=tables,
         exclude_tables=exclude_tables,

@@ -65,6 +65,7 @@ def create_slot(
     publication: str | None = None,
     tables: Sequence[str] = (),
     on_wait: Callable[[str], None] | None = None,
+    pub_options: PublicationOptions | None = None,
 ) -> CreatedSlot:
     """``on_wait`` is told, once, when creation is still waiting after :data:`STANDBY_WAIT`
     seconds on a standby (it needs a running-transactions record from the primary)."""
@@ -78,6 +79,8 @@ def create_slot(
             raise ServerConfigError(f"--failover needs PostgreSQL 17 or newer; this server is {major}")
         if two_phase and major < 14:
             raise ServerConfigError(f"--two-phase needs PostgreSQL 14 or newer; this server is {major}")
+        if pub_options is not None:
+            pub_options.check(publication, major)
         # Everything that can refuse is checked before the publication is made, and a slot
         # that still fails to be created takes the publication this run made with it.
         existing = get_slot(conn, slot)
@@ -92,9 +95,9 @@ def create_slot(
                     f'replication slot "{slot}" exists with plugin {existing["plugin"]}, not {plugin}: '
                     "pass the same --plugin or use another slot name"
                 )
-            pub_created = ensure_publication(conn, publication, tables) if publication else False
+            pub_created = ensure_publication(conn, publication, tables, pub_options) if publication else False
             return CreatedSlot(slot, plugin, None, created=False, publication_created=pub_created)
-        pub_created = ensure_publication(conn, publication, tables) if publication else False
+        pub_created = ensure_publication(conn, publication, tables, pub_options) if publication else False
         command = _create_command(slot, plugin, major, two_phase=two_phase, failover=failover)
         try:
             with _told_if_slow(conn, on_wait):
@@ -165,7 +168,32 @@ def _create_command(slot: str, plugin: str, major: int, *, two_phase: bool, fail
     )
 
 
-def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: Sequence[str]) -> bool:
+@dataclass(frozen=True, slots=True)
+class PublicationOptions:
+    """WITH options for a publication pgrecv creates."""
+
+    generated_columns: bool = False  # publish_generated_columns = stored (18+): their values in the stream
+    via_root: bool = False  # publish_via_partition_root: changes carry the partitioned table's name
+
+    def check(self, publication: str | None, major: int) -> None:
+        """Refuse before anything is made."""
+        if (self.generated_columns or self.via_root) and not publication:
+            raise UsageError("--publish-generated-columns and --publish-via-partition-root need --publication")
+        if self.generated_columns and major < 18:
+            raise ServerConfigError(f"--publish-generated-columns needs PostgreSQL 18 or newer; this server is {major}")
+
+    def sql(self) -> sql.Composable:
+        parts = []
+        if self.generated_columns:
+            parts.append(sql.SQL("publish_generated_columns = stored"))
+        if self.via_root:
+            parts.append(sql.SQL("publish_via_partition_root = true"))
+        return sql.SQL(" WITH ({})").format(sql.SQL(", ").join(parts)) if parts else sql.SQL("")
+
+
+def ensure_publication(
+    conn: psycopg.Connection[Any], name: str, tables: Sequence[str], options: PublicationOptions | None = None
+) -> bool:
     """Create the publication if missing (FOR ALL TABLES, or the listed ones); True if created."""
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone():
         return False
@@ -174,8 +202,9 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: Sequenc
         target = sql.SQL("FOR TABLE {}").format(sql.SQL(", ").join(_qualified(t) for t in tables))
     else:
         target = sql.SQL("FOR ALL TABLES")
+    with_options = (options or PublicationOptions()).sql()
     try:
-        conn.execute(sql.SQL("CREATE PUBLICATION {} {}").format(sql.Identifier(name), target))
+        conn.execute(sql.SQL("CREATE PUBLICATION {} {}{}").format(sql.Identifier(name), target, with_options))
     except psycopg.errors.UndefinedTable as exc:
         raise PublicationError(f"cannot create publication {name}: {exc.diag.message_primary}; check --table") from None
     except psycopg.Error as exc:

@@ -108,6 +108,7 @@ class Table:
     pages: int
     estimate: int  # pg_class.reltuples; -1 when never analysed
     partitioned: bool = False  # a partitioned root (publish_via_partition_root): read through it
+    generated: bool = False  # publishes a generated column (18+), which COPY's column list refuses
 
     @property
     def qualified(self) -> str:
@@ -138,8 +139,10 @@ class Task:
         if self.table.partitioned:  # every partition's rows, through the root
             where = sql.SQL(" AND ").join(conds) if conds else sql.SQL("true")
             return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(cols, target, where)
-        if not conds:
+        if not conds and not self.table.generated:
             return sql.SQL("COPY {} ({}) TO STDOUT").format(target, cols)
+        if not conds:
+            conds.append(sql.SQL("true"))
         where = sql.SQL(" AND ").join(conds)
         return sql.SQL("COPY (SELECT {} FROM ONLY {} WHERE {}) TO STDOUT").format(cols, target, where)
 
@@ -395,12 +398,14 @@ def _list_tables(
                 "or leave it out with --table"
             )
         columns: list[ev.Column] = []
+        has_generated = False
         for attname, typoid, typmod, tnsp, tname, generated, readable, key in conn.execute(_COLUMNS, (oid,)):
             if attnames is not None:
                 if attname not in attnames:
                     continue
             elif generated:
                 continue  # pgoutput leaves generated columns out (unless the publication lists them, 18+)
+            has_generated = has_generated or bool(generated)
             if not readable:
                 raise ServerConfigError(
                     f"permission denied for column {attname} of table {schema}.{name}: grant SELECT on it, "
@@ -411,7 +416,13 @@ def _list_tables(
         rel = ev.Relation(int(oid), schema, name, _REPLIDENT.get(replident, "?"), tuple(columns))
         out.append(
             Table(
-                rel, tuple(c.name for c in columns), rowfilter, int(size) // block_size, int(reltuples), relkind == "p"
+                rel,
+                tuple(c.name for c in columns),
+                rowfilter,
+                int(size) // block_size,
+                int(reltuples),
+                relkind == "p",
+                has_generated,
             )
         )
     if globs and not out:

@@ -95,11 +95,14 @@ snapshot: click.Command = _snapshot
 
 def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> None:
     """Run the snapshot with a progress bar on a terminal, and say what it wrote."""
+    from pgrecv.cli import warn_divergence
     from pgrecv.lsn import lsn_str
     from pgrecv.snapshot import run_snapshot
 
     progress = sys.stderr.isatty() and not STATE.quiet
     result = run_snapshot(opts, slot, output_dir, progress=progress, log=log, **options)
+    # said once it worked, so that a failure stays the one line it was
+    warn_divergence(opts, options.get("publication"), slot, pgoutput=options.get("plugin", "pgoutput") == "pgoutput")
     info(
         f'created slot "{slot}" at {lsn_str(result.snapshot_lsn)}; snapshot of {len(result.tables)} tables, '
         f"{result.rows} rows in {len(result.files)} files in {output_dir}; "
@@ -117,6 +120,7 @@ def create_with_snapshot(
     failover: bool,
     publication: str | None,
     tables: tuple[str, ...],
+    pub_options: Any = None,
 ) -> None:
     """`pgrecv create ... --snapshot DIR`: the publication if asked for, then `pgrecv snapshot`."""
     from pgrecv.conn import connect
@@ -135,7 +139,9 @@ def create_with_snapshot(
                     f'replication slot "{slot}" already exists: a snapshot needs a new slot; drop it with '
                     f"'pgrecv drop --slot {slot}' or choose another name"
                 )
-            created = ensure_publication(conn, publication, tables)
+            if pub_options is not None:
+                pub_options.check(publication, conn.info.server_version // 10000)
+            created = ensure_publication(conn, publication, tables, pub_options)
     try:
         run_and_report(
             opts, slot, output_dir, plugin=plugin, publication=publication, two_phase=two_phase, failover=failover

@@ -44,6 +44,7 @@ from pgrecv.conn import ConnOptions, connect
 from pgrecv.errors import ConnectionFailed, PositionError, SlotError, StreamLost, UsageError
 from pgrecv.fastpath import FastRows
 from pgrecv.feedback import Feedback
+from pgrecv.heartbeat import Heartbeat, is_heartbeat
 from pgrecv.jsonl import JsonlEncoder
 from pgrecv.lsn import lsn_str
 from pgrecv.plugins import Decoder, PgOutputSettings, make_decoder, plan_options
@@ -79,6 +80,9 @@ class StartConfig:
     ops: frozenset[str] | None = None
     synchronous: bool = False  # durable and reported at every transaction boundary (group-committed)
     metrics_file: str | None = None  # Prometheus text file rewritten every status interval
+    warnings: Sequence[str] = ()  # where the output can differ from the source (pgrecv.divergence)
+    heartbeat: float | None = None  # emit a heartbeat message after this long without changes
+    keep_heartbeats: bool = False  # write heartbeat transactions to the output like any other
     assemble: bool = False  # pgoutput streaming is on: make streamed transactions whole
     memory_limit: int = 64 << 20
 
@@ -89,6 +93,7 @@ class RunStats:
     transactions: int = 0
     rows: int = 0
     reconnects: int = 0
+    heartbeats: int = 0  # heartbeat transactions received and left out of the output
     last_commit_time: int | None = None  # of the last transaction written, PostgreSQL microseconds
     stop_reason: str = ""
     started: float = field(default_factory=time.monotonic)
@@ -142,7 +147,11 @@ class Streamer:
         self.stats = RunStats()
         self.keep_table = table_filter(config.tables, config.exclude_tables)
         self.ops = config.ops
-        self.decode_needed = config.fmt != "raw" or self.keep_table is not None or self.ops is not None
+        # heartbeat transactions are recognised by decoding them, also for raw output
+        self.drop_heartbeats = config.heartbeat is not None and not config.keep_heartbeats
+        self.decode_needed = (
+            config.fmt != "raw" or self.keep_table is not None or self.ops is not None or self.drop_heartbeats
+        )
         self.stop_requested = False
         self.reopen_requested = False
         self.target: int | None = None  # --until-caught-up: the server's WAL position at start
@@ -162,6 +171,15 @@ class Streamer:
         )
         self._in_txn = False
         self._skipping = False
+        # a Begin held back until the transaction shows it is not a heartbeat (drop_heartbeats)
+        self._held_begin: tuple[ev.Event, bytes] | None = None
+        self._held_fast: FastRows | None = None
+        self._heartbeat_txn = False
+        self._heartbeat: Heartbeat | None = None
+        if config.heartbeat is not None:
+            self._heartbeat = Heartbeat(opts, config.heartbeat, config.slot, log)
+        self._activity = (0, 0)  # (rows, transactions) at the last look
+        self._quiet_since = time.monotonic()
         self._started_once = False  # a stream ran in this process: later losses are reconnected
         self._next_fsync = 0.0
         # -F 0 and --synchronous: durable at every transaction boundary, once the socket has
@@ -218,6 +236,8 @@ class Streamer:
                     self.sink.close()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
+                if self._heartbeat is not None:
+                    self._heartbeat.close()
         return self.stats
 
     def _loop(self) -> None:
@@ -260,6 +280,7 @@ class Streamer:
             discard()
         self.feedback.on_durable(self.sink.durable())
         self._in_txn = False
+        self._release_held(emit=False)
 
     # --- one connection ----------------------------------------------------------------------
 
@@ -272,6 +293,9 @@ class Streamer:
             self.log(f"streaming until caught up with {lsn_str(self.target)}")
         start = max(cfg.startpos or 0, self.resume_start, self.feedback.written)
         rc.start(cfg.slot, start, cfg.options)
+        if not self._started_once:  # said once the stream runs, not before an error of its own
+            for line in cfg.warnings:
+                self.log(f"warning: {line}", 0)
         self._started_once = True
         now = time.monotonic()
         self.feedback.start(now)
@@ -437,11 +461,42 @@ class Streamer:
             self._new_formatter()
         if self._metrics_path is not None and now >= self._next_metrics:
             self._write_metrics(now)
+        if self._heartbeat is not None:
+            self._maybe_heartbeat(now)
         if self.feedback.due(now):
             rc.send(self.feedback.message(now))
             self.log(
                 f"confirmed write {lsn_str(self.feedback.written)} flush {lsn_str(self.feedback.flushed)}",
             )
+
+    def _maybe_heartbeat(self, now: float) -> None:
+        """Quiet means no row and no transaction since the last look (a heartbeat's own
+        transaction counts, so there is one per interval at most)."""
+        activity = (self.stats.rows, self.stats.transactions)
+        if activity != self._activity:
+            self._activity = activity
+            self._quiet_since = now
+            return
+        if not self._in_txn:
+            assert self._heartbeat is not None
+            self._heartbeat.maybe_send(now, self._quiet_since)
+
+    def _release_held(self, *, emit: bool) -> None:
+        """End the hold on a transaction's Begin: write it (the transaction has content) or
+        forget it (a heartbeat, or a transaction cut by a lost connection)."""
+        held = self._held_begin
+        if held is None:
+            return
+        self._held_begin = None
+        self._fast = self._held_fast
+        self._held_fast = None
+        if emit:
+            event, msg = held
+            if self._feed is not None:
+                self._feed(event)
+            elif self.cfg.fmt == "raw":
+                self.sink.write(msg)
+                self.sink.write(b"\n")
 
     def _write_metrics(self, now: float) -> None:
         from pgrecv import stream_metrics
@@ -492,12 +547,13 @@ class Streamer:
 
     # --- per message ------------------------------------------------------------------------
 
-    def _boundary(self, commit_lsn: int, end_lsn: int) -> None:
+    def _boundary(self, commit_lsn: int, end_lsn: int, *, count: bool = True) -> None:
         self.sink.boundary(commit_lsn, end_lsn)
         self.feedback.on_written(end_lsn)
         if self.sink.file_started != self._file_seen:
             self._new_formatter()
-        self.stats.transactions += 1
+        if count:
+            self.stats.transactions += 1
         if self.target is not None and end_lsn >= self.target:
             self.stats.stop_reason = f"caught up with {lsn_str(self.target)}"
             raise _Stop
@@ -555,6 +611,15 @@ class Streamer:
                 raw_write(msg)
                 raw_write(b"\n")
 
+        drop_heartbeats = self.drop_heartbeats
+        if drop_heartbeats:
+            emit_now = emit
+
+            def emit(event: ev.Event, msg: Any) -> None:
+                if self._held_begin is not None:  # the transaction has content: its Begin first
+                    self._release_held(emit=True)
+                emit_now(event, msg)
+
         def handle(msg: Any, lsn: int) -> None:
             fast = self._fast
             if fast is not None and not self._skipping and fast.row(msg, lsn):
@@ -580,12 +645,24 @@ class Streamer:
             if cls is ev.Begin:
                 self._in_txn = True
                 self._skipping = 0 < event.final_lsn <= skip_until  # type: ignore[union-attr]
-                if not self._skipping:
+                if self._skipping:
+                    return
+                if drop_heartbeats:  # held until the transaction shows it is not only a heartbeat
+                    self._release_held(emit=False)
+                    self._held_begin, self._held_fast, self._fast = (event, bytes(msg)), self._fast, None
+                    self._heartbeat_txn = False
+                else:
                     emit(event, msg)
             elif cls is ev.Commit:
                 self._in_txn = False
                 if self._skipping:
                     self._skipping = False
+                    return
+                if self._heartbeat_txn and self._held_begin is not None:
+                    # heartbeats only: confirmed like any transaction, not written
+                    self._release_held(emit=False)
+                    self._heartbeat_txn = False
+                    self._boundary(event.commit_lsn, event.end_lsn or lsn, count=False)  # type: ignore[union-attr]
                     return
                 emit(event, msg)
                 stats.last_commit_time = event.commit_time  # type: ignore[union-attr]
@@ -601,6 +678,11 @@ class Streamer:
                         event = ev.Truncate(kept, event.cascade, event.restart_identity, event.xid, event.lsn)  # type: ignore[union-attr]
                 emit(event, msg)
             elif cls is ev.Message:
+                if drop_heartbeats and is_heartbeat(event.prefix, event.transactional):  # type: ignore[union-attr]
+                    if not self._skipping:
+                        stats.heartbeats += 1
+                        self._heartbeat_txn = True
+                    return
                 if self._skipping or (ops is not None and "message" not in ops):
                     if not event.transactional and not self._in_txn:  # type: ignore[union-attr]
                         self._boundary(lsn, lsn)
@@ -667,8 +749,11 @@ def plan_start(
     publication: str | None,
     settings: PgOutputSettings,
     user_options: Sequence[tuple[str, str]],
-) -> tuple[str, list[tuple[str, str]]]:
-    """The slot's plugin and the options to stream it with (checked before anything is written)."""
+) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """The slot's plugin, the options to stream it with (checked before anything is written) and
+    the warnings where the output can differ from the source."""
+    from pgrecv import divergence
+
     with connect(opts) as conn:
         info = logical_slot(conn, slot)
         slot_plugin = str(info["plugin"])
@@ -678,4 +763,8 @@ def plan_start(
             )
         if fmt == "raw" and settings.streaming is None:
             settings = replace(settings, streaming="off")  # raw output stays what the plugin wrote
-        return slot_plugin, plan_options(conn, info, publication, settings, user_options, sql_interface=False)
+        options = plan_options(conn, info, publication, settings, user_options, sql_interface=False)
+        pub = None
+        if slot_plugin == "pgoutput" and "publication_names" not in {n for n, _ in user_options}:
+            pub = divergence.only_publication(conn, publication)
+        return slot_plugin, options, divergence.warnings(conn, pub, info)
