@@ -169,6 +169,7 @@ class Streamer:
         # -s 0 and --synchronous: reported as soon as it is durable. No timer runs at 0.
         self._durable_at_drain = config.synchronous or config.fsync_interval <= 0
         self._report_at_durable = config.synchronous or config.status_interval <= 0
+        self._synced_transactions = 0  # stats.transactions at the last sync point (-vvv reports groups)
         self._metrics_path = Path(config.metrics_file) if config.metrics_file else None
         self._next_metrics = 0.0
         self._wake_r, self._wake_w = os.pipe()
@@ -368,6 +369,10 @@ class Streamer:
                 if countdown:
                     continue
                 countdown = 256
+                # a stream that never drains (other sessions' changes keep coming) must not hold
+                # back the commits waiting for this receiver: a sync point every 256 messages too
+                if self._durable_at_drain and feedback.written > feedback.flushed:
+                    self._sync_point(rc)
                 self._periodic(rc)
                 continue
             if n == 0:
@@ -389,6 +394,9 @@ class Streamer:
         self.feedback.on_durable(self.sink.durable())
         if self._report_at_durable and self.feedback.flushed != self.feedback.last_sent_flush:
             rc.send(self.feedback.message(time.monotonic()))
+        group = self.stats.transactions - self._synced_transactions
+        self._synced_transactions = self.stats.transactions
+        self.log(f"sync point: {group} transaction(s) durable up to {lsn_str(self.feedback.flushed)}", 3)
 
     def _replay(self, rc: ReplicationConnection, items: Any, handle: Callable[[Any, int], None]) -> None:
         """Hand a reassembled transaction on in batches, with the periodic duties (stop flag,
@@ -409,7 +417,10 @@ class Streamer:
         if self.target is not None and idle and ka.wal_end >= self.target:
             self.stats.stop_reason = f"caught up with {lsn_str(self.target)}"
             raise _Stop
-        if reply:
+        # While idle, a keepalive's position is confirmed (nothing is pending): answer it at once
+        # with --synchronous or -s 0, since commits that send us no transaction (other databases,
+        # unpublished tables, empty transactions) wait for exactly that position.
+        if reply or (self._report_at_durable and self.feedback.flushed != self.feedback.last_sent_flush):
             rc.send(self.feedback.message(time.monotonic()))
 
     def _periodic(self, rc: ReplicationConnection) -> None:
@@ -428,6 +439,8 @@ class Streamer:
             self.feedback.on_durable(self.sink.durable())
             if self.feedback.flushed != before:
                 self.log(f"output durable up to {lsn_str(self.feedback.flushed)}", 2)
+                if self._report_at_durable:  # -s 0: reported as soon as durable, not on a timer
+                    rc.send(self.feedback.message(now))
         status = self.status
         if status is None:
             self.sink.tick(now)
