@@ -49,6 +49,10 @@ FILE_MODE = 0o600  # like pg_recvlogical: change data is often sensitive
 DIR_MODE = 0o700
 BUFFER_SIZE = 1 << 17
 STATE_VERSION = 1
+# `-f`'s state file is one record padded to this size and rewritten in place (pwrite + fdatasync):
+# within one disk sector, as PostgreSQL's own pg_control is, so a crash leaves the old record or
+# the new one. Replacing the file by rename cost three fsyncs and a directory fsync per update.
+STATE_RECORD_SIZE = 512
 TMP_PREFIX = ".tmp-"  # hidden and without the suffix: neither `ls *.jsonl` nor Path.glob sees it
 TMP_SUFFIX = ".part"
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
@@ -358,6 +362,7 @@ class FileSink(_BufferedSink):
         self._reopen_wanted = False
         self._ident: tuple[int, int] | None = None
         self._regular = True
+        self._state_fd = -1  # the state file, kept open to be rewritten in place
 
     def open(self) -> Resume:
         existed = self.path.exists()
@@ -429,7 +434,20 @@ class FileSink(_BufferedSink):
             "commit_lsn": None if self._b_commit is None else lsn_str(self._b_commit),
             "end_lsn": None if self._b_end is None else lsn_str(self._b_end),
         }
-        _write_atomic(self.state_path, doc)
+        data = json.dumps(doc).encode()
+        data += b" " * (STATE_RECORD_SIZE - 1 - len(data)) + b"\n"  # JSON allows the padding
+        assert len(data) == STATE_RECORD_SIZE
+        if self._state_fd < 0:
+            # made whole under a temporary name and renamed into place once per open; the
+            # descriptor mkstemp gave stays ours, so no later path lookup can be redirected
+            self._state_fd = write_atomic(self.state_path, data, what="the state file", keep_open=True)
+        else:
+            try:
+                if os.pwrite(self._state_fd, data, 0) != len(data):
+                    raise OSError(errno.EIO, "short write")
+                os.fdatasync(self._state_fd)
+            except OSError as exc:
+                raise output_error(exc, self.state_path, "write the state file") from None
         self._dirty = False
 
     def boundary(self, commit_lsn: int, end_lsn: int) -> None:
@@ -448,7 +466,7 @@ class FileSink(_BufferedSink):
         elif self._dirty:
             self._flush()
             try:
-                os.fsync(self._fdraw.fd)
+                os.fdatasync(self._fdraw.fd)  # the data and the file's size: what a reader needs
             except OSError as exc:
                 raise self._raw.fail(exc, "fsync") from None
             self._write_state()
@@ -501,6 +519,9 @@ class FileSink(_BufferedSink):
             self.durable()
         finally:
             self._close_fd()
+            if self._state_fd >= 0:
+                os.close(self._state_fd)
+                self._state_fd = -1
             self._drain()
 
 
@@ -862,33 +883,37 @@ def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(doc).encode() + b"\n", what="the state file")
 
 
-def write_atomic(path: Path, data: bytes, *, what: str, mode: int = FILE_MODE) -> None:
+def write_atomic(path: Path, data: bytes, *, what: str, mode: int = FILE_MODE, keep_open: bool = False) -> int:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new one, whole.
 
     The temporary file comes from mkstemp (O_EXCL, O_NOFOLLOW, an unpredictable name, 0600): in
     a shared directory another user's link under a name we would pick cannot redirect the write.
+    With ``keep_open`` the descriptor (read-write, now ``path``'s) is returned open; else -1.
     """
     tmp: str | None = None
+    fd = -1
+    done = False
     try:
         fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-            if mode != FILE_MODE:
-                os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        if mode != FILE_MODE:
+            os.fchmod(fd, mode)
         os.replace(tmp, path)
         tmp = None
         _fsync_dir(path.parent)
+        done = True
     except OSError as exc:
         raise output_error(exc, path, f"write {what}") from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        if fd >= 0 and not (done and keep_open):
+            os.close(fd)
+    return fd if keep_open else -1
 
 
 def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] | None:
