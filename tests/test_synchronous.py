@@ -198,3 +198,14 @@ def test_commits_that_arrive_together_share_a_sync_point(server: TempServer, tmp
     groups = [int(m) for m in re.findall(r"sync point: (\d+) transaction", log.read_text())]
     assert sum(groups) == writers * each, groups
     assert len(groups) < writers * each and max(groups) >= 2, f"no commits shared a sync point: {groups}"
+
+
+def test_docs_cover_the_synchronous_standby() -> None:
+    """README and man page: how to name pgrecv, what it promises, the logical decoding chapter's
+    caveats (one database, a server-wide setting; a catalog lock can deadlock)."""
+    root = Path(__file__).resolve().parent.parent
+    for doc in (root / "README.md", root / "man" / "pgrecv.1"):
+        text = " ".join(doc.read_text().replace("\\-", "-").split())
+        for words in ("--synchronous", "synchronous_standby_names", "application_name", "server-wide",
+                      "exclusive lock on a catalog table", "deadlock", "sync_state"):  # fmt: skip
+            assert words in text, f"{doc.name} does not say {words!r}"
