@@ -74,6 +74,9 @@ class Resume:
     last_commit_lsn: int | None = None
     last_end_lsn: int | None = None
     source: str | None = field(default=None, compare=False)  # the file that says so, for messages
+    # the claim comes from an output file that holds nothing (pgrecv never publishes one): trusted
+    # only where the slot has confirmed it already (see Streamer._check_positions)
+    empty_source: bool = field(default=False, compare=False)
 
     @property
     def furthest(self) -> int:
@@ -638,13 +641,18 @@ class DirSink(_BufferedSink):
         if state is not None and state["commit_lsn"] is not None:
             commit, end, source = state["commit_lsn"], state["end_lsn"], str(state_path)
             self._final_name = state.get("file")
+        empty = False
         if newest is not None and (commit is None or newest[1] > commit):
             commit, end = newest[1], None  # finished after the state was last written: end unknown
             self._final_name, source = newest[2], str(d / newest[2])
+            try:
+                empty = (d / newest[2]).stat().st_size == 0
+            except OSError as exc:
+                raise output_error(exc, d / newest[2], "read") from None
         self._final_commit, self._final_end, self._state_end = commit, end, end
         if commit is not None:
             self._max_commit = commit
-        return Resume(commit, end, source)
+        return Resume(commit, end, source, empty_source=empty)
 
     def _new_file(self) -> None:
         try:

@@ -306,6 +306,17 @@ class Streamer:
                 f"ahead of the server's WAL ({lsn_str(server)}): it was edited or belongs to another server; "
                 "nothing was confirmed: move it out of the way (or write to a new output) and run again"
             )
+        if resume.empty_source:
+            # past what the slot confirmed, only what the output holds may move the start: an
+            # empty file holds nothing, and streaming after its name would skip real changes
+            confirmed = rc.slot_confirmed(self.cfg.slot)
+            if confirmed is None or resume.furthest > confirmed:
+                at = f"the slot has confirmed {lsn_str(confirmed)}" if confirmed is not None else "no slot position"
+                raise PositionError(
+                    f"{resume.source} is empty but its name says the output holds changes up to "
+                    f"{lsn_str(resume.furthest)} ({at}): pgrecv never writes an empty file; "
+                    "nothing was confirmed: move it out of the way and run again"
+                )
 
     def _slot_hint(self, rc: ReplicationConnection) -> str:
         confirmed = rc.slot_confirmed(self.cfg.slot)
