@@ -338,8 +338,9 @@ class FileSink(_BufferedSink):
 
     The state file ``.FILE.pgrecv-state`` holds ``{"version": 1, "offset": N, "commit_lsn":
     "X/X", "end_lsn": "X/X"}``: the file's first N bytes are whole units, the last of which
-    ended at ``end_lsn``. It is replaced atomically (temporary file, fsync, rename, directory
-    fsync) and only after the data's fsync, so it never claims more than the disk holds.
+    ended at ``end_lsn``. It is made whole once per open (temporary file, fsync, rename,
+    directory fsync) and then rewritten in place, one sector (:class:`_StateRecord`), and only
+    after the data's fdatasync, so it never claims more than the disk holds.
     :meth:`open` truncates the file back to N: a unit half-written before a crash is cut off, and
     comes again in full from the server. Writing the state at open means a crash before the first
     fsync still leaves a record to truncate to.
@@ -365,7 +366,7 @@ class FileSink(_BufferedSink):
         self._reopen_wanted = False
         self._ident: tuple[int, int] | None = None
         self._regular = True
-        self._state_fd = -1  # the state file, kept open to be rewritten in place
+        self._state = _StateRecord(self.state_path)
 
     def open(self) -> Resume:
         existed = self.path.exists()
@@ -437,20 +438,7 @@ class FileSink(_BufferedSink):
             "commit_lsn": None if self._b_commit is None else lsn_str(self._b_commit),
             "end_lsn": None if self._b_end is None else lsn_str(self._b_end),
         }
-        data = json.dumps(doc).encode()
-        data += b" " * (STATE_RECORD_SIZE - 1 - len(data)) + b"\n"  # JSON allows the padding
-        assert len(data) == STATE_RECORD_SIZE
-        if self._state_fd < 0:
-            # made whole under a temporary name and renamed into place once per open; the
-            # descriptor mkstemp gave stays ours, so no later path lookup can be redirected
-            self._state_fd = write_atomic(self.state_path, data, what="the state file", keep_open=True)
-        else:
-            try:
-                if os.pwrite(self._state_fd, data, 0) != len(data):
-                    raise OSError(errno.EIO, "short write")
-                os.fdatasync(self._state_fd)
-            except OSError as exc:
-                raise output_error(exc, self.state_path, "write the state file") from None
+        self._state.write(doc)
         self._dirty = False
 
     def boundary(self, commit_lsn: int, end_lsn: int) -> None:
@@ -522,9 +510,7 @@ class FileSink(_BufferedSink):
             self.durable()
         finally:
             self._close_fd()
-            if self._state_fd >= 0:
-                os.close(self._state_fd)
-                self._state_fd = -1
+            self._state.close()
             self._drain()
 
 
@@ -583,6 +569,7 @@ class DirSink(_BufferedSink):
         self._clock = clock
         self._lock_fd = -1
         self._tmp: Path | None = None
+        self._state = _StateRecord(self.directory / self.STATE_NAME)
         # the file being written
         self._b_off = 0
         self._first: int | None = None  # commit part of the name; None: no complete unit yet
@@ -705,7 +692,7 @@ class DirSink(_BufferedSink):
                 "end_lsn": lsn_str(self._final_end),
                 "file": self._final_name,
             }
-            _write_atomic(self.directory / self.STATE_NAME, doc)
+            self._state.write(doc)
             self._state_end = self._final_end
         return self._run_end
 
@@ -783,6 +770,7 @@ class DirSink(_BufferedSink):
                     self._tmp.unlink()  # no complete unit, or one not to be published
                 self._tmp = None
             self._drain()
+            self._state.close()
             os.close(self._lock_fd)
             self._lock_fd = -1
 
@@ -834,7 +822,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _temp_name_re(name: str) -> re.Pattern[str]:
-    """The names :func:`_write_atomic` gives the temporary files for ``name``."""
+    """The names :func:`write_atomic` gives the temporary files for ``name``."""
     return re.compile(rf"{re.escape(name)}\.{_MKSTEMP_RANDOM}\.tmp")
 
 
@@ -886,9 +874,33 @@ def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:
     return ranges
 
 
-def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Replace ``path`` with the JSON of ``doc``; see :func:`write_atomic`."""
-    write_atomic(path, json.dumps(doc).encode() + b"\n", what="the state file")
+class _StateRecord:
+    """A state file made whole once (temporary name, fsync, rename, directory fsync) and then
+    rewritten in place: the JSON padded to :data:`STATE_RECORD_SIZE` bytes, one pwrite at offset 0
+    and an fdatasync, on the descriptor mkstemp gave (no later path lookup can be redirected)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+
+    def write(self, doc: dict[str, Any]) -> None:
+        data = json.dumps(doc).encode()
+        data += b" " * (STATE_RECORD_SIZE - 1 - len(data)) + b"\n"  # JSON allows the padding
+        assert len(data) == STATE_RECORD_SIZE
+        if self.fd < 0:
+            self.fd = write_atomic(self.path, data, what="the state file", keep_open=True)
+            return
+        try:
+            if os.pwrite(self.fd, data, 0) != len(data):
+                raise OSError(errno.EIO, "short write")
+            os.fdatasync(self.fd)
+        except OSError as exc:
+            raise output_error(exc, self.path, "write the state file") from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def write_atomic(path: Path, data: bytes, *, what: str, mode: int = FILE_MODE, keep_open: bool = False) -> int:

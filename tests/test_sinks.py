@@ -776,8 +776,32 @@ def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monke
     events.clear()
     assert sink.durable() == lsns(1)[1]
     assert events == []
+    # later records are rewritten in place on the descriptor kept from the first (one sector)
+    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        events.append(f"pwrite {os.path.basename(os.readlink(f'/proc/self/fd/{fd}'))} {len(data)}@{offset}")
+        return int(real_pwrite(fd, data, offset))
+
+    def fdatasync(fd: int) -> None:
+        events.append("fdatasync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    feed(sink, 2)
+    assert sink.durable() == lsns(2)[1]
+    assert events == [
+        "fsync TMP",
+        "rename TMP FINAL",
+        "fsync DIR",
+        "pwrite .pgrecv-state 512@0",
+        "fdatasync .pgrecv-state",
+    ]
     monkeypatch.undo()
     sink.close()
+    state = (tmp_path / ".pgrecv-state").read_bytes()
+    assert len(state) == 512 and json.loads(state)["end_lsn"] == lsn_str(lsns(2)[1])
 
 
 def test_dir_partial_unit_never_reaches_a_final_file(tmp_path: Path) -> None:
