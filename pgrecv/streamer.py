@@ -390,9 +390,17 @@ class Streamer:
                 if self._durable_at_drain and feedback.written > feedback.flushed:
                     self._sync_point(rc)
                 self._periodic(rc)
-                # never 0 (a spin), at most 1 s (rotation by age, the terminal's status line)
-                left = min(self._next_fsync, feedback.next_status) - time.monotonic()
-                rc.wait(min(1.0, max(0.001, left)))
+                # at most 1 s (rotation by age, the terminal's status line); the timers shorten
+                # the wait only when they have work: a boundary not yet durable, a position not
+                # yet reported. So an idle pgrecv sleeps whatever -F and -s say (1 ms used to
+                # mean a thousand wake-ups a second), and the wait is never 0 (a spin).
+                now = time.monotonic()
+                deadline = now + 1.0
+                if feedback.written > feedback.flushed:
+                    deadline = min(deadline, self._next_fsync)
+                if feedback.flushed != feedback.last_sent_flush:
+                    deadline = min(deadline, feedback.next_status)
+                rc.wait(max(0.001, deadline - now))
                 continue
             raise StreamEnded(rc.end_of_copy())
 

@@ -68,8 +68,8 @@ def _active(dsn: str) -> bool:
     return bool(sql(dsn, "SELECT active FROM pg_replication_slots WHERE slot_name = 's'")[0][0])
 
 
-@pytest.mark.parametrize("flags", [["-F", "0", "-s", "0"], ["--synchronous"]])
-def test_idle_with_zero_intervals_sleeps(server: TempServer, tmp_path: Path, flags: list[str]) -> None:
+@pytest.mark.parametrize("flags", [["-F", "0", "-s", "0"], ["--synchronous"], ["-F", "0.001", "-s", "0.001"]])
+def test_idle_sleeps_whatever_the_intervals(server: TempServer, tmp_path: Path, flags: list[str]) -> None:
     dsn = server.dsn()
     _setup(dsn)
     proc = _spawn("start", "-d", dsn, "--slot", "s", "-f", str(tmp_path / "o.jsonl"), *flags, stderr=tmp_path / "e")
