@@ -490,6 +490,22 @@ def start(
     Positions are confirmed to the server only once the output holding them is durable; a clean stop
     (SIGINT, SIGTERM, --endpos, --until-caught-up) makes the output durable and confirms it. SIGHUP
     reopens --file (rotation by rename).
+
+    Only ends of transactions received and made durable by this run, and keepalive positions the
+    server sent in this run, are ever confirmed. A start position (-I) ahead of the server's WAL, or
+    an output record (state file, file name) claiming changes past it, is refused before the slot is
+    touched (exit 13, nothing confirmed); records that do not parse or overlap are refused with
+    exit 8.
+
+    Synchronous standby: with --synchronous the output is made durable and reported at every
+    transaction boundary; commits that arrive together share one fsync and one status update. Name
+    pgrecv in synchronous_standby_names by the application_name of its connection (-d
+    "dbname=mydb application_name=cdc"); a commit then returns only once its rows are durable in the
+    output (standard output: written to the pipe). Caveats: the setting is server-wide while pgrecv
+    decodes one database, so commits in every database wait for it (pgrecv answers those at once,
+    but they stop while pgrecv is down); and a transaction holding an exclusive lock on a catalog
+    table (LOCK pg_class, CLUSTER pg_class) can deadlock against a synchronous logical receiver,
+    which needs the catalogs to decode. pgrecv slots shows the walsender's sync_state and lag.
     """
     from pgrecv.plugins import PgOutputSettings, parse_options
     from pgrecv.sinks import make_sink

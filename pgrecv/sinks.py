@@ -49,6 +49,10 @@ FILE_MODE = 0o600  # like pg_recvlogical: change data is often sensitive
 DIR_MODE = 0o700
 BUFFER_SIZE = 1 << 17
 STATE_VERSION = 1
+# `-f`'s state file is one record padded to this size and rewritten in place (pwrite + fdatasync):
+# within one disk sector, as PostgreSQL's own pg_control is, so a crash leaves the old record or
+# the new one. Replacing the file by rename cost three fsyncs and a directory fsync per update.
+STATE_RECORD_SIZE = 512
 TMP_PREFIX = ".tmp-"  # hidden and without the suffix: neither `ls *.jsonl` nor Path.glob sees it
 TMP_SUFFIX = ".part"
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
@@ -70,6 +74,9 @@ class Resume:
     last_commit_lsn: int | None = None
     last_end_lsn: int | None = None
     source: str | None = field(default=None, compare=False)  # the file that says so, for messages
+    # the claim comes from an output file that holds nothing (pgrecv never publishes one): trusted
+    # only where the slot has confirmed it already (see Streamer._check_positions)
+    empty_source: bool = field(default=False, compare=False)
 
     @property
     def furthest(self) -> int:
@@ -331,8 +338,9 @@ class FileSink(_BufferedSink):
 
     The state file ``.FILE.pgrecv-state`` holds ``{"version": 1, "offset": N, "commit_lsn":
     "X/X", "end_lsn": "X/X"}``: the file's first N bytes are whole units, the last of which
-    ended at ``end_lsn``. It is replaced atomically (temporary file, fsync, rename, directory
-    fsync) and only after the data's fsync, so it never claims more than the disk holds.
+    ended at ``end_lsn``. It is made whole once per open (temporary file, fsync, rename,
+    directory fsync) and then rewritten in place, one sector (:class:`_StateRecord`), and only
+    after the data's fdatasync, so it never claims more than the disk holds.
     :meth:`open` truncates the file back to N: a unit half-written before a crash is cut off, and
     comes again in full from the server. Writing the state at open means a crash before the first
     fsync still leaves a record to truncate to.
@@ -358,6 +366,7 @@ class FileSink(_BufferedSink):
         self._reopen_wanted = False
         self._ident: tuple[int, int] | None = None
         self._regular = True
+        self._state = _StateRecord(self.state_path)
 
     def open(self) -> Resume:
         existed = self.path.exists()
@@ -429,7 +438,7 @@ class FileSink(_BufferedSink):
             "commit_lsn": None if self._b_commit is None else lsn_str(self._b_commit),
             "end_lsn": None if self._b_end is None else lsn_str(self._b_end),
         }
-        _write_atomic(self.state_path, doc)
+        self._state.write(doc)
         self._dirty = False
 
     def boundary(self, commit_lsn: int, end_lsn: int) -> None:
@@ -448,7 +457,7 @@ class FileSink(_BufferedSink):
         elif self._dirty:
             self._flush()
             try:
-                os.fsync(self._fdraw.fd)
+                os.fdatasync(self._fdraw.fd)  # the data and the file's size: what a reader needs
             except OSError as exc:
                 raise self._raw.fail(exc, "fsync") from None
             self._write_state()
@@ -501,6 +510,7 @@ class FileSink(_BufferedSink):
             self.durable()
         finally:
             self._close_fd()
+            self._state.close()
             self._drain()
 
 
@@ -559,6 +569,7 @@ class DirSink(_BufferedSink):
         self._clock = clock
         self._lock_fd = -1
         self._tmp: Path | None = None
+        self._state = _StateRecord(self.directory / self.STATE_NAME)
         # the file being written
         self._b_off = 0
         self._first: int | None = None  # commit part of the name; None: no complete unit yet
@@ -617,13 +628,18 @@ class DirSink(_BufferedSink):
         if state is not None and state["commit_lsn"] is not None:
             commit, end, source = state["commit_lsn"], state["end_lsn"], str(state_path)
             self._final_name = state.get("file")
+        empty = False
         if newest is not None and (commit is None or newest[1] > commit):
             commit, end = newest[1], None  # finished after the state was last written: end unknown
             self._final_name, source = newest[2], str(d / newest[2])
+            try:
+                empty = (d / newest[2]).stat().st_size == 0
+            except OSError as exc:
+                raise output_error(exc, d / newest[2], "read") from None
         self._final_commit, self._final_end, self._state_end = commit, end, end
         if commit is not None:
             self._max_commit = commit
-        return Resume(commit, end, source)
+        return Resume(commit, end, source, empty_source=empty)
 
     def _new_file(self) -> None:
         try:
@@ -676,7 +692,7 @@ class DirSink(_BufferedSink):
                 "end_lsn": lsn_str(self._final_end),
                 "file": self._final_name,
             }
-            _write_atomic(self.directory / self.STATE_NAME, doc)
+            self._state.write(doc)
             self._state_end = self._final_end
         return self._run_end
 
@@ -754,6 +770,7 @@ class DirSink(_BufferedSink):
                     self._tmp.unlink()  # no complete unit, or one not to be published
                 self._tmp = None
             self._drain()
+            self._state.close()
             os.close(self._lock_fd)
             self._lock_fd = -1
 
@@ -805,7 +822,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _temp_name_re(name: str) -> re.Pattern[str]:
-    """The names :func:`_write_atomic` gives the temporary files for ``name``."""
+    """The names :func:`write_atomic` gives the temporary files for ``name``."""
     return re.compile(rf"{re.escape(name)}\.{_MKSTEMP_RANDOM}\.tmp")
 
 
@@ -857,38 +874,66 @@ def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:
     return ranges
 
 
-def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Replace ``path`` with the JSON of ``doc``; see :func:`write_atomic`."""
-    write_atomic(path, json.dumps(doc).encode() + b"\n", what="the state file")
+class _StateRecord:
+    """A state file made whole once (temporary name, fsync, rename, directory fsync) and then
+    rewritten in place: the JSON padded to :data:`STATE_RECORD_SIZE` bytes, one pwrite at offset 0
+    and an fdatasync, on the descriptor mkstemp gave (no later path lookup can be redirected)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+
+    def write(self, doc: dict[str, Any]) -> None:
+        data = json.dumps(doc).encode()
+        data += b" " * (STATE_RECORD_SIZE - 1 - len(data)) + b"\n"  # JSON allows the padding
+        assert len(data) == STATE_RECORD_SIZE
+        if self.fd < 0:
+            self.fd = write_atomic(self.path, data, what="the state file", keep_open=True)
+            return
+        try:
+            if os.pwrite(self.fd, data, 0) != len(data):
+                raise OSError(errno.EIO, "short write")
+            os.fdatasync(self.fd)
+        except OSError as exc:
+            raise output_error(exc, self.path, "write the state file") from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
-def write_atomic(path: Path, data: bytes, *, what: str, mode: int = FILE_MODE) -> None:
+def write_atomic(path: Path, data: bytes, *, what: str, mode: int = FILE_MODE, keep_open: bool = False) -> int:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new one, whole.
 
     The temporary file comes from mkstemp (O_EXCL, O_NOFOLLOW, an unpredictable name, 0600): in
     a shared directory another user's link under a name we would pick cannot redirect the write.
+    With ``keep_open`` the descriptor (read-write, now ``path``'s) is returned open; else -1.
     """
     tmp: str | None = None
+    fd = -1
+    done = False
     try:
         fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-            if mode != FILE_MODE:
-                os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        if mode != FILE_MODE:
+            os.fchmod(fd, mode)
         os.replace(tmp, path)
         tmp = None
         _fsync_dir(path.parent)
+        done = True
     except OSError as exc:
         raise output_error(exc, path, f"write {what}") from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        if fd >= 0 and not (done and keep_open):
+            os.close(fd)
+    return fd if keep_open else -1
 
 
 def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] | None:

@@ -187,6 +187,7 @@ class Streamer:
         # -s 0 and --synchronous: reported as soon as it is durable. No timer runs at 0.
         self._durable_at_drain = config.synchronous or config.fsync_interval <= 0
         self._report_at_durable = config.synchronous or config.status_interval <= 0
+        self._synced_transactions = 0  # stats.transactions at the last sync point (-vvv reports groups)
         self._metrics_path = Path(config.metrics_file) if config.metrics_file else None
         self._next_metrics = 0.0
         self._wake_r, self._wake_w = os.pipe()
@@ -329,6 +330,17 @@ class Streamer:
                 f"ahead of the server's WAL ({lsn_str(server)}): it was edited or belongs to another server; "
                 "nothing was confirmed: move it out of the way (or write to a new output) and run again"
             )
+        if resume.empty_source:
+            # past what the slot confirmed, only what the output holds may move the start: an
+            # empty file holds nothing, and streaming after its name would skip real changes
+            confirmed = rc.slot_confirmed(self.cfg.slot)
+            if confirmed is None or resume.furthest > confirmed:
+                at = f"the slot has confirmed {lsn_str(confirmed)}" if confirmed is not None else "no slot position"
+                raise PositionError(
+                    f"{resume.source} is empty but its name says the output holds changes up to "
+                    f"{lsn_str(resume.furthest)} ({at}): pgrecv never writes an empty file; "
+                    "nothing was confirmed: move it out of the way and run again"
+                )
 
     def _slot_hint(self, rc: ReplicationConnection) -> str:
         confirmed = rc.slot_confirmed(self.cfg.slot)
@@ -392,15 +404,27 @@ class Streamer:
                 if countdown:
                     continue
                 countdown = 256
+                # a stream that never drains (other sessions' changes keep coming) must not hold
+                # back the commits waiting for this receiver: a sync point every 256 messages too
+                if self._durable_at_drain and feedback.written > feedback.flushed:
+                    self._sync_point(rc)
                 self._periodic(rc)
                 continue
             if n == 0:
                 if self._durable_at_drain and feedback.written > feedback.flushed:
                     self._sync_point(rc)
                 self._periodic(rc)
-                # never 0 (a spin), at most 1 s (rotation by age, the terminal's status line)
-                left = min(self._next_fsync, feedback.next_status) - time.monotonic()
-                rc.wait(min(1.0, max(0.001, left)))
+                # at most 1 s (rotation by age, the terminal's status line); the timers shorten
+                # the wait only when they have work: a boundary not yet durable, a position not
+                # yet reported. So an idle pgrecv sleeps whatever -F and -s say (1 ms used to
+                # mean a thousand wake-ups a second), and the wait is never 0 (a spin).
+                now = time.monotonic()
+                deadline = now + 1.0
+                if feedback.written > feedback.flushed:
+                    deadline = min(deadline, self._next_fsync)
+                if feedback.flushed != feedback.last_sent_flush:
+                    deadline = min(deadline, feedback.next_status)
+                rc.wait(max(0.001, deadline - now))
                 continue
             raise StreamEnded(rc.end_of_copy())
 
@@ -413,6 +437,9 @@ class Streamer:
         self.feedback.on_durable(self.sink.durable())
         if self._report_at_durable and self.feedback.flushed != self.feedback.last_sent_flush:
             rc.send(self.feedback.message(time.monotonic()))
+        group = self.stats.transactions - self._synced_transactions
+        self._synced_transactions = self.stats.transactions
+        self.log(f"sync point: {group} transaction(s) durable up to {lsn_str(self.feedback.flushed)}", 3)
 
     def _replay(self, rc: ReplicationConnection, items: Any, handle: Callable[[Any, int], None]) -> None:
         """Hand a reassembled transaction on in batches, with the periodic duties (stop flag,
@@ -433,7 +460,10 @@ class Streamer:
         if self.target is not None and idle and ka.wal_end >= self.target:
             self.stats.stop_reason = f"caught up with {lsn_str(self.target)}"
             raise _Stop
-        if reply:
+        # While idle, a keepalive's position is confirmed (nothing is pending): answer it at once
+        # with --synchronous or -s 0, since commits that send us no transaction (other databases,
+        # unpublished tables, empty transactions) wait for exactly that position.
+        if reply or (self._report_at_durable and self.feedback.flushed != self.feedback.last_sent_flush):
             rc.send(self.feedback.message(time.monotonic()))
 
     def _periodic(self, rc: ReplicationConnection) -> None:
@@ -452,6 +482,8 @@ class Streamer:
             self.feedback.on_durable(self.sink.durable())
             if self.feedback.flushed != before:
                 self.log(f"output durable up to {lsn_str(self.feedback.flushed)}", 2)
+                if self._report_at_durable:  # -s 0: reported as soon as durable, not on a timer
+                    rc.send(self.feedback.message(now))
         status = self.status
         if status is None:
             self.sink.tick(now)

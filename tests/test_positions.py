@@ -72,6 +72,35 @@ def test_stray_file_name_in_the_output_dir_is_refused(table: str, tmp_path: Path
     assert ids_in_dir(outdir) == [1, 2]
 
 
+def test_empty_stray_file_past_the_slot_but_within_the_servers_wal_is_refused(table: str, tmp_path: Path) -> None:
+    """On a server whose WAL is past a stray name (any server with some history), "ahead of the
+    server" does not catch it: its LAST is past what the slot confirmed and the file holds nothing
+    (pgrecv never publishes an empty file), so it would make the run skip committed rows."""
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    sql(table, "INSERT INTO t VALUES (1, 'committed before')")
+    before = slot_info(table, "s")["confirmed"]
+    ((wal,),) = sql(table, "SELECT pg_current_wal_insert_lsn()::text")
+    last = int(LSN.parse(wal)) - 1  # within the server's WAL, past row 1's commit
+    assert last > int(before)
+    stray = outdir / f"{last:016X}-{last:016X}.jsonl"
+    stray.write_text("")
+    bad = pgrecv("start", "-d", table, "--slot", "s", "--output-dir", str(outdir), "--until-caught-up")
+    refused(bad, names=str(stray))
+    assert "is empty" in err(bad), err(bad)
+    assert slot_info(table, "s")["confirmed"] == before
+    stray.unlink()
+    sql(table, "INSERT INTO t VALUES (2, 'after')")
+    proc = pgrecv("start", "-d", table, "--slot", "s", "--output-dir", str(outdir), "--until-caught-up")
+    assert proc.returncode == 0, err(proc)
+    assert ids_in_dir(outdir) == [1, 2]
+    # an empty file whose name the slot has already confirmed moves nothing: accepted
+    confirmed = int(slot_info(table, "s")["confirmed"])
+    (outdir / f"{confirmed - 1:016X}-{confirmed - 1:016X}.jsonl").write_text("")
+    proc = pgrecv("start", "-d", table, "--slot", "s", "--output-dir", str(outdir), "--until-caught-up")
+    assert proc.returncode == 0, err(proc)
+
+
 def test_state_file_ahead_of_the_server_is_refused_and_slots_still_lists(table: str, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     out.write_bytes(b"")

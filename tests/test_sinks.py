@@ -252,34 +252,55 @@ def test_file_state_records_offset_and_lsns_of_last_durable_boundary(tmp_path: P
 
 
 def test_file_durable_fsyncs_data_before_publishing_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data is synced before the state record that claims it; the record is rewritten in
+    place (one sector, pwrite + fdatasync) on the descriptor kept from its creation: no rename,
+    no directory fsync per update."""
     events: list[str] = []
-    real_fsync, real_replace = os.fsync, os.replace
+    real = {name: getattr(os, name) for name in ("fsync", "fdatasync", "replace", "pwrite")}
+
+    def name_of(fd: int) -> str:
+        return RANDOM_TMP.sub(".RANDOM.tmp", os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
 
     def fsync(fd: int) -> None:
-        events.append("fsync " + RANDOM_TMP.sub(".RANDOM.tmp", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
-        real_fsync(fd)
+        events.append("fsync " + name_of(fd))
+        real["fsync"](fd)
+
+    def fdatasync(fd: int) -> None:
+        events.append("fdatasync " + name_of(fd))
+        real["fdatasync"](fd)
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        events.append(f"pwrite {name_of(fd)} {len(data)}@{offset}")
+        return int(real["pwrite"](fd, data, offset))
 
     def replace(src: Any, dst: Any) -> None:
         events.append("replace " + os.path.basename(dst))
-        real_replace(src, dst)
+        real["replace"](src, dst)
 
     sink = FileSink(tmp_path / "out.jsonl")
-    sink.open()
-    feed(sink, 1)
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
-    sink.durable()
+    for name, fn in (("fsync", fsync), ("fdatasync", fdatasync), ("replace", replace), ("pwrite", pwrite)):
+        monkeypatch.setattr(os, name, fn)
+    sink.open()  # the state record is made once, whole, under a temporary name
     assert events == [
-        "fsync out.jsonl",
         "fsync .out.jsonl.pgrecv-state.RANDOM.tmp",
         "replace .out.jsonl.pgrecv-state",
         f"fsync {tmp_path.name}",
+    ]
+    events.clear()
+    feed(sink, 1)
+    sink.durable()
+    assert events == [
+        "fdatasync out.jsonl",
+        "pwrite .out.jsonl.pgrecv-state 512@0",
+        "fdatasync .out.jsonl.pgrecv-state",
     ]
     events.clear()
     assert sink.durable() == lsns(1)[1]
     assert events == [], "nothing new: no syscalls"
     monkeypatch.undo()
     sink.close()
+    state = (tmp_path / ".out.jsonl.pgrecv-state").read_bytes()
+    assert len(state) == 512 and json.loads(state)["end_lsn"] == lsn_str(lsns(1)[1])
 
 
 def test_file_crash_in_a_child_truncates_to_last_durable_boundary(tmp_path: Path) -> None:
@@ -755,8 +776,32 @@ def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monke
     events.clear()
     assert sink.durable() == lsns(1)[1]
     assert events == []
+    # later records are rewritten in place on the descriptor kept from the first (one sector)
+    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        events.append(f"pwrite {os.path.basename(os.readlink(f'/proc/self/fd/{fd}'))} {len(data)}@{offset}")
+        return int(real_pwrite(fd, data, offset))
+
+    def fdatasync(fd: int) -> None:
+        events.append("fdatasync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    feed(sink, 2)
+    assert sink.durable() == lsns(2)[1]
+    assert events == [
+        "fsync TMP",
+        "rename TMP FINAL",
+        "fsync DIR",
+        "pwrite .pgrecv-state 512@0",
+        "fdatasync .pgrecv-state",
+    ]
     monkeypatch.undo()
     sink.close()
+    state = (tmp_path / ".pgrecv-state").read_bytes()
+    assert len(state) == 512 and json.loads(state)["end_lsn"] == lsn_str(lsns(2)[1])
 
 
 def test_dir_partial_unit_never_reaches_a_final_file(tmp_path: Path) -> None:

@@ -141,6 +141,26 @@ def test_failover_slot_survives_promotion(pair: tuple[TempServer, TempServer], t
     sql(standby.dsn(), "ALTER SYSTEM RESET sync_replication_slots")
     sql(standby.dsn(), "SELECT pg_reload_conf()")
 
+    # The copy appears synced but temporary: nothing has consumed the slot past a running-xacts
+    # record yet, so the standby cannot build a consistent snapshot at its position. Read on the
+    # standby, `slots` says it would be dropped at a promotion; the check on the primary fails.
+    def copy_state() -> list[tuple[Any, ...]]:
+        return sql(standby.dsn(DB), "SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = 'fs'")
+
+    _wait(lambda: bool(copy_state()), "the standby to copy the failover slot", timeout=120)
+    if copy_state() == [(True, True)]:
+        listed = pgrecv("slots", "-d", standby.dsn(DB), "--format", "jsonl")
+        assert listed.returncode == 0, err(listed)
+        rows = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert [(r["temporary"], r["failover_ready"]) for r in rows if r["slot_name"] == "fs"] == [(True, False)]
+        table = pgrecv("slots", "-d", standby.dsn(DB))
+        assert "dropped at promotion" in table.stdout.decode(), table.stdout.decode()
+        proc = pgrecv(*check)
+        assert proc.returncode == ExitCode.UNHEALTHY, proc.stdout.decode() + err(proc)
+        assert "would not survive a promotion" in proc.stdout.decode(), proc.stdout.decode()
+    else:  # persisted before anything consumed it: the next state is what the rest checks
+        print(f"the standby's copy was already {copy_state()}: temporary state not observed")
+
     def consume() -> None:
         try:
             done = pgrecv("start", "-d", dsn, "--slot", "fs", "--until-caught-up", "-f", str(out), "-v", timeout=60)
