@@ -38,7 +38,7 @@ EXIT_MEANING = {
     ExitCode.SERVER: "The server refused a statement for a reason of its own; its message says which.",
     ExitCode.POSITION: "A start or resume position ahead of the server's WAL; nothing was confirmed.",
     ExitCode.UNHEALTHY: "slots --check: a slot is invalidated, lost, unreserved, inactive too long or past a limit.",
-    ExitCode.PARTLY_APPLIED: "spark-apply: some tables were held back (each named, with the fix); the others were applied.",
+    ExitCode.PARTLY_APPLIED: "spark-apply: some tables were held back (each named with the fix); the rest applied.",
     ExitCode.INTERRUPTED: "Interrupted by SIGINT.",
 }
 
