@@ -86,7 +86,9 @@ def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path)
     src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
     target = tmp_path / "lake"
     target.mkdir()
-    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", "delta", "--replay", "spark")
+    proc = pgrecv(
+        "spark-apply", str(src), "--target", str(target), "--format", "delta", "--replay", "spark", timeout=900
+    )
     assert proc.returncode == 15, proc.stderr
     err = proc.stderr.decode()
     assert f"{src}:6" in err and "'10000-01-01'" in err and "column d" in err, err
