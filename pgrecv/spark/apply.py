@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -254,9 +255,10 @@ def _carry_pending(state: Path, res: ReadResult) -> None:
 
     if not res.pending:
         return
-    state.mkdir(parents=True, exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(state, 0o700)  # raw change data: this user only (also for a directory an older run made)
     for p in res.pending:
-        _atomic_write(_gid_file(state, p.gid), b"".join(p.lines))
+        _atomic_write(_gid_file(state, p.gid), b"".join(p.lines), mode=0o600)
 
 
 def _finish_carried(state: Path, res: ReadResult) -> None:
