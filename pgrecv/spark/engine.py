@@ -81,7 +81,8 @@ def run_frames(
             .drop("_t")
         )
         changes = changes.where("op <> 'truncate'").unionByName(trunc.select(*changes.columns))
-        names = sorted({k for k in st.relations} | {(s, t) for s, t, _ in snap} | _tables_with_changes(changes))
+        # every table's changes follow its relation record (pgoutput and pgrecv's test_decoding reader)
+        names = sorted({k for k in st.relations} | {(s, t) for s, t, _ in snap})
         wanted = [n for n in names if match(*n)]
         changes = changes.where(
             F.struct("schema", "table").isin([F.struct(F.lit(s), F.lit(t)) for s, t in wanted])
@@ -89,7 +90,7 @@ def run_frames(
             else F.lit(False)
         )
         changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
-        summary.lines = int(df.count())
+        summary.lines = st.lines
         summary.pending_prepared, carry_file = _carry_pending(pending, st, state, spark)
 
         targets: dict[tuple[str, str], Any] = {}
@@ -152,11 +153,6 @@ def run_frames(
         spark.catalog.clearCache()  # the run's persisted frames (records, changes, final events)
 
 
-def _tables_with_changes(changes: Any) -> set[tuple[str, str]]:
-    rows = changes.select("schema", "table").distinct().collect()  # one row per table
-    return {(r["schema"], r["table"]) for r in rows if r["schema"] is not None}
-
-
 def _table_facts(
     changes: Any, applied: dict[tuple[str, str], int | None], spark: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
@@ -185,6 +181,11 @@ def _table_facts(
                 F.collect_set(F.when(live, F.coalesce(F.col("unchanged_toast"), F.array().cast("array<string>"))))
             )
         ).alias("toast"),
+        F.sum(
+            F.when(
+                live & (F.col("op") == "update") & F.col("old").isNotNull() & (F.size("unchanged_toast") > 0), 1
+            ).otherwise(0)
+        ).alias("moves"),
     )
     out = {}
     for r in agg.collect():  # one row per table
@@ -286,10 +287,23 @@ def _batch(
         _check_values(ev, plan, names)
         return FrameBatch(schema, [], False, truncate, ev.select("v.*"), None, facts["position"], append_only=True)
     events = rp.table_changes(changes, plan, target.applied, facts["truncate_at"])
-    final = rp.final_changes(events, plan, [c for c in facts["toast"] if c in plan.columns]).persist(
-        StorageLevel.MEMORY_AND_DISK
+    final = rp.final_changes(
+        events, plan, [c for c in facts["toast"] if c in plan.columns], moves=bool(facts["moves"])
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    # one pass for the three things that stop the table or need more work
+    upserts = final.where("kind = 'U'")
+    is_u = F.col("kind") == "U"
+    probe = final.agg(
+        F.max(F.col("_problem").isNotNull()).alias("problem"),
+        F.max(is_u & ~_all_ok(names)).alias("bad"),
+        F.max(is_u & (F.size("need") > 0)).alias("need"),
+    ).first()
+    assert probe is not None
+    problem = (
+        final.where("_problem IS NOT NULL").select("_problem", "op", "_path", "lsn").limit(1).collect()
+        if probe["problem"]
+        else []
     )
-    problem = final.where("_problem IS NOT NULL").select("_problem", "op", "_path", "lsn").limit(1).collect()
     if problem:
         p = problem[0]
         where = find_line(p["_path"], {"op": p["op"], "lsn": p["lsn"]})
@@ -297,11 +311,10 @@ def _batch(
             f"{where}: {p['op']} {p['_problem']}: cannot identify the row; "
             "give the table a primary key or REPLICA IDENTITY FULL"
         )
-    upserts = final.where("kind = 'U'")
-    _check_values(upserts, plan, names)
+    if probe["bad"]:
+        _check_values(upserts, plan, names)
     rows = upserts.select("v.*", "need", "root")
-    if facts["toast"]:
-        rows = _fill_from_target(rows, plan, target, truncate)
+    rows = _fill_from_target(rows, plan, target, truncate) if probe["need"] else rows.drop("need", "root")
     keys = final.select("key.*")
     return FrameBatch(
         schema,
@@ -312,6 +325,15 @@ def _batch(
         keys,
         facts["position"],
     )
+
+
+def _all_ok(names: list[str]) -> Any:
+    from pyspark.sql import functions as F
+
+    ok = F.lit(True)
+    for n in names:
+        ok = ok & F.col(f"ok.`{n}`")
+    return ok
 
 
 def _check_values(rows: Any, plan: rp.TablePlan, names: list[str]) -> None:
@@ -341,8 +363,6 @@ def _fill_from_target(rows: Any, plan: rp.TablePlan, target: Any, truncate: bool
     from pyspark.sql import functions as F
 
     need = rows.where(F.size("need") > 0)
-    if need.limit(1).count() == 0:
-        return rows.drop("need", "root")
     cur = None if truncate else target.frame()
     sample = need.select("need").limit(1).collect()
     if cur is None:

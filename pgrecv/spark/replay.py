@@ -52,6 +52,7 @@ KEEP = (
 class Structure:
     """What the driver learns from the (few) structural records."""
 
+    lines: int = 0
     transactions: int = 0
     incomplete: int = 0
     rolled_back: int = 0
@@ -226,12 +227,13 @@ def structure(records: Any) -> Structure:
     F = _F()
     r = records
     s = Structure()
-    rels = (
-        r.where("op = 'relation'")
-        .select("schema", "table", "replica_identity", "key", "columns", *POS)
-        .orderBy(*POS)
-        .collect()
-    )
+    # one pass: the line count and the relation records (a few per table and file)
+    rel = F.struct(pos_col().alias("p"), "schema", "table", "replica_identity", "key", "columns")
+    head = r.agg(
+        F.count(F.lit(1)).alias("n"), F.collect_list(F.when(F.col("op") == "relation", rel)).alias("r")
+    ).first()
+    s.lines = int(head["n"]) if head is not None else 0
+    rels = sorted(head["r"] if head is not None else [], key=lambda x: tuple(x["p"]))
     for rel in rels:
         if rel["schema"] is None or rel["table"] is None or rel["columns"] is None:
             raise InputError("the input has a relation record without schema, table or columns: it is corrupt")
@@ -404,7 +406,7 @@ def _key_text(name: str) -> str:
     return orjson.dumps(name).decode() + ":"
 
 
-def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], max_rounds: int = 8) -> Any:
+def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> Any:
     """The last event per key. Unchanged-TOAST columns are filled from the latest earlier value of
     the same row in the batch, following primary-key changes; what the batch cannot supply is left
     to the target: ``need`` lists those columns and ``root`` is the key the row had before the
@@ -414,7 +416,7 @@ def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], max_round
     F = _F()
     ev = events
     if toast_cols:
-        ev = _fill_toast(ev, toast_cols, max_rounds)
+        ev = _fill_toast(ev, toast_cols, max_rounds if moves else 0)
     else:
         ev = ev.withColumn("root", F.col("key")).withColumn("need", F.array().cast("array<string>"))
     # per key, the latest event (a PK change's delete of the old key and upsert of the new one have
@@ -431,12 +433,14 @@ def _fill_toast(ev: Any, cols: list[str], max_rounds: int) -> Any:
     ev = ev.withColumn("_mv", moved)
     ev = ev.withColumn("_res", ~moved | _all([F.col(f"has.{c}") for c in cols]))
     ev = ev.withColumn("root", F.when(moved, F.col("src")).otherwise(F.col("key")))
-    for rounds in range(max_rounds + 1):
+    if max_rounds == 0:  # no key change lacks a value: one pass along each key does it all
+        ev = _carry(ev, cols)
+    for rounds in range(max_rounds):
         # each round cuts the lineage (a local checkpoint): the plan stays one round deep
         ev = _carry(ev, cols).localCheckpoint()
         if ev.where(F.col("_mv") & ~F.col("_res")).limit(1).count() == 0:
             break
-        if rounds == max_rounds:
+        if rounds == max_rounds - 1:
             raise InputError(
                 f"more than {max_rounds} chained primary-key changes with unchanged TOAST values in one batch: "
                 "apply the input in smaller batches (fewer files per run)"

@@ -53,9 +53,10 @@ def lsn_expr(col: Any) -> Any:
     """``X/Y`` text → bigint, in Spark (NULL for NULL)."""
     from pyspark.sql import functions as F
 
-    hi = F.conv(F.substring_index(col, "/", 1), 16, 10).cast("bigint")
-    lo = F.conv(F.substring_index(col, "/", -1), 16, 10).cast("bigint")
-    return F.when(col.isNull(), F.lit(None).cast("bigint")).otherwise(hi * F.lit(4294967296) + lo)
+    hi = F.conv(F.substring_index(col, "/", 1), 16, 10).try_cast("bigint")
+    lo = F.conv(F.substring_index(col, "/", -1), 16, 10).try_cast("bigint")
+    # NULL for what is not an LSN (check_input names those lines)
+    return F.when(col.rlike(LSN_PATTERN), hi * F.lit(4294967296) + lo).otherwise(F.lit(None).cast("bigint"))
 
 
 @dataclass
