@@ -9,6 +9,9 @@ executor, not in the driver.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -122,3 +125,32 @@ def test_cluster_equals_local(
         rows += len(got)
     assert rows > 0, "the stream left no rows: the comparison proves nothing"
     print(f"{fmt}: cluster {cluster_seconds:.0f} s, local {local_seconds:.0f} s, {rows} rows, app {app['id']}")
+
+
+def test_spark_submit_uses_its_master(spark_cluster: Any, stream: tuple[Gen, list[Path]], tmp_path: Path) -> None:
+    """``spark-submit --master spark://… pgrecv/__main__.py spark-apply …`` (no pgrecv --master):
+    the run goes to spark-submit's master, and gives the truth."""
+    import pyspark
+
+    import pgrecv
+
+    gen, files = stream
+    target = tmp_path / "lake"
+    before = _app_ids(spark_cluster.status())
+    submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    main = os.path.join(os.path.dirname(pgrecv.__file__), "__main__.py")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    args = ["spark-apply", *map(str, files), "--target", str(target), "--format", "parquet", "--replay", "spark"]
+    proc = subprocess.run(
+        [submit, "--master", spark_cluster.url, *LOOPBACK, *CONF, main, *args, "-q"],
+        env=env,
+        capture_output=True,
+        timeout=1200,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{proc.stderr.decode(errors='replace')[-5000:]}\n{spark_cluster.logs()}"
+    app = _finished_app(spark_cluster, before)
+    assert list((spark_cluster.work_dir / app["id"]).glob("*/stderr")), app
+    truth = gen.truth()
+    for t in gen.tables:
+        assert _got(t, target, "parquet") == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name}"
