@@ -1,5 +1,6 @@
 """Real PostgreSQL servers for the tests: one throwaway server per major version and session,
-and one real local SparkSession (the `spark` fixture).
+one real local SparkSession (the `spark` fixture) and one real standalone Spark cluster (the
+`spark_cluster` fixture: a master and a worker JVM on 127.0.0.1).
 
 ``PGRECV_TEST_VERSIONS`` (default ``15,18``) lists the versions; a listed version whose binaries
 are missing fails the tests that need it, so CI cannot silently test less. Tests that use a
@@ -9,9 +10,20 @@ server are marked ``pg``: ``pytest -m "not pg"`` runs the pure ones without Post
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -91,3 +103,117 @@ def spark() -> Iterator[Any]:
     session = start_session("local[2]", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
     yield session
     session.stop()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """TERM the process group (the JVM, and for a worker its executors and their Python workers),
+    KILL what is left after 20 s."""
+    for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@dataclass
+class SparkCluster:
+    """A running standalone cluster: ``url`` for ``--master``, the master's JSON status page, and
+    the worker's work directory (one ``app-*/<executor id>/stderr`` per executor it ran)."""
+
+    url: str
+    json_url: str
+    work_dir: Path
+    log_dir: Path
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.json_url, timeout=10) as r:
+            data: dict[str, Any] = json.loads(r.read())
+        return data
+
+    def logs(self) -> str:
+        """The tails of the master's and the worker's logs (for failure messages)."""
+        out = []
+        for f in sorted(self.log_dir.glob("*.log")):
+            out.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-30:]))
+        return "\n".join(out)
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[SparkCluster]:
+    """A Spark standalone cluster from the pyspark wheel: one master and one worker (1 core, 1 GB),
+    each a JVM in its own process group, bound to 127.0.0.1 on free ports; everything they write
+    (logs, the worker's app directories, executors' scratch space) goes under one ``mkdtemp``
+    directory. Yields once the worker has registered; both are stopped at the end of the session."""
+    pyspark = pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
+    spark_home = os.path.dirname(pyspark.__file__)
+    base = Path(tempfile.mkdtemp(prefix="pgrecv-spark-cluster-"))
+    conf_dir, work_dir, log_dir, local_dir = (base / d for d in ("conf", "work", "logs", "local"))
+    for d in (conf_dir, work_dir, log_dir, local_dir):
+        d.mkdir(mode=0o700)
+    port, ui_port = _free_port(), _free_port()
+    env = {
+        **os.environ,
+        "SPARK_HOME": spark_home,
+        # spark-class sources $SPARK_CONF_DIR/spark-env.sh: an empty directory of our own
+        "SPARK_CONF_DIR": str(conf_dir),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(work_dir),
+        "SPARK_LOG_DIR": str(log_dir),
+        "SPARK_LOCAL_DIRS": str(local_dir),
+        # the executors' Python runs pgrecv's Arrow UDF: the tests' interpreter, where pgrecv is
+        "PYSPARK_PYTHON": sys.executable,
+        # no REST submission server (it would take the fixed port 6066)
+        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+    }
+    spark_class = os.path.join(spark_home, "bin", "spark-class")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, args: list[str]) -> None:
+        with open(log_dir / f"{name}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [spark_class, *args],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    url = f"spark://127.0.0.1:{port}"
+    cluster = SparkCluster(url, f"http://127.0.0.1:{ui_port}/json/", work_dir, log_dir)
+    try:
+        master = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port)]
+        start("master", [*master, "--webui-port", str(ui_port)])
+        worker = ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--port", "0"]
+        start("worker", [*worker, "--webui-port", "0", "--cores", "1", "--memory", "1g", "--work-dir", str(work_dir)])
+        deadline = time.monotonic() + 180  # two JVMs on a busy 2-core machine
+        while True:
+            dead = [p.args[1] for p in procs if p.poll() is not None]
+            if dead:
+                pytest.fail(f"Spark cluster: {dead} exited during start-up\n{cluster.logs()}", pytrace=False)
+            try:
+                if cluster.status().get("aliveworkers", 0) >= 1:
+                    break
+            except OSError:
+                pass  # the master's UI is not up yet
+            if time.monotonic() > deadline:
+                pytest.fail(f"Spark cluster: no worker registered within 180 s\n{cluster.logs()}", pytrace=False)
+            time.sleep(1)
+        yield cluster
+    finally:
+        for p in reversed(procs):
+            _stop_group(p)
+        shutil.rmtree(base, ignore_errors=True)

@@ -109,7 +109,8 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
         os.environ["SPARK_CONF_DIR"] = _private_conf_dir()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1") if master is None or master.startswith("local") else None
     builder = SparkSession.builder.appName("pgrecv spark-apply")
-    builder = builder.master(master or "local[*]")
+    if master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # set: spark-submit's JVM, with its --master
+        builder = builder.master(master or "local[*]")
     # The executors' Python runs pgrecv's Arrow UDF (json columns): by default the driver's own
     # interpreter, where pgrecv and pyarrow are installed (a cluster elsewhere sets its own).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
