@@ -95,7 +95,8 @@ def run_frames(
 
         targets: dict[tuple[str, str], Any] = {}
         for s, t in wanted:
-            path = config.target / table_dir_name(s, t)
+            # absolute: data files are matched against the paths Spark reports
+            path = config.target.resolve() / table_dir_name(s, t)
             app_id = f"pgrecv:{s}.{t}"
             target = (
                 FrameParquetTarget(path, app_id, spark)
@@ -431,7 +432,7 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(state, 0o700)  # raw change data: this user only (also for a directory an older run made)
     tmp = state / f".tmp-{uuid.uuid4().hex}"
-    lines.coalesce(1).write.text(str(tmp))
+    lines.coalesce(1).write.text(tmp.resolve().as_uri())
     part = next(p for p in tmp.iterdir() if p.name.startswith("part-"))
     os.chmod(part, 0o600)
     fd = os.open(part, os.O_RDONLY)

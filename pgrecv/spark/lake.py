@@ -65,10 +65,9 @@ def _spark_schema(schema: pa.Schema) -> Any:
 
 
 def _local(uri: str) -> str:
-    path = uri[5:] if uri.startswith("file:") else uri
-    while path.startswith("//"):
-        path = path[1:]
-    return path
+    from pgrecv.spark.source import local_path
+
+    return local_path(uri)
 
 
 class _Rewrite:
@@ -114,7 +113,9 @@ class _Rewrite:
 
     def _read(self, files: list[str]) -> Any:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
-        return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*files)
+        return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(
+            *[Path(f).resolve().as_uri() for f in files]
+        )
 
     def write(self, rows: Any, out: Path) -> list[Path]:
         """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths."""
@@ -124,7 +125,7 @@ class _Rewrite:
 
             keys = [F.col(_q(k)) for k in b.key_cols]
             rows = rows.repartitionByRange(*keys).sortWithinPartitions(*keys)
-        rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(str(out))
+        rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(out.resolve().as_uri())
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
 
 
@@ -150,7 +151,7 @@ class FrameParquetTarget(ParquetTarget):
         files = self.data_files()
         if not files or self.schema is None:
             return None
-        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*files)
+        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[Path(f).resolve().as_uri() for f in files])
 
     def write_frames(self, batch: FrameBatch) -> int:
         """Writes the batch; returns the bytes of the files written."""
@@ -231,7 +232,7 @@ class FrameDeltaRsTarget(DeltaRsTarget):
         files = self.data_files()
         if not files or self.schema is None:
             return None
-        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*files)
+        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[Path(f).resolve().as_uri() for f in files])
 
     def write_frames(self, batch: FrameBatch) -> int:
         import pyarrow.parquet as pq

@@ -74,20 +74,24 @@ def read_records(spark: Any, files: list[Path], carried: list[Path]) -> Records:
     ordered = [*carried, *files]
     if not ordered:
         return Records(None, files)
-    ranks = spark.createDataFrame(
-        [(_uri(p), i - len(carried)) for i, p in enumerate(ordered)], "_path string, _rank int"
-    )
     df = (
         spark.read.schema(ENVELOPE)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt")
-        .json([str(p) for p in ordered])
+        .json([p.resolve().as_uri() for p in ordered])  # file: URIs, whatever fs.defaultFS says
         .select(
             "*",
             F.col("_metadata.file_path").alias("_path"),
             F.col("_metadata.file_block_start").alias("_blk"),
             F.monotonically_increasing_id().alias("_mid"),
         )
+    )
+    # each file's rank, keyed by the path exactly as Spark spells it (its percent-encoding of
+    # spaces and non-ASCII names is its own): one row per file, matched here by the decoded path
+    rank_of = {str(p.resolve()): i - len(carried) for i, p in enumerate(ordered)}
+    spelled = [r[0] for r in df.select("_path").distinct().collect()]
+    ranks = spark.createDataFrame(
+        [(u, rank_of[local_path(u)]) for u in spelled if local_path(u) in rank_of], "_path string, _rank int"
     )
     df = df.join(F.broadcast(ranks), "_path")
     bad_lsn = F.lit(False)
@@ -102,9 +106,14 @@ def read_records(spark: Any, files: list[Path], carried: list[Path]) -> Records:
     return Records(df, files)
 
 
-def _uri(path: Path) -> str:
-    """The form Spark's ``_metadata.file_path`` gives a local file."""
-    return path.resolve().as_uri().replace("file:///", "file:/", 1)
+def local_path(uri: str) -> str:
+    """A local file's path from the URI Spark gives (``file:/a%20b/c``)."""
+    from urllib.parse import unquote
+
+    path = uri[5:] if uri.startswith("file:") else uri
+    while path.startswith("//"):
+        path = path[1:]
+    return unquote(path)
 
 
 def find_line(path_uri: str, needle: dict[str, Any]) -> str:
@@ -112,9 +121,7 @@ def find_line(path_uri: str, needle: dict[str, Any]) -> str:
     messages only: reads one file in the driver, line by line, without keeping it)."""
     import orjson
 
-    path = path_uri[5:] if path_uri.startswith("file:") else path_uri
-    while path.startswith("//"):
-        path = path[1:]
+    path = local_path(path_uri)
     parts = [orjson.dumps({k: v})[1:-1] for k, v in needle.items() if v is not None]
     try:
         with open(path, "rb") as f:
@@ -162,9 +169,7 @@ def check_input(records: Records) -> None:
 
 
 def _line_of_text(path_uri: str, text: str) -> str:
-    path = path_uri[5:] if path_uri.startswith("file:") else path_uri
-    while path.startswith("//"):
-        path = path[1:]
+    path = local_path(path_uri)
     want = text.encode().rstrip(b"\n")
     try:
         with open(path, "rb") as f:

@@ -118,7 +118,8 @@ def _json_back(t: TableModel, col: str, v: Any) -> Any:
 def test_engine_equals_the_truth(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, fmt: str, seed: int, cut: int
 ) -> None:
-    where = tmp_path_factory.mktemp("diff")
+    where = tmp_path_factory.mktemp("diff") / "a dir ü"  # paths Spark spells percent-encoded
+    where.mkdir()
     gen = Gen(seed)
     lines = gen.run(50)
     files = _files(lines, where, cut)
