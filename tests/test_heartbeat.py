@@ -66,12 +66,15 @@ def measure(dsn: str, other: str, out: Path, *extra: str) -> tuple[int, int]:
         wait_for(lambda: sql(dsn, "SELECT active FROM pg_replication_slots WHERE slot_name = 's'")[0][0], what="start")
         before = time.monotonic()
         peak = write_elsewhere(other, dsn, "s")
-        # the writer is done: give the stream a few status intervals, then a checkpoint
-        time.sleep(3)
-        sql(dsn, "CHECKPOINT")
-        time.sleep(1.5)
-        sql(dsn, "CHECKPOINT")
-        settled = retained(dsn, "s")
+        # the writer is done: a checkpoint each second (it logs the running transactions, which
+        # lets restart_lsn move) until the slot has let go of the WAL, within a bound
+        deadline = time.monotonic() + 60
+        while True:
+            sql(dsn, "CHECKPOINT")
+            settled = retained(dsn, "s")
+            if settled < 64 * MB or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         took = time.monotonic() - before
         print(f"{extra or 'no heartbeat'}: {took:.1f} s, peak {peak / MB:.1f} MB, settled {settled / MB:.1f} MB")
         proc.send_signal(signal.SIGTERM)
