@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from pgrecv.errors import InputError, UsageError
 from pgrecv.spark import replay as rp
-from pgrecv.spark.source import check_input, find_line, read_records
+from pgrecv.spark.source import check_input, file_url, find_line, read_records
 from pgrecv.spark.types import ColumnType, column_type, same_type
 
 SAMPLE = 5  # poison values named per table
@@ -432,7 +432,7 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(state, 0o700)  # raw change data: this user only (also for a directory an older run made)
     tmp = state / f".tmp-{uuid.uuid4().hex}"
-    lines.coalesce(1).write.text(tmp.resolve().as_uri())
+    lines.coalesce(1).write.text(file_url(tmp))
     part = next(p for p in tmp.iterdir() if p.name.startswith("part-"))
     os.chmod(part, 0o600)
     fd = os.open(part, os.O_RDONLY)

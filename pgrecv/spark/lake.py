@@ -26,6 +26,7 @@ import orjson
 import pyarrow as pa
 
 from pgrecv.errors import OutputError
+from pgrecv.spark.source import file_url
 from pgrecv.spark.writers import POINTER, DeltaRsTarget, ParquetTarget, _atomic_write, _fsync_dir
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
@@ -113,9 +114,7 @@ class _Rewrite:
 
     def _read(self, files: list[str]) -> Any:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
-        return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(
-            *[Path(f).resolve().as_uri() for f in files]
-        )
+        return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*[file_url(Path(f)) for f in files])
 
     def write(self, rows: Any, out: Path) -> list[Path]:
         """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths."""
@@ -125,7 +124,7 @@ class _Rewrite:
 
             keys = [F.col(_q(k)) for k in b.key_cols]
             rows = rows.repartitionByRange(*keys).sortWithinPartitions(*keys)
-        rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(out.resolve().as_uri())
+        rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
 
 
@@ -151,7 +150,7 @@ class FrameParquetTarget(ParquetTarget):
         files = self.data_files()
         if not files or self.schema is None:
             return None
-        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[Path(f).resolve().as_uri() for f in files])
+        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
 
     def write_frames(self, batch: FrameBatch) -> int:
         """Writes the batch; returns the bytes of the files written."""
@@ -232,7 +231,7 @@ class FrameDeltaRsTarget(DeltaRsTarget):
         files = self.data_files()
         if not files or self.schema is None:
             return None
-        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[Path(f).resolve().as_uri() for f in files])
+        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
 
     def write_frames(self, batch: FrameBatch) -> int:
         import pyarrow.parquet as pq

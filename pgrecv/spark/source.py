@@ -78,7 +78,7 @@ def read_records(spark: Any, files: list[Path], carried: list[Path]) -> Records:
         spark.read.schema(ENVELOPE)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt")
-        .json([p.resolve().as_uri() for p in ordered])  # file: URIs, whatever fs.defaultFS says
+        .json([file_url(p) for p in ordered])  # file: paths, whatever fs.defaultFS says
         .select(
             "*",
             F.col("_metadata.file_path").alias("_path"),
@@ -104,6 +104,12 @@ def read_records(spark: Any, files: list[Path], carried: list[Path]) -> Records:
         bad_lsn.alias("_bad_lsn"),
     )
     return Records(df, files)
+
+
+def file_url(path: Path) -> str:
+    """A local path for Spark: ``file://`` and the path as it is (Hadoop's Path escapes it itself;
+    a percent-encoded URI would be taken literally and not found)."""
+    return "file://" + str(path.resolve())
 
 
 def local_path(uri: str) -> str:
