@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from pgrecv.errors import OutputError
 from pgrecv.spark.source import file_url
-from pgrecv.spark.writers import POINTER, DeltaRsTarget, ParquetTarget, _atomic_write, _fsync_dir
+from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget, _fsync_dir
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
 DATA_SUFFIX = ".parquet"
@@ -137,7 +137,23 @@ def _fsync_files(paths: list[Path]) -> None:
             os.close(fd)
 
 
-class FrameParquetTarget(ParquetTarget):
+class _Frames:
+    """The current rows as a DataFrame over :meth:`data_files` (for unchanged-TOAST lookups)."""
+
+    spark: Any
+    schema: pa.Schema | None
+
+    def data_files(self) -> list[str]:
+        raise NotImplementedError
+
+    def frame(self) -> Any:
+        files = self.data_files()
+        if not files or self.schema is None:
+            return None
+        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
+
+
+class FrameParquetTarget(_Frames, ParquetTarget):
     """:class:`ParquetTarget` with a batch of DataFrames; kept files are hard links."""
 
     def data_files(self) -> list[str]:
@@ -145,12 +161,6 @@ class FrameParquetTarget(ParquetTarget):
             return []
         d = self._dir(self.version)
         return sorted(str(p) for p in d.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
-
-    def frame(self) -> Any:
-        files = self.data_files()
-        if not files or self.schema is None:
-            return None
-        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
 
     def write_frames(self, batch: FrameBatch) -> int:
         """Writes the batch; returns the bytes of the files written."""
@@ -184,24 +194,11 @@ class FrameParquetTarget(ParquetTarget):
         _fsync_dir(tmp)
         os.rename(tmp, final)
         _fsync_dir(base)
-        pointer = {
-            "v": 1,
-            "format": "parquet",
-            "mode": "latest",
-            "version": version,
-            "path": f"_versions/v{version:06d}",
-            "applied_lsn": f"{batch.position >> 32:X}/{batch.position & 0xFFFFFFFF:X}",
-            "applied_lsn_int": batch.position,
-            "key": batch.key_cols,
-        }
-        _atomic_write(self.path / POINTER, orjson.dumps(pointer, option=orjson.OPT_INDENT_2))
-        self._link(version)
-        self.version = version
-        self._cleanup(version)
+        self._switch(version, "latest", batch.position, batch.key_cols)
         return size
 
 
-class FrameDeltaRsTarget(DeltaRsTarget):
+class FrameDeltaRsTarget(_Frames, DeltaRsTarget):
     """Spark writes the data files into the table's directory; delta-rs commits them (with the
     removal of the files they replace and the app transaction) in one atomic commit."""
 
@@ -226,12 +223,6 @@ class FrameDeltaRsTarget(DeltaRsTarget):
         from urllib.parse import unquote
 
         return [str(self.path / unquote(p)) for p in sorted(self._files)]
-
-    def frame(self) -> Any:
-        files = self.data_files()
-        if not files or self.schema is None:
-            return None
-        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
 
     def write_frames(self, batch: FrameBatch) -> int:
         import pyarrow.parquet as pq

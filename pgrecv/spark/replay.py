@@ -86,7 +86,7 @@ def _F() -> Any:
     return F
 
 
-def _first_after(rows: Any, ends: Any, on: Any, end_cols: list[str]) -> Any:
+def _first_after(rows: Any, ends: Any, on: Any) -> Any:
     """Each row with the first ``ends`` record (by input position) after it that matches ``on``."""
     from pyspark.sql import Window
 
@@ -143,7 +143,7 @@ def committed(records: Any, manifests: list[tuple[str, str, int]]) -> tuple[Any,
         F.col("gid").alias("egid"),
         *[F.col(p).alias(f"e{p}") for p in POS],
     )
-    streamed = _first_after(streamed, ends, F.col("top") == F.col("exid"), [])
+    streamed = _first_after(streamed, ends, F.col("top") == F.col("exid"))
     subaborts = r.where("op = 'stream_abort' AND subxid <> xid").select(
         F.col("xid").alias("axid"), F.col("subxid").alias("asub"), *[F.col(p).alias(f"a{p}") for p in POS]
     )

@@ -430,15 +430,19 @@ class ParquetTarget(Target):
                 os.fsync(fh.fileno())
         os.rename(tmp, final)
         _fsync_dir(final.parent)
+        self._switch(version, "history" if batch.history else "latest", batch.position, batch.key_cols)
+
+    def _switch(self, version: int, mode: str, position: int, key_cols: list[str]) -> None:
+        """The new version (already renamed into place) becomes the table: pointer, then link."""
         pointer = {
             "v": 1,
             "format": "parquet",
-            "mode": "history" if batch.history else "latest",
+            "mode": mode,
             "version": version,
             "path": f"_versions/v{version:06d}",
-            "applied_lsn": f"{batch.position >> 32:X}/{batch.position & 0xFFFFFFFF:X}",
-            "applied_lsn_int": batch.position,
-            "key": batch.key_cols,
+            "applied_lsn": f"{position >> 32:X}/{position & 0xFFFFFFFF:X}",
+            "applied_lsn_int": position,
+            "key": key_cols,
         }
         _atomic_write(self.path / POINTER, orjson.dumps(pointer, option=orjson.OPT_INDENT_2))
         self._link(version)
