@@ -10,6 +10,7 @@ file:line, column and value, and the other tables are applied (exit code 15, par
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -44,17 +45,22 @@ def run_frames(
 
     started = time.monotonic()
     carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
-    records = read_records(spark, files, carried)
     summary = Summary(
         engine=f"{config.fmt}/spark" if config.fmt == "parquet" else "delta/delta-rs+spark",
         files=len(files) + len(carried),
     )
     progress.files(len(files) + len(carried))
-    if records.frame is None:
+    if not files and not carried:
         summary.seconds = time.monotonic() - started
         return summary
-    df = records.frame.persist(StorageLevel.MEMORY_AND_DISK)
+    # the parsed input, staged once as Parquet beside the run's state (raw change data: 0700)
+    work = state.parent
+    work.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(work, 0o700)
+    stage = work / f"stage-{uuid.uuid4().hex}"
     try:
+        records = read_records(spark, files, carried, stage)
+        df = records.frame
         check_input(records)
         st = rp.structure(df)
         summary.transactions, summary.incomplete, summary.rolled_back = st.transactions, st.incomplete, st.rolled_back
@@ -72,7 +78,7 @@ def run_frames(
                     snap.append((schema, table, pos))
             except (KeyError, TypeError, ValueError) as exc:
                 raise InputError(f"{mpath}: bad snapshot manifest ({exc!r}): re-run `pgrecv snapshot`") from None
-        changes, pending = rp.committed(df, snap)
+        changes, pending = rp.committed(df, snap, st)
         # a TRUNCATE concerns every table it lists: one row per table
         trunc = (
             changes.where("op = 'truncate'")
@@ -151,7 +157,8 @@ def run_frames(
         summary.seconds = time.monotonic() - started
         return summary
     finally:
-        spark.catalog.clearCache()  # the run's persisted frames (records, changes, final events)
+        spark.catalog.clearCache()  # the run's persisted frames (changes, final events)
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _table_facts(
@@ -273,9 +280,11 @@ def _batch(
             raise InputError(
                 f"{where}: {bad[0]['op']} on a table without a key in --append-only mode: only inserts can be appended"
             )
-        values, oks, raws = rp._image(F.col("new"), plan, F.col("json_nulls"))
+        texts = rp._texts("new", plan, F.col("json_nulls"))
+        values, oks = rp.typed(texts, plan)
+        raws = texts
         ev = (
-            rows.where("op = 'insert'")
+            rp.parse_images(rows.where("op = 'insert'"), plan, ("new",))
             .select(
                 F.struct(*[values[n].alias(n) for n in names]).alias("v"),
                 F.struct(*[oks[n].alias(n) for n in names]).alias("ok"),
@@ -291,12 +300,20 @@ def _batch(
     final = rp.final_changes(
         events, plan, [c for c in facts["toast"] if c in plan.columns], moves=bool(facts["moves"])
     ).persist(StorageLevel.MEMORY_AND_DISK)
+    # each final value converted once: typed values and ok flags (texts kept for messages)
+    values, oks = rp.typed({n: F.col(f"v.`{n}`") for n in names}, plan)
+    final = final.select(
+        "*",
+        F.struct(*[values[n].alias(n) for n in names]).alias("tv"),
+        F.struct(*[oks[n].alias(n) for n in names]).alias("ok"),
+        F.col("v").alias("raw"),
+    )
     # one pass for the three things that stop the table or need more work
     upserts = final.where("kind = 'U'")
     is_u = F.col("kind") == "U"
     probe = final.agg(
         F.max(F.col("_problem").isNotNull()).alias("problem"),
-        F.max(is_u & ~_all_ok(names)).alias("bad"),
+        F.max(~_all_ok(names)).alias("bad"),
         F.max(is_u & (F.size("need") > 0)).alias("need"),
     ).first()
     assert probe is not None
@@ -313,8 +330,8 @@ def _batch(
             "give the table a primary key or REPLICA IDENTITY FULL"
         )
     if probe["bad"]:
-        _check_values(upserts, plan, names)
-    rows = upserts.select("v.*", "need", "root")
+        _check_values(final, plan, names)
+    rows = upserts.select("tv.*", "need", "root")
     rows = _fill_from_target(rows, plan, target, truncate) if probe["need"] else rows.drop("need", "root")
     keys = final.select("key.*")
     return FrameBatch(
@@ -396,13 +413,13 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
     """Prepared transactions whose outcome is not in the input: their records (and their tables'
     relation records) are written, by Spark, to one 0600 file under ``state`` for the next run.
     Returns (how many, the file)."""
-    import shutil
-
     import orjson
     from pyspark.sql import functions as F
 
     from pgrecv.spark.writers import _fsync_dir
 
+    if pending is None:
+        return 0, None
     count = pending.select("gid", "xid").distinct().count()
     if not count:
         return 0, None
@@ -426,13 +443,19 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
         for c in ("unchanged_toast", "old_unchanged_toast", "json_nulls", "old_json_nulls")
     ]
     parts.append(F.lit("}"))
-    lines = pending.orderBy(*rp.POS).select(F.concat(*parts).alias("value"))
-    if rel_lines:
-        lines = spark.createDataFrame([(x,) for x in rel_lines], "value string").unionByName(lines)
+    lines = pending.select(F.concat(*parts).alias("value"), F.lit(1).alias("_first"), *rp.POS)
+    if rel_lines:  # the relation records first, then the rows in input order
+        rels = spark.createDataFrame([(x,) for x in rel_lines], "value string")
+        lines = rels.select(
+            "value",
+            F.lit(0).alias("_first"),
+            *[F.lit(0).cast(t).alias(c) for c, t in zip(rp.POS, ("int", "bigint", "bigint"), strict=True)],
+        ).unionByName(lines)
+    lines = lines.repartition(1).sortWithinPartitions("_first", *rp.POS).select("value")
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(state, 0o700)  # raw change data: this user only (also for a directory an older run made)
     tmp = state / f".tmp-{uuid.uuid4().hex}"
-    lines.coalesce(1).write.text(file_url(tmp))
+    lines.write.text(file_url(tmp))
     part = next(p for p in tmp.iterdir() if p.name.startswith("part-"))
     os.chmod(part, 0o600)
     fd = os.open(part, os.O_RDONLY)
@@ -451,7 +474,7 @@ def _json_string(col: Any) -> Any:
     """A string column as JSON text (NULL stays NULL)."""
     from pyspark.sql import functions as F
 
-    return F.regexp_extract(F.to_json(F.struct(col.alias("x"))), r'^\{"x":(.*)\}$', 1)
+    return F.when(col.isNotNull(), F.regexp_extract(F.to_json(F.struct(col.alias("x"))), r'^\{"x":(.*)\}$', 1))
 
 
 def _finish_carried(carried: list[Path], written: Path | None) -> None:

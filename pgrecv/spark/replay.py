@@ -5,7 +5,7 @@
   streamed rows to the ``stream_commit`` (or ``stream_prepare``) of their top-level transaction;
   rows of aborted sub-transactions dropped. Snapshot rows and manifests become inserts and a
   TRUNCATE at the snapshot position.
-* :func:`table_changes` — one table's changes as typed key/value events, past the applied position
+* :func:`table_changes` — one table's changes as key/value events, past the applied position
   and after the last TRUNCATE, a primary-key change split into a delete and an upsert.
 * :func:`final_changes` — the last event per key, unchanged-TOAST columns filled from the latest
   earlier value in the batch (following key changes), else marked for the target's row.
@@ -58,6 +58,9 @@ class Structure:
     rolled_back: int = 0
     relations: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
     missing_prepared: list[tuple[str, int]] = field(default_factory=list)
+    # which replay rules the input needs at all (rules it does not need stay out of the plan)
+    chunked: int = 0  # change records outside a plain or prepared transaction (streamed chunks)
+    prepared: int = 0  # records of two-phase transactions
 
 
 ORDER_TYPES = ("bigint", "bigint", "int", "bigint", "bigint")
@@ -96,22 +99,11 @@ def _first_after(rows: Any, ends: Any, on: Any) -> Any:
     return j.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
 
 
-def committed(records: Any, manifests: list[tuple[str, str, int]]) -> tuple[Any, Any]:
-    """(committed changes, pending prepared rows) from all records."""
+def _streamed(r: Any, is_change: Any) -> tuple[Any, Any]:
+    """(committed rows of streamed transactions, rows of streamed prepared ones)."""
     from pyspark.sql import Window
 
     F = _F()
-    r = records
-    is_change = F.col("op").isin(*CHANGE_OPS)
-
-    # plain transactions: the row's commit_lsn has a commit record
-    commits = r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct()
-    plain = (
-        r.where(is_change & F.col("commit_lsn_i").isNotNull())
-        .join(commits, F.col("commit_lsn_i") == F.col("c"), "left_semi")
-        .select(*KEEP, F.col("commit_lsn_i").alias("c"))
-    )
-
     # streamed chunks: the top-level xid is the enclosing stream_start's (rows of sub-transactions
     # carry their own xid), so this one rule is positional: a window over each file in line order
     chunky = F.col("commit_lsn_i").isNull() & F.col("gid").isNull()
@@ -164,12 +156,20 @@ def committed(records: Any, manifests: list[tuple[str, str, int]]) -> tuple[Any,
         F.col("egid").alias("gid"),
         *[F.col(f"e{p}").alias(f"p{p}") for p in POS],
     )
+    return stream_done, stream_prepared
 
+
+def _two_phase(r: Any, is_change: Any, stream_prepared: Any) -> tuple[Any, Any]:
+    """(rows of prepared transactions committed in the input, rows still pending)."""
+    from pyspark.sql import Window
+
+    F = _F()
     # two-phase: rows of a prepared transaction wait for commit_prepared of their gid (and xid)
     prepared = r.where(is_change & F.col("commit_lsn_i").isNull() & F.col("gid").isNotNull()).select(
         *KEEP, "gid", *[F.col(p).alias(f"p{p}") for p in POS]
     )
-    prepared = prepared.unionByName(stream_prepared)
+    if stream_prepared is not None:
+        prepared = prepared.unionByName(stream_prepared)
     outcomes = r.where(F.col("op").isin("commit_prepared", "rollback_prepared")).select(
         F.col("gid").alias("ogid"),
         F.col("xid").alias("oxid"),
@@ -190,16 +190,40 @@ def committed(records: Any, manifests: list[tuple[str, str, int]]) -> tuple[Any,
         *[c for c in KEEP if c != "commit_time"], F.col("otime").alias("commit_time"), F.col("oc").alias("c")
     )
     pending = j.where("oop IS NULL").select(*KEEP, "gid")
+    return two_phase, pending
+
+
+def committed(records: Any, manifests: list[tuple[str, str, int]], st: Structure) -> tuple[Any, Any]:
+    """(committed changes, pending prepared rows or None) from all records. The rules for streamed
+    and two-phase transactions join the plan only when the input has such records (``st``)."""
+    F = _F()
+    r = records
+    is_change = F.col("op").isin(*CHANGE_OPS)
+
+    # plain transactions: the row's commit_lsn has a commit record
+    commits = r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct()
+    plain = (
+        r.where(is_change & F.col("commit_lsn_i").isNotNull())
+        .join(commits, F.col("commit_lsn_i") == F.col("c"), "left_semi")
+        .select(*KEEP, F.col("commit_lsn_i").alias("c"))
+    )
+
+    stream_done = stream_prepared = None
+    if st.chunked:
+        stream_done, stream_prepared = _streamed(r, is_change)
+    two_phase = pending = None
+    if st.prepared:
+        two_phase, pending = _two_phase(r, is_change, stream_prepared)
 
     # snapshots: rows are inserts at the snapshot position (consistent point - 1), after a TRUNCATE
     snap = r.where("op = 'snapshot'").select(
         *[F.lit("insert").alias("op") if c == "op" else F.col(c) for c in KEEP],
         (F.col("snapshot_lsn_i") - 1).alias("c"),
     )
-    parts = [plain, stream_done, two_phase, snap]
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
+    out = plain
+    for p in (stream_done, two_phase, snap):
+        if p is not None:
+            out = out.unionByName(p)
     out = out.withColumn("l", F.coalesce(F.col("lsn_i"), F.lit(0).cast("bigint")))
     if manifests:
         spark = records.sparkSession
@@ -223,17 +247,24 @@ def committed(records: Any, manifests: list[tuple[str, str, int]]) -> tuple[Any,
 
 
 def structure(records: Any) -> Structure:
-    """Counts for the summary, and the relation records (collected: a few per table and file)."""
+    """Counts for the summary, the relation records (collected: a few per table and file), and
+    which rules the input needs: two small jobs over a few columns."""
     F = _F()
     r = records
     s = Structure()
-    # one pass: the line count and the relation records (a few per table and file)
+    op = F.col("op")
+    is_change = op.isin(*CHANGE_OPS)
     rel = F.struct(pos_col().alias("p"), "schema", "table", "replica_identity", "key", "columns")
     head = r.agg(
-        F.count(F.lit(1)).alias("n"), F.collect_list(F.when(F.col("op") == "relation", rel)).alias("r")
+        F.count(F.lit(1)).alias("n"),
+        F.collect_list(F.when(op == "relation", rel)).alias("r"),
+        F.count(F.when(is_change & F.col("commit_lsn_i").isNull() & F.col("gid").isNull(), 1)).alias("chunked"),
+        F.count(F.when(F.col("gid").isNotNull() | (op == "stream_prepare"), 1)).alias("prepared"),
     ).first()
-    s.lines = int(head["n"]) if head is not None else 0
-    rels = sorted(head["r"] if head is not None else [], key=lambda x: tuple(x["p"]))
+    assert head is not None
+    s.lines = int(head["n"])
+    s.chunked, s.prepared = int(head["chunked"]), int(head["prepared"])
+    rels = sorted(head["r"], key=lambda x: tuple(x["p"]))
     for rel in rels:
         if rel["schema"] is None or rel["table"] is None or rel["columns"] is None:
             raise InputError("the input has a relation record without schema, table or columns: it is corrupt")
@@ -246,40 +277,40 @@ def structure(records: Any) -> Structure:
                 "columns": [c.asDict() for c in rel["columns"]],
             }
         )
-    counts = (
-        r.where(
-            F.col("op").isin(
-                "begin",
-                "commit",
-                "stream_start",
-                "stream_commit",
-                "stream_abort",
-                "stream_prepare",
-                "rollback_prepared",
-                "commit_prepared",
-            )
-        )
-        .select(
-            "op",
-            F.when(F.col("op").isin("begin", "commit"), F.col("commit_lsn_i").cast("string"))
-            .when(
-                F.col("op").isin("rollback_prepared", "commit_prepared"),
-                F.concat_ws("/", "gid", F.col("xid").cast("string")),
-            )
-            .when((F.col("op") == "stream_abort") & (F.col("subxid") != F.col("xid")), F.lit(None))
-            .otherwise(F.col("xid").cast("string"))
-            .alias("k"),
-        )
-        .where("k IS NOT NULL")
-        .distinct()
+    # one row per transaction (plain: by commit LSN; streamed: by xid; prepared: by gid and xid)
+    kind = (
+        F.when(op.isin("begin", "commit"), F.lit("T"))
+        .when(op.isin("commit_prepared", "rollback_prepared"), F.lit("P"))
+        .otherwise(F.lit("S"))
     )
-    n = {row["op"]: row["count"] for row in counts.groupBy("op").count().collect()}  # a row per op
-    s.transactions = n.get("commit", 0) + n.get("stream_commit", 0) + n.get("commit_prepared", 0)
-    s.rolled_back = n.get("rollback_prepared", 0) + n.get("stream_abort", 0)
-    begins = counts.where("op = 'begin'").select("k").subtract(counts.where("op = 'commit'").select("k")).count()
-    started = counts.where("op = 'stream_start'").select("k")
-    ended = counts.where(F.col("op").isin("stream_commit", "stream_abort", "stream_prepare")).select("k")
-    s.incomplete = begins + started.subtract(ended).count()
+    k = (
+        F.when(op.isin("begin", "commit"), F.col("commit_lsn_i").cast("string"))
+        .when(op.isin("commit_prepared", "rollback_prepared"), F.concat_ws("/", "gid", F.col("xid").cast("string")))
+        .otherwise(F.col("xid").cast("string"))
+    )
+    flags = ["begin", "commit", "stream_start", "stream_commit", "stream_abort", "stream_prepare"]
+    flags += ["commit_prepared", "rollback_prepared"]
+    top_abort = (op == "stream_abort") & (F.col("subxid") == F.col("xid"))
+    per_txn = (
+        r.where(op.isin(*flags) & ((op != "stream_abort") | top_abort))
+        .select(kind.alias("kind"), k.alias("k"), "op")
+        .where("k IS NOT NULL")
+        .groupBy("kind", "k")
+        .agg(*[F.max(op == f).alias(f) for f in flags])
+    )
+
+    def n(cond: Any) -> Any:
+        return F.count(F.when(cond, 1))
+
+    c = {f: F.col(f) for f in flags}
+    ended = c["stream_commit"] | c["stream_abort"] | c["stream_prepare"]
+    counts = per_txn.agg(
+        n(c["commit"] | c["stream_commit"] | c["commit_prepared"]).alias("transactions"),
+        n(c["rollback_prepared"] | c["stream_abort"]).alias("rolled_back"),
+        n((c["begin"] & ~c["commit"]) | (c["stream_start"] & ~ended)).alias("incomplete"),
+    ).first()
+    assert counts is not None
+    s.transactions, s.rolled_back, s.incomplete = counts["transactions"], counts["rolled_back"], counts["incomplete"]
     return s
 
 
@@ -301,43 +332,61 @@ class TablePlan:
         return f"{self.schema}.{self.table}"
 
 
-def _image(raw: Any, plan: TablePlan, json_nulls: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(typed values, ok flags, raw texts) of one row image column by column."""
+def _texts_type(plan: TablePlan) -> str:
+    return "struct<" + ", ".join(f"`{n.replace('`', '``')}`: string" for n in plan.columns) + ">"
+
+
+def parse_images(rows: Any, plan: TablePlan, images: tuple[str, ...] = ("new", "old")) -> Any:
+    """Each row image parsed once, in its own projection (``_<image>_t``: a struct of the
+    columns' JSON texts), so that the many expressions over its columns do not parse it again."""
     F = _F()
-    names = list(plan.columns)
-    texts = F.from_json(raw, "struct<" + ", ".join(f"`{n.replace('`', '``')}`: string" for n in names) + ">")
+    return rows.select("*", *[F.from_json(F.col(i), _texts_type(plan)).alias(f"_{i}_t") for i in images])
+
+
+def _texts(image: str, plan: TablePlan, json_nulls: Any) -> dict[str, Any]:
+    """Column → its JSON text in the (parsed) image; json/jsonb: the exact text the server sent."""
+    F = _F()
+    parsed = F.col(f"_{image}_t")
+    out: dict[str, Any] = {}
+    for n in plan.columns:
+        text = parsed[n]
+        if plan.columns[n].is_json:
+            text = F.when(
+                text.isNull() & F.coalesce(F.array_contains(json_nulls, n), F.lit(False)), F.lit("null")
+            ).otherwise(F.when(text.isNotNull(), json_member(F.col(image), n)))
+        out[n] = text
+    return out
+
+
+def typed(texts: dict[str, Any], plan: TablePlan) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(typed values, ok flags) of columns given as their JSON texts."""
     values: dict[str, Any] = {}
     oks: dict[str, Any] = {}
-    raws: dict[str, Any] = {}
-    for n in names:
+    for n, text in texts.items():
         ct = plan.columns[n]
         if ct.is_json:
-            text = F.when(
-                texts[n].isNull() & F.coalesce(F.array_contains(json_nulls, n), F.lit(False)), F.lit("null")
-            ).otherwise(F.when(texts[n].isNotNull(), json_member(raw, n)))
-            values[n], oks[n] = text, F.lit(True)
+            values[n], oks[n] = text, _F().lit(True)
         else:
-            text = texts[n]
             values[n], oks[n] = scalar(text, ct)
-        raws[n] = text
-    return values, oks, raws
+    return values, oks
 
 
 def table_changes(changes: Any, plan: TablePlan, applied: int | None, truncate_at: tuple[Any, ...] | None) -> Any:
-    """The table's events: kind U (upsert the image) or D (delete the key), typed, in order;
-    a primary-key change is a D of the old key and a U of the new one (``src``: the old key)."""
+    """The table's events, in order: kind U (upsert the image) or D (delete the key); a primary-key
+    change is a D of the old key and a U of the new one (``src``: the old key). Keys are typed;
+    the other values stay their JSON texts (``v``) until the last event per key is known, so each
+    value is converted once, not once per change."""
     F = _F()
     t = changes.where((F.col("schema") == plan.schema) & (F.col("table") == plan.table) & (F.col("op") != "truncate"))
     if applied is not None:
         t = t.where(F.col("c") > applied)
     if truncate_at is not None:
         t = t.where(order_col() > order_lit(truncate_at))
-    # at-least-once delivery: a change that came twice (a transaction sent again after a restart,
-    # a cut one in stdout output) has the same commit and change LSN; test_decoding's changes
-    # have no LSN, and their copies replay identically in input order
-    t = t.where(F.col("l") > 0).dropDuplicates(["c", "l", "op"]).unionByName(t.where(F.col("l") <= 0))
-    new, new_ok, new_raw = _image(F.col("new"), plan, F.col("json_nulls"))
-    old, old_ok, old_raw = _image(F.col("old"), plan, F.col("old_json_nulls"))
+    # At-least-once delivery repeats changes (same commit and change LSN): the copies sort next to
+    # each other by (c, l) and replay identically, so they need no removal here.
+    t = parse_images(t, plan)
+    new = _texts("new", plan, F.col("json_nulls"))
+    old = _texts("old", plan, F.col("old_json_nulls"))
     names = list(plan.columns)
     keys = plan.key_cols
     empty = F.array().cast("array<string>")
@@ -350,46 +399,40 @@ def table_changes(changes: Any, plan: TablePlan, applied: int | None, truncate_a
     if not plan.full:
         from_old = {n: F.lit(False) for n in names}
     present = {n: ~F.array_contains(toast, n) | from_old[n] for n in names}
+    value = {n: F.when(from_old[n], old[n]).otherwise(new[n]) for n in names}
+    # keys typed once, in a projection of their own (compared, partitioned and joined on)
+    key_type = {k: plan.columns[k] for k in keys}
+    t = t.select(
+        "*",
+        *[
+            scalar(value[k], key_type[k])[0].alias(f"_nk{i}") if not key_type[k].is_json else value[k].alias(f"_nk{i}")
+            for i, k in enumerate(keys)
+        ],
+        *[
+            scalar(old[k], key_type[k])[0].alias(f"_ok{i}") if not key_type[k].is_json else old[k].alias(f"_ok{i}")
+            for i, k in enumerate(keys)
+        ],
+    )
+    new_key = {k: F.col(f"_nk{i}") for i, k in enumerate(keys)}
+    old_key = {k: F.col(f"_ok{i}") for i, k in enumerate(keys)}
 
-    def pick(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {n: F.when(from_old[n], b[n]).otherwise(a[n]) for n in names}
-
-    def event(
-        kind: str,
-        key: dict[str, Any],
-        src: dict[str, Any],
-        v: dict[str, Any],
-        has: dict[str, Any],
-        ok: dict[str, Any],
-        raw: dict[str, Any],
-    ) -> Any:
+    def event(kind: str, key: dict[str, Any], src: dict[str, Any], v: dict[str, Any], has: dict[str, Any]) -> Any:
         return F.struct(
             F.lit(kind).alias("kind"),
             F.struct(*[key[k].alias(k) for k in keys]).alias("key"),
             F.struct(*[src[k].alias(k) for k in keys]).alias("src"),
-            F.struct(*[v[n].alias(n) for n in names]).alias("v"),
+            F.struct(*[v[n].cast("string").alias(n) for n in names]).alias("v"),
             F.struct(*[has[n].alias(n) for n in names]).alias("has"),
-            F.struct(*[ok[n].alias(n) for n in names]).alias("ok"),
-            F.struct(*[raw[n].cast("string").alias(n) for n in names]).alias("raw"),
         )
 
-    value = pick(new, old)  # (FULL identity: the key columns too, when TOASTed in the new image)
     same_key = F.lit(True)
     for k in keys:
-        same_key = same_key & old[k].eqNullSafe(value[k])
+        same_key = same_key & old_key[k].eqNullSafe(new_key[k])
     moved = (F.col("op") == "update") & has_old & ~same_key
-    src = {k: F.when(moved, old[k]).otherwise(value[k]) for k in keys}
-    upsert = event("U", value, src, value, present, pick(new_ok, old_ok), pick(new_raw, old_raw))
+    src = {k: F.when(moved, old_key[k]).otherwise(new_key[k]) for k in keys}
+    upsert = event("U", new_key, src, value, present)
     only_key = {n: old[n] if n in keys else F.lit(None) for n in names}
-    delete = event(
-        "D",
-        old,
-        old,
-        only_key,
-        {n: F.lit(True) for n in names},
-        {n: old_ok[n] if n in keys else F.lit(True) for n in names},
-        {n: old_raw[n] if n in keys else F.lit(None) for n in names},
-    )
+    delete = event("D", old_key, old_key, only_key, {n: F.lit(True) for n in names})
     events = (
         F.when(F.col("op") == "delete", F.array(delete)).when(moved, F.array(delete, upsert)).otherwise(F.array(upsert))
     )

@@ -50,25 +50,29 @@ LSN_PATTERN = r"^[0-7]?[0-9A-Fa-f]{1,7}/[0-9A-Fa-f]{1,8}$"
 
 
 def lsn_expr(col: Any) -> Any:
-    """``X/Y`` text → bigint, in Spark (NULL for NULL)."""
+    """``X/Y`` text → bigint, in Spark (NULL for NULL and for what is not an LSN, which
+    check_input names)."""
     from pyspark.sql import functions as F
 
-    hi = F.conv(F.substring_index(col, "/", 1), 16, 10).try_cast("bigint")
-    lo = F.conv(F.substring_index(col, "/", -1), 16, 10).try_cast("bigint")
-    # NULL for what is not an LSN (check_input names those lines)
-    return F.when(col.rlike(LSN_PATTERN), hi * F.lit(4294967296) + lo).otherwise(F.lit(None).cast("bigint"))
+    hi = F.conv(F.substring_index(col, "/", 1), 16, 10).cast("bigint")
+    lo = F.conv(F.substring_index(col, "/", -1), 16, 10).cast("bigint")
+    return F.when(col.rlike(LSN_PATTERN), hi * F.lit(4294967296) + lo)
 
 
 @dataclass
 class Records:
     """The records of one run and the few facts the driver needs about them."""
 
-    frame: Any  # the DataFrame (persisted: every table's replay reads it)
+    frame: Any  # the DataFrame (over the staged copy: every table's replay reads it)
     files: list[Path]
 
 
-def read_records(spark: Any, files: list[Path], carried: list[Path]) -> Records:
-    """Carried-over prepared transactions first (negative ranks), then the input in name order."""
+def read_records(spark: Any, files: list[Path], carried: list[Path], stage: Path | None = None) -> Records:
+    """Carried-over prepared transactions first (negative ranks), then the input in name order.
+
+    With ``stage``, the parsed records are written there once as Parquet (by Spark tasks, in one
+    pass over the input) and the frame reads that copy: every later pass reads only the columns
+    it needs, and each line's place in the input (``_blk``, ``_mid``) is fixed once."""
     from pyspark.sql import functions as F
 
     ordered = [*carried, *files]
@@ -86,23 +90,22 @@ def read_records(spark: Any, files: list[Path], carried: list[Path]) -> Records:
             F.monotonically_increasing_id().alias("_mid"),
         )
     )
-    # each file's rank, keyed by the path exactly as Spark spells it (its percent-encoding of
-    # spaces and non-ASCII names is its own): one row per file, matched here by the decoded path
-    rank_of = {str(p.resolve()): i - len(carried) for i, p in enumerate(ordered)}
-    spelled = [r[0] for r in df.select("_path").distinct().collect()]
+    # Each file's rank, matched by the path as Spark spells it (Hadoop's URI form: spaces, '%'
+    # and '#' percent-encoded, non-ASCII kept), which the JVM computes here for each listed file.
+    # A row whose file is not matched keeps a NULL rank, which check_input reports.
     ranks = spark.createDataFrame(
-        [(u, rank_of[local_path(u)]) for u in spelled if local_path(u) in rank_of], "_path string, _rank int"
+        [(spark_spelling(spark, p), i - len(carried)) for i, p in enumerate(ordered)], "_path string, _rank int"
     )
-    df = df.join(F.broadcast(ranks), "_path")
+    df = df.join(F.broadcast(ranks), "_path", "left")
+    lsns = [lsn_expr(F.col(n)).alias(f"{n}_i") for n in LSN_FIELDS]
+    df = df.select("*", *lsns)
     bad_lsn = F.lit(False)
     for name in LSN_FIELDS:
-        col = F.col(name)
-        bad_lsn = bad_lsn | (col.isNotNull() & ~col.rlike(LSN_PATTERN))
-    df = df.select(
-        "*",
-        *[lsn_expr(F.col(n)).alias(f"{n}_i") for n in LSN_FIELDS],
-        bad_lsn.alias("_bad_lsn"),
-    )
+        bad_lsn = bad_lsn | (F.col(name).isNotNull() & F.col(f"{name}_i").isNull())
+    df = df.withColumn("_bad_lsn", bad_lsn)
+    if stage is not None:
+        df.write.mode("error").parquet(file_url(stage))
+        df = spark.read.parquet(file_url(stage))
     return Records(df, files)
 
 
@@ -110,6 +113,12 @@ def file_url(path: Path) -> str:
     """A local path for Spark: ``file://`` and the path as it is (Hadoop's Path escapes it itself;
     a percent-encoded URI would be taken literally and not found)."""
     return "file://" + str(path.resolve())
+
+
+def spark_spelling(spark: Any, path: Path) -> str:
+    """How Spark's ``_metadata.file_path`` spells a local file: ``file:`` and the URI's raw path."""
+    uri = spark._jvm.org.apache.hadoop.fs.Path(file_url(path)).toUri()
+    return "file:" + str(uri.getRawPath())
 
 
 def local_path(uri: str) -> str:
@@ -145,7 +154,8 @@ def check_input(records: Records) -> None:
 
     df = records.frame
     bad = df.where(
-        F.col("_corrupt").isNotNull()
+        F.col("_rank").isNull()
+        | F.col("_corrupt").isNotNull()
         | F.col("op").isNull()
         | (F.col("v") != 1)
         | F.col("v").isNull()
@@ -155,6 +165,8 @@ def check_input(records: Records) -> None:
     if not first:
         return
     r = first[0]
+    if r["_rank"] is None:
+        raise InputError(f"{local_path(r['_path'])}: Spark read a file that was not listed: report this as a bug")
     if r["_corrupt"] is not None:
         where = _line_of_text(r["_path"], r["_corrupt"])
         raise InputError(f"{where}: not a valid JSON record: the file is corrupt or truncated")
