@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pgrecv.errors import InputError, UsageError
+from pgrecv.errors import InputError, OutputError, UsageError
 from pgrecv.spark import reduce as rd
 from pgrecv.spark.read import Reader, ReadResult, TableInput, check_snapshots, expand_sources, table_matcher
 from pgrecv.spark.types import ColumnType, column_type, convert_value, fast_column, same_type
@@ -143,9 +143,39 @@ def run_apply(
     after_table: Callable[[str], None] | None = None,
 ) -> Summary:
     try:
-        return _run_apply(config, spark, progress, after_table)
+        with target_lock(config.target):
+            return _run_apply(config, spark, progress, after_table)
     finally:
         gc.unfreeze()  # what no_gc() froze: back under the collector (its records are freed by now)
+
+
+@contextlib.contextmanager
+def target_lock(target: Path) -> Iterator[None]:
+    """One run per target at a time: two overlapping runs would both apply the same changes
+    (``--append-only`` would append them twice, Parquet versions would race). An advisory lock on
+    ``TARGET/_pgrecv/lock``, held for the whole run; the kernel lets it go when the process dies.
+    Holding it, the run also removes the staging directories of runs that were killed."""
+    import fcntl
+    import shutil
+
+    work = target / STATE_DIR
+    work.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(work, 0o700)  # change data goes in here: this user only
+    path = work / "lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(
+                f"{target}: another spark-apply run is applying to this target: "
+                "wait for it to finish (runs on one target must not overlap)"
+            ) from None
+        for stale in work.glob("stage-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _run_apply(

@@ -200,3 +200,42 @@ def test_parquet_run_keeps_spark_quiet(tmp_path: Path) -> None:
 
     rows = pq.read_table(target / table_dir_name("s", "u") / "current").to_pylist()
     assert sorted(rows, key=lambda r: r["id"]) == [{"id": 1, "x": "u1"}, {"id": 2, "x": None}]
+
+
+def test_second_run_on_a_busy_target_is_refused(tmp_path: Path) -> None:
+    """Two runs on one target would both apply the same changes (``--append-only`` appended them
+    twice): while one holds the target, another says so in one line, exit 8, and writes nothing."""
+    import subprocess
+    import sys
+
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib\n"
+            "from pgrecv.spark.apply import target_lock\n"
+            "with target_lock(pathlib.Path(sys.argv[1])):\n"
+            "    print('held', flush=True)\n"
+            "    sys.stdin.read()\n",
+            str(target),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        proc = _apply(str(src), "--target", str(target))
+        assert proc.returncode == 8, err(proc)
+        lines = proc.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and "another spark-apply run is applying to this target" in lines[0], lines
+        assert not (target / table_dir_name("s", "t")).exists()
+    finally:
+        holder.communicate(b"")
+    # the holder is gone: the lock went with it (also when a run is killed)
+    proc = _apply(str(src), "--target", str(target))
+    assert proc.returncode == 0, err(proc)
+    assert _rows(target, "t") == [{"id": 1, "x": "b"}]
+    assert oct((target / "_pgrecv").stat().st_mode & 0o777) == "0o700"
+    assert oct((target / "_pgrecv" / "lock").stat().st_mode & 0o777) == "0o600"
