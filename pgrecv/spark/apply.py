@@ -52,6 +52,8 @@ class ApplyConfig:
     # where the replay runs: "driver" (this process, the default for now) or "spark" (Spark tasks:
     # latest mode, Parquet and Delta through delta-rs; see pgrecv/spark/engine.py)
     replay: str = "driver"
+    # values the target type cannot hold (--replay spark): fail (hold the table back), null, text
+    bad_values: str = "fail"
 
 
 @dataclass
@@ -67,6 +69,8 @@ class TableResult:
     applied_lsn: str | None = None
     bytes_written: int | None = None
     error: str | None = None  # why the table was held back (status "held back")
+    values_changed: int = 0  # values the target type cannot hold, stored by --bad-values null or text
+    changed_columns: list[str] = field(default_factory=list)  # ... in these columns
 
 
 @dataclass
@@ -191,6 +195,10 @@ def _run_apply(
     files = expand_sources(config.sources)
     manifests = check_snapshots(files)
     state = config.target / STATE_DIR / "prepared"
+    if config.bad_values not in ("fail", "null", "text"):
+        raise UsageError("--bad-values is fail, null or text")
+    if config.bad_values != "fail" and config.replay != "spark":
+        raise UsageError("--bad-values null or text needs --replay spark")
     if config.replay == "spark":
         if config.mode != "latest" or (config.fmt == "delta" and config.engine == "spark"):
             raise UsageError("--replay spark does --mode latest into Parquet or Delta through delta-rs (for now)")

@@ -53,6 +53,15 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
     help="Where the replay runs: driver (this process) or spark (Spark tasks: latest mode, "
     "Parquet or Delta through delta-rs; a table that cannot be applied is held back alone, exit 15).",
 )
+@click.option(
+    "--bad-values",
+    type=click.Choice(["fail", "null", "text"]),
+    default="fail",
+    show_default=True,
+    help="Values the target type cannot hold (numeric NaN, dates past 9999, ...), with --replay spark: "
+    "fail (hold the table back), null (store NULL), text (a new column becomes a string column "
+    "holding the value's text). Changed values are counted in the summary.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @common_options
 def _spark_apply(
@@ -66,6 +75,7 @@ def _spark_apply(
     delta_engine: str,
     append_only: bool,
     replay: str,
+    bad_values: str,
     as_json: bool,
 ) -> None:
     """Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.
@@ -94,6 +104,7 @@ def _spark_apply(
         conf=_conf(confs),
         append_only=append_only,
         replay=replay,
+        bad_values=bad_values,
     )
     show = sys.stderr.isatty() and not STATE.quiet and not as_json
     progress = RichProgress() if show else None

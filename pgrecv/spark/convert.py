@@ -43,6 +43,8 @@ def scalar(raw: Any, ct: ColumnType) -> tuple[Any, Any]:
     from pyspark.sql import functions as F
 
     pg = ct.pg_type
+    if pa.types.is_string(ct.arrow):  # text types, and any column kept as text (--bad-values text)
+        return raw, F.lit(True)
     ddl = spark_ddl(ct.arrow)
     if pa.types.is_list(ct.arrow):
         return _array(raw, ct)

@@ -14,6 +14,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,12 @@ def run_frames(
                 result.status = "applied"
                 result.version = target.version
                 result.applied_lsn = _lsn_text(batch.position)
+                if result.values_changed:
+                    summary.warnings.append(
+                        f"{s}.{t}: {result.values_changed} value(s) the target type cannot hold stored as "
+                        f"{'NULL' if config.bad_values == 'null' else 'text'} (--bad-values {config.bad_values}) "
+                        f"in column(s) {', '.join(result.changed_columns)}"
+                    )
             except (InputError, UsageError) as exc:
                 result.status = "held back"
                 result.error = exc.message
@@ -219,6 +226,9 @@ def _plan(
         for c in rel["columns"]:
             ct = column_type(c.get("type"), int(c.get("typmod") if c.get("typmod") is not None else -1))
             have = cols.get(c["name"])
+            if have is not None and pa.types.is_string(have.arrow) and not pa.types.is_string(ct.arrow):
+                # a string column in the target (--bad-values text made it) keeps the values' text
+                ct = ColumnType(ct.pg_type, pa.string(), None, ct.is_json, ct.vector)
             if have is not None and not same_type(have.arrow, ct.arrow):
                 raise InputError(
                     f"table {name}: column {c['name']} changed type from {have.arrow} to {ct.arrow} ({ct.pg_type}): "
@@ -281,33 +291,19 @@ def _batch(
                 f"{where}: {bad[0]['op']} on a table without a key in --append-only mode: only inserts can be appended"
             )
         texts = rp._texts("new", plan, F.col("json_nulls"))
-        values, oks = rp.typed(texts, plan)
-        raws = texts
         ev = (
             rp.parse_images(rows.where("op = 'insert'"), plan, ("new",))
-            .select(
-                F.struct(*[values[n].alias(n) for n in names]).alias("v"),
-                F.struct(*[oks[n].alias(n) for n in names]).alias("ok"),
-                F.struct(*[raws[n].cast("string").alias(n) for n in names]).alias("raw"),
-                "_path",
-                "lsn",
-            )
+            .select(F.struct(*[texts[n].cast("string").alias(n) for n in names]).alias("v"), "_path", "lsn")
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
-        _check_values(ev, plan, names)
-        return FrameBatch(schema, [], False, truncate, ev.select("v.*"), None, facts["position"], append_only=True)
+        ev, plan = _apply_policy(_typed(ev, plan), plan, target, config, result)
+        schema = pa.schema([(n, plan.columns[n].arrow) for n in names])
+        return FrameBatch(schema, [], False, truncate, ev.select("tv.*"), None, facts["position"], append_only=True)
     events = rp.table_changes(changes, plan, target.applied, facts["truncate_at"])
     final = rp.final_changes(
         events, plan, [c for c in facts["toast"] if c in plan.columns], moves=bool(facts["moves"])
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    # each final value converted once: typed values and ok flags (texts kept for messages)
-    values, oks = rp.typed({n: F.col(f"v.`{n}`") for n in names}, plan)
-    final = final.select(
-        "*",
-        F.struct(*[values[n].alias(n) for n in names]).alias("tv"),
-        F.struct(*[oks[n].alias(n) for n in names]).alias("ok"),
-        F.col("v").alias("raw"),
-    )
+    final = _typed(final, plan)
     # one pass for the three things that stop the table or need more work
     upserts = final.where("kind = 'U'")
     is_u = F.col("kind") == "U"
@@ -330,7 +326,9 @@ def _batch(
             "give the table a primary key or REPLICA IDENTITY FULL"
         )
     if probe["bad"]:
-        _check_values(final, plan, names)
+        final, plan = _apply_policy(final, plan, target, config, result)
+        schema = pa.schema([(n, plan.columns[n].arrow) for n in names])
+        upserts = final.where("kind = 'U'")
     rows = upserts.select("tv.*", "need", "root")
     rows = _fill_from_target(rows, plan, target, truncate) if probe["need"] else rows.drop("need", "root")
     keys = final.select("key.*")
@@ -345,6 +343,69 @@ def _batch(
     )
 
 
+def _typed(rows: Any, plan: rp.TablePlan) -> Any:
+    """Rows whose values ``v`` are JSON texts, with ``tv`` (typed values) and ``ok`` (whether each
+    value fits its type: a value that does not is NULL in ``tv``) and ``raw`` (the texts)."""
+    from pyspark.sql import functions as F
+
+    names = list(plan.columns)
+    values, oks = rp.typed({n: F.col(f"v.`{n}`") for n in names}, plan)
+    return rows.select(
+        *[c for c in rows.columns if c not in ("tv", "ok", "raw")],
+        F.struct(*[values[n].alias(n) for n in names]).alias("tv"),
+        F.struct(*[oks[n].alias(n) for n in names]).alias("ok"),
+        F.col("v").alias("raw"),
+    )
+
+
+def _apply_policy(rows: Any, plan: rp.TablePlan, target: Any, config: Any, result: Any) -> tuple[Any, rp.TablePlan]:
+    """Values the target type cannot hold, by ``--bad-values``: ``fail`` holds the table back
+    (the first few named), ``null`` stores NULL, ``text`` makes the column a string column holding
+    the value's text (only where the column is new). Key values are never changed: they fail.
+    Every value changed is counted. Returns the rows (``tv`` updated) and the plan."""
+    from pyspark.sql import functions as F
+
+    names = list(plan.columns)
+    policy = getattr(config, "bad_values", "fail")
+    if policy == "fail":
+        _check_values(rows, plan, names)
+        return rows, plan
+    counts = rows.agg(*[F.count(F.when(~F.col(f"ok.`{n}`"), 1)).alias(n) for n in names]).first()
+    assert counts is not None
+    bad = {n: int(counts[n]) for n in names if counts[n]}
+    if not bad:
+        return rows, plan
+    keys = [n for n in bad if n in plan.key_cols]
+    if keys:  # a key must stay exact: the row could not be found again
+        _check_values(rows.where(~_all_ok(keys)), plan, keys, note="key values are never changed by --bad-values")
+    if policy == "text":
+        typed_in_target = [
+            n
+            for n in bad
+            if target.schema is not None
+            and n in target.schema.names
+            and not pa.types.is_string(target.schema.field(n).type)
+        ]
+        if typed_in_target:
+            n = typed_in_target[0]
+            _check_values(
+                rows.where(~F.col(f"ok.`{n}`")),
+                plan,
+                [n],
+                note=f"--bad-values text cannot turn the existing {target.schema.field(n).type} column {n} into "
+                "text: use --bad-values null, or re-create the table",
+            )
+        columns = dict(plan.columns)
+        for n in bad:
+            ct = columns[n]
+            columns[n] = ColumnType(ct.pg_type, pa.string(), None, ct.is_json, ct.vector)
+        plan = replace(plan, columns=columns)
+        rows = _typed(rows, plan)
+    result.values_changed += sum(bad.values())
+    result.changed_columns = sorted(bad)
+    return rows, plan
+
+
 def _all_ok(names: list[str]) -> Any:
     from pyspark.sql import functions as F
 
@@ -354,7 +415,7 @@ def _all_ok(names: list[str]) -> Any:
     return ok
 
 
-def _check_values(rows: Any, plan: rp.TablePlan, names: list[str]) -> None:
+def _check_values(rows: Any, plan: rp.TablePlan, names: list[str], note: str = "") -> None:
     """Values the target type cannot hold: the table is held back, the first few named."""
     from pyspark.sql import functions as F
 
@@ -372,7 +433,7 @@ def _check_values(rows: Any, plan: rp.TablePlan, names: list[str]) -> None:
     more = f" (and {len(bad) - 1}+ more)" if len(bad) > 1 else ""
     raise InputError(
         f"{where}: value {value!r} of column {col} ({ct.pg_type}) cannot be stored as {ct.arrow}{more}: "
-        "the table is held back; see docs/spark-apply.md (type mapping)"
+        + (note or "the table is held back; --bad-values null or text stores it (see docs/spark-apply.md)")
     )
 
 

@@ -203,7 +203,5 @@ def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: An
     for fmt in fmts:
         target = tmp_path / f"h-{fmt}"
         run_apply(ApplyConfig((str(first),), target, fmt=fmt, mode="history", engine=engine), spark=spark)
-        run_apply(
-            ApplyConfig((str(first), str(second)), target, fmt=fmt, mode="history", engine=engine), spark=spark
-        )
+        run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, mode="history", engine=engine), spark=spark)
         _assert_equal(db_dsn, target, fmt, spark, history=True)

@@ -97,6 +97,53 @@ def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path)
     assert not (target / table_dir_name("public", "bad")).exists()
 
 
+def test_bad_values_null_and_text_store_and_count_them(tmp_path: Path, spark: Any) -> None:
+    """--bad-values null stores NULL, text makes the new column a string column of the values'
+    text; both count what they changed; a key value is never changed (the table is held back)."""
+    cols = [("id", "integer"), ("d", "date"), ("n", "numeric")]
+    lines = [orjson.dumps(_rel("t", cols)).decode(), orjson.dumps(_rel("k", [("id", "integer")])).decode()]
+    rows = [
+        _insert("t", "0/100", "0/10", '{"id":1,"d":"2024-02-29","n":"NaN"}'),
+        _insert("t", "0/100", "0/20", '{"id":2,"d":"10000-01-01","n":"2.5"}'),
+        _insert("t", "0/100", "0/30", '{"id":3,"d":"2024-03-01","n":"Infinity"}'),
+        _insert("k", "0/100", "0/40", '{"id":1.5}'),
+    ]
+    src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
+    for policy in ("null", "text"):
+        target = tmp_path / policy
+        config = ApplyConfig((str(src),), target, fmt="delta", replay="spark", bad_values=policy)
+        summary = run_apply(config, spark=spark)
+        by = {t.table: t for t in summary.tables}
+        assert by["public.t"].status == "applied"
+        assert (by["public.t"].values_changed, by["public.t"].changed_columns) == (3, ["d", "n"])
+        assert any("3 value(s)" in w and f"--bad-values {policy}" in w for w in summary.warnings), summary.warnings
+        assert by["public.k"].status == "held back"
+        assert "key values are never changed" in (by["public.k"].error or "")
+        got = [(r["id"], r["d"], r["n"]) for r in _rows(target, "t")]
+        if policy == "null":
+            from datetime import date
+            from decimal import Decimal
+
+            assert got == [(1, date(2024, 2, 29), None), (2, None, Decimal("2.5")), (3, date(2024, 3, 1), None)]
+        else:
+            assert got == [(1, "2024-02-29", "NaN"), (2, "10000-01-01", "2.5"), (3, "2024-03-01", "Infinity")]
+    # the string columns stay: a later run stores the text of good and bad values alike
+    more = [_insert("t", "0/200", "0/110", '{"id":4,"d":"2025-01-01","n":"-Infinity"}')]
+    src2 = _write(tmp_path / "b.jsonl", _txn("0/200", more))
+    summary = run_apply(ApplyConfig((str(src), str(src2)), tmp_path / "text", fmt="delta", replay="spark"), spark=spark)
+    assert {t.table: t.status for t in summary.tables}["public.t"] == "applied"
+    assert _rows(tmp_path / "text", "t")[-1] == {"id": 4, "d": "2025-01-01", "n": "-Infinity"}
+    # text cannot retype a column the target already has as a date: that table is held back, named
+    good = _write(tmp_path / "0.jsonl", lines[:1] + _txn("0/50", [_insert("t", "0/50", "0/5", '{"id":9,"d":null}')]))
+    typed = tmp_path / "typed"
+    run_apply(ApplyConfig((str(good),), typed, fmt="delta", replay="spark"), spark=spark)
+    config = ApplyConfig((str(good), str(src)), typed, fmt="delta", replay="spark", bad_values="text", tables=("*.t",))
+    summary = run_apply(config, spark=spark)
+    assert summary.tables[0].status == "held back"
+    assert "cannot turn the existing date32[day] column d into text" in (summary.tables[0].error or "")
+    assert [r["id"] for r in _rows(typed, "t")] == [9]
+
+
 @pytest.mark.parametrize(
     ("bad", "what"),
     [
