@@ -90,8 +90,9 @@ _pgrecv() {
                 --mode) COMPREPLY=($(compgen -W "latest history" -- "$cur")); return ;;
                 --delta-engine) COMPREPLY=($(compgen -W "auto spark delta-rs" -- "$cur")); return ;;
                 --replay) COMPREPLY=($(compgen -W "driver spark" -- "$cur")); return ;;
+                --bad-values) COMPREPLY=($(compgen -W "fail null text" -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --append-only --replay --json -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --append-only --replay --bad-values --json -v --verbose -q --quiet" -- "$cur")) ;;
         start)
             case "$prev" in
                 -S|--slot) return ;;

@@ -97,6 +97,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l mode -x -a 'l
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l delta-engine -x -a 'auto spark delta-rs' -d 'auto: Delta\'s Spark connector when on the classpath, else delta-rs.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l append-only -d 'Tables without any key: append their inserts.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l replay -x -a 'driver spark' -d 'Where the replay runs: driver (this process) or spark (Spark tasks: latest mode, Parquet or Delta through delta-rs; a table that cannot be applied is held back alone, exit 15).'
+complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l bad-values -x -a 'fail null text' -d 'Values the target type cannot hold (numeric NaN, dates past 9999, ...), with --replay spark: fail (hold the table back), null (store NULL), text (a new column becomes a string column holding the value\'s text). Changed values are counted in the summary.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l json -d 'Print a machine-readable summary on stdout.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -s v -l verbose -d 'More detail on stderr (repeat for more).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -s q -l quiet -d 'Print no progress or notices.'
