@@ -37,7 +37,6 @@ def run_frames(
     progress: Any,
     after_table: Callable[[str], None] | None,
 ) -> Any:
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from pgrecv.spark.apply import Summary, TableResult, _lsn_text, table_dir_name
@@ -96,7 +95,7 @@ def run_frames(
             if wanted
             else F.lit(False)
         )
-        changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
+        # not persisted: each pass reads the staged columns it needs (cheaper than caching the rows)
         summary.lines = st.lines
         summary.pending_prepared, carry_file = _carry_pending(pending, st, state, spark)
 

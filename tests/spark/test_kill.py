@@ -30,10 +30,15 @@ pytest.importorskip("deltalake")
 
 
 def _tree(path: Path) -> frozenset[tuple[str, int]]:
+    """The files under ``path`` that hold tables or their state (not the run's lock or staging)."""
     out = set()
     for root, _dirs, files in os.walk(path):
+        if "/_pgrecv/stage-" in root + "/":
+            continue
         for f in files:
             p = os.path.join(root, f)
+            if p.endswith("/_pgrecv/lock"):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 out.add((p, os.stat(p).st_mtime_ns))
     return frozenset(out)
@@ -91,22 +96,27 @@ def workload_files(db_dsn: str, tmp_path: Path) -> tuple[Path, Path]:
     return first, second
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+REPLAYS = [("parquet", "driver"), ("delta", "driver"), ("parquet", "spark"), ("delta", "spark")]
+
+
+@pytest.mark.parametrize(("fmt", "replay"), REPLAYS)
 def test_killed_and_rerun_gives_the_exact_tables(
-    db_dsn: str, tmp_path: Path, spark: Any, workload_files: tuple[Path, Path], fmt: str
+    db_dsn: str, tmp_path: Path, spark: Any, workload_files: tuple[Path, Path], fmt: str, replay: str
 ) -> None:
     first, second = workload_files
     target = tmp_path / fmt
-    run_apply(ApplyConfig((str(first),), target, fmt=fmt, engine="delta-rs"), spark=spark)  # an existing state
+    cfg = {"fmt": fmt, "engine": "delta-rs", "replay": replay}
+    run_apply(ApplyConfig((str(first),), target, **cfg), spark=spark)  # an existing state
     base = tmp_path / f"{fmt}-base"
     shutil.copytree(target, base, symlinks=True)
     args = ["spark-apply", str(first), str(second), "--target", str(target), "--format", fmt]
-    args += ["--delta-engine", "delta-rs", "--master", "local[1]"]
-    rng = random.Random(f"{fmt}-{db_dsn}")
+    args += ["--delta-engine", "delta-rs", "--master", "local[1]", "--replay", replay]
+    rng = random.Random(f"{fmt}-{replay}-{db_dsn}")
     kills = attempt = 0
     # delays learnt: a run that finishes before its kill sets the span below its time
-    spans = {True: 2.0, False: 6.0} if fmt == "parquet" else {True: 0.3, False: 1.5}
-    runs, needed = (2, 1) if fmt == "parquet" else (5, 2)  # a parquet run starts a JVM: slow
+    jvm = fmt == "parquet" or replay == "spark"  # a run that starts a JVM is slow
+    spans = {True: 2.0, False: 6.0} if jvm else {True: 0.3, False: 1.5}
+    runs, needed = (2, 1) if jvm else (5, 2)
     # at least `runs` attempts; more (up to 3x) while fewer than `needed` were killed: a delta-rs
     # run lasts ~0.5 s, so a random delay often falls after its end (5 attempts once gave 1 kill)
     while attempt < runs or (kills < needed and attempt < 3 * runs):
@@ -121,9 +131,9 @@ def test_killed_and_rerun_gives_the_exact_tables(
             shutil.copytree(base, target, symlinks=True)
     assert kills >= needed, f"only {kills} of {attempt} runs were killed: delays do not fit this machine"
     # run to completion: what is there now is the old or the new state of each table, never a mix
-    summary = run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, engine="delta-rs"), spark=spark)
+    summary = run_apply(ApplyConfig((str(first), str(second)), target, **cfg), spark=spark)
     _assert_equal(db_dsn, target, fmt, spark)
-    again = run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, engine="delta-rs"), spark=spark)
+    again = run_apply(ApplyConfig((str(first), str(second)), target, **cfg), spark=spark)
     assert all(t.status == "up to date" for t in again.tables)
     assert [t.version for t in again.tables] == [t.version for t in summary.tables]
     if fmt == "parquet":  # the kill debris (temp versions, temp pointers) is cleaned up
@@ -135,13 +145,13 @@ class Injected(Exception):
     pass
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+@pytest.mark.parametrize(("fmt", "replay"), REPLAYS)
 def test_failure_between_tables_then_rerun(
-    db_dsn: str, tmp_path: Path, spark: Any, workload_files: tuple[Path, Path], fmt: str
+    db_dsn: str, tmp_path: Path, spark: Any, workload_files: tuple[Path, Path], fmt: str, replay: str
 ) -> None:
     first, second = workload_files
     target = tmp_path / f"inj-{fmt}"
-    config = ApplyConfig((str(first), str(second)), target, fmt=fmt, engine="delta-rs")
+    config = ApplyConfig((str(first), str(second)), target, fmt=fmt, engine="delta-rs", replay=replay)
     done: list[str] = []
 
     def fail_after_first(name: str) -> None:
