@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from pgrecv.spark.source import check_input, file_url, find_line, read_records
 from pgrecv.spark.types import ColumnType, column_type, same_type
 
 SAMPLE = 5  # poison values named per table
+TABLE_THREADS = 4  # tables applied side by side (each a few Spark jobs)
 
 
 def run_frames(
@@ -116,7 +118,13 @@ def run_frames(
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
         progress.tables(len(todo))
         failures: list[str] = []
-        for key in todo:
+        warnings: list[str] = []
+        lock = threading.Lock()
+        stop = threading.Event()  # after_table raised: start no other table
+
+        def one(key: tuple[str, str]) -> TableResult | None:
+            if stop.is_set():
+                return None
             s, t = key
             target = targets[key]
             result = TableResult(f"{s}.{t}", str(target.path), "up to date", version=target.version)
@@ -130,9 +138,10 @@ def run_frames(
                 f["truncate"],
             )
             if not f["n"]:  # every change of the input is applied already
-                summary.tables.append(result)
                 progress.table_done(f"{s}.{t}")
-                continue
+                return result
+            # each thread's jobs are its own group in Spark's UI (and its description in logs)
+            spark.sparkContext.setJobDescription(f"pgrecv spark-apply {s}.{t}")
             try:
                 if target.schema is not None and "_current" in target.schema.names:
                     raise UsageError(f"{target.path} is a history-mode table: use the same --mode as before")
@@ -144,19 +153,38 @@ def run_frames(
                 result.version = target.version
                 result.applied_lsn = _lsn_text(batch.position)
                 if result.values_changed:
-                    summary.warnings.append(
-                        f"{s}.{t}: {result.values_changed} value(s) the target type cannot hold stored as "
-                        f"{'NULL' if config.bad_values == 'null' else 'text'} (--bad-values {config.bad_values}) "
-                        f"in column(s) {', '.join(result.changed_columns)}"
-                    )
+                    with lock:
+                        warnings.append(
+                            f"{s}.{t}: {result.values_changed} value(s) the target type cannot hold stored as "
+                            f"{'NULL' if config.bad_values == 'null' else 'text'} (--bad-values {config.bad_values}) "
+                            f"in column(s) {', '.join(result.changed_columns)}"
+                        )
             except (InputError, UsageError) as exc:
                 result.status = "held back"
                 result.error = exc.message
-                failures.append(f"{s}.{t}: {exc.message}")
-            summary.tables.append(result)
+                with lock:
+                    failures.append(f"{s}.{t}: {exc.message}")
             progress.table_done(f"{s}.{t}")
             if after_table is not None:
-                after_table(f"{s}.{t}")
+                try:
+                    after_table(f"{s}.{t}")
+                except BaseException:
+                    stop.set()
+                    raise
+            return result
+
+        # Tables are independent: their (mostly small) jobs run side by side, so a run over many
+        # tables is not a queue of job latencies. Each table still commits atomically on its own.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(todo)))) as pool:
+            futures = [pool.submit(one, key) for key in todo]
+            outcomes = [fu.exception() or fu.result() for fu in futures]
+        for o in outcomes:
+            if isinstance(o, BaseException):
+                raise o
+        summary.tables.extend(o for o in outcomes if isinstance(o, TableResult))
+        summary.warnings.extend(warnings)
         if not failures:  # a held-back table may still need carried rows that this run committed
             _finish_carried(carried, carry_file)
         summary.warnings.extend(failures)

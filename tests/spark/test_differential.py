@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
@@ -115,6 +115,9 @@ def _json_back(t: TableModel, col: str, v: Any) -> Any:
     max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate)
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000))
+# found by a longer run: a prepared transaction both carried over and in the input again, with a
+# key change that kept an unchanged TOAST value (the second copy of the move met the first's delete)
+@example(seed=22, cut=22)
 def test_engine_equals_the_truth(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, fmt: str, seed: int, cut: int
 ) -> None:

@@ -160,11 +160,15 @@ def test_failure_between_tables_then_rerun(
 
     with pytest.raises(Injected):
         run_apply(config, spark=spark, after_table=fail_after_first)
-    assert len(done) == 1
+    # the Spark replay applies tables side by side: those already running when the first one
+    # failed finish (each atomically); no other table starts
+    assert len(done) == 1 if replay == "driver" else len(done) >= 1
     summary = run_apply(config, spark=spark)
     status = {t.table: t.status for t in summary.tables}
-    assert status.pop(done[0]) == "up to date"  # the table applied before the failure is not applied twice
-    assert status and set(status.values()) == {"applied"}
+    for name in done:  # a table applied before the failure is not applied twice
+        assert status.pop(name) == "up to date", name
+    assert set(status.values()) <= {"applied"}
+    assert status or replay == "spark"
     _assert_equal(db_dsn, target, fmt, spark)
 
 
