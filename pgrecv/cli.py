@@ -45,6 +45,18 @@ def cli() -> None:
 # --- slots ------------------------------------------------------------------------------------
 
 
+# `peek` and `start`: the same output formats
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]),
+    default="auto",
+    show_default=True,
+    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
+    "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
+)
+
+
 @cli.command()
 @click.option("-S", "--slot", type=NAME, required=True, help="Name of the logical replication slot.")
 @click.option(
@@ -274,15 +286,7 @@ def slots(
     metavar="NAME",
     help="pgoutput: the publication (default: the only one in the database).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]),
-    default="auto",
-    show_default=True,
-    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
-    "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
-)
+@format_option
 @click.option(
     "-f", "--file", "file", type=PathType(), metavar="FILE", default="-", help="Write here instead of stdout ('-')."
 )
@@ -378,15 +382,7 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 )
 @click.option("--rotate-size", type=SIZE, help="--output-dir: start a new file past this size (e.g. 64MB).")
 @click.option("--rotate-interval", type=DURATION, help="--output-dir: start a new file after this long (e.g. 5m).")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]),
-    default="auto",
-    show_default=True,
-    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
-    "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
-)
+@format_option
 @click.option(
     "-o", "--option", "plugin_options", multiple=True, metavar="NAME[=VALUE]", help="Option for the output plugin."
 )

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from pgrecv.conn import ConnOptions, connect, translate
+from pgrecv.conn import ConnOptions, connect, server_major, translate
 from pgrecv.events import Event
 from pgrecv.lsn import LSN
 from pgrecv.plugins import PgOutputSettings, make_decoder, max_proto_version, plan_options
-from pgrecv.slots import logical_slot, server_major
+from pgrecv.slots import logical_slot
 
 FETCH_SIZE = 2000
 

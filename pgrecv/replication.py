@@ -29,7 +29,6 @@ class ReplicationConnection:
     def __init__(self, opts: ConnOptions, wakeup_fd: int | None = None) -> None:
         self.conn: psycopg.Connection[Any] = connect(opts, replication=True)
         self.pgconn: pq.abc.PGconn = self.conn.pgconn
-        self.major = self.conn.info.server_version // 10000
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.pgconn.socket, selectors.EVENT_READ)
         if wakeup_fd is not None:
@@ -68,9 +67,6 @@ class ReplicationConnection:
         except psycopg.Error:
             return None
         return LSN.parse(str(row[0])) if row is not None and row[0] is not None else None
-
-    def query(self, statement: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.conn.execute(statement, params).fetchall()
 
     def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None:
         opts = sql.SQL(", ").join(

@@ -123,7 +123,7 @@ def create_with_snapshot(
     pub_options: Any = None,
 ) -> None:
     """`pgrecv create ... --snapshot DIR`: the publication if asked for, then `pgrecv snapshot`."""
-    from pgrecv.conn import connect
+    from pgrecv.conn import connect, server_major
     from pgrecv.errors import PgrecvError, SlotError, UsageError
     from pgrecv.slots import drop_publication, ensure_publication, get_slot
 
@@ -140,7 +140,7 @@ def create_with_snapshot(
                     f"'pgrecv drop --slot {slot}' or choose another name"
                 )
             if pub_options is not None:
-                pub_options.check(publication, conn.info.server_version // 10000)
+                pub_options.check(publication, server_major(conn))
             created = ensure_publication(conn, publication, tables, pub_options)
     try:
         run_and_report(
