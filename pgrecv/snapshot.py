@@ -76,6 +76,7 @@ from pgrecv.files import (
 )
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.pgtypes import type_name as builtin_type_name
+from pgrecv.pipeline import table_filter
 
 BATCH = 4096  # rows between progress reports (and parent-alive checks) on the reference path
 WRITEBACK = 32 << 20  # bytes between asynchronous write-back starts
@@ -361,11 +362,7 @@ def _list_tables(
         rows = conn.execute(query, (publication,)).fetchall()
     else:
         rows = conn.execute(_TABLES_ALL).fetchall()
-    keep: Callable[[str, str], bool] | None = None
-    if globs:  # the streamer's module takes a while to import: only when needed
-        from pgrecv.streamer import table_filter
-
-        keep = table_filter(globs, ())
+    keep = table_filter(globs, ())  # the same globs as `start --table`
     out: list[Table] = []
     for oid, schema, name, replident, relkind, size, reltuples, attnames, rowfilter in rows:
         if keep is not None and not keep(schema, name):

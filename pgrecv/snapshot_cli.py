@@ -8,7 +8,18 @@ from typing import Any
 
 import click
 
-from pgrecv.options import NAME, SIZE, STATE, PathType, common_options, conn_opts, connection_options, info, log
+from pgrecv.options import (
+    NAME,
+    SIZE,
+    STATE,
+    PathType,
+    common_options,
+    conn_opts,
+    connection_options,
+    info,
+    log,
+    table_option,
+)
 
 
 @click.command("snapshot")
@@ -20,9 +31,7 @@ from pgrecv.options import NAME, SIZE, STATE, PathType, common_options, conn_opt
     metavar="DIR",
     help="Write the snapshot files here (an empty directory).",
 )
-@click.option(
-    "--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob, repeatable)."
-)
+@table_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker connections.")
 @click.option("--publication", type=NAME, metavar="NAME", help="pgoutput: the publication (default: the only one).")
 @click.option(
