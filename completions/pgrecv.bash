@@ -44,12 +44,15 @@ _pgrecv() {
                 --publication) return ;;
                 --format) COMPREPLY=($(compgen -W "auto jsonl pretty raw debezium debezium-schema" -- "$cur")); return ;;
                 -f|--file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+                --table) return ;;
+                --exclude-table) return ;;
+                --op) return ;;
                 -d|--dbname) return ;;
                 -h|--host) return ;;
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot --consume --upto-lsn --upto-nchanges -o --option --publication --format -f --file -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot --consume --upto-lsn --upto-nchanges -o --option --publication --format -f --file --table --exclude-table --op -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
         slots)
             case "$prev" in
                 --format) COMPREPLY=($(compgen -W "table jsonl prometheus" -- "$cur")); return ;;

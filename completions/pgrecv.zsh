@@ -73,6 +73,9 @@ _pgrecv() {
                 '--publication[pgoutput\: the publication (default\: the only one in the database).]:name: ' \
                 '--format[auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; debezium\[-schema\] is Debezium'\''s JSON envelope (docs/debezium.md).]:value:(auto jsonl pretty raw debezium debezium-schema)' \
                 '(-f --file)'{-f,--file}'[Write here instead of stdout ('\''-'\'').]:file:_files' \
+                '*--table[Only these tables (schema.table glob, repeatable).]:glob: ' \
+                '*--exclude-table[Not these tables (repeatable).]:glob: ' \
+                '--op[Only these operations\: insert,update,delete,truncate,message.]:ops: ' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
                 '(-p --port)'{-p,--port}'[Server port.]:port: ' \

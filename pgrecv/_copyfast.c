@@ -336,6 +336,22 @@ enc_int(obuf *o, const char *s, Py_ssize_t n)
 static PyObject *orjson_dumps = NULL;
 static _Thread_local int gil_released = 0;
 
+/* Append dumps(x) (bytes: orjson.dumps) and release x; DECLINE on any failure. GIL held. */
+static int
+put_dumped(obuf *o, PyObject *dumps, PyObject *x)
+{
+    PyObject *b = PyObject_CallOneArg(dumps, x);
+    Py_DECREF(x);
+    if (b == NULL || !PyBytes_Check(b)) {
+        Py_XDECREF(b);
+        PyErr_Clear();
+        return DECLINE;
+    }
+    int rc = put(o, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    Py_DECREF(b);
+    return rc;
+}
+
 static int put_double_locked(obuf *o, double d);
 
 static int
@@ -370,16 +386,27 @@ put_double_locked(obuf *o, double d)
         PyErr_Clear();
         return DECLINE;
     }
-    PyObject *b = PyObject_CallOneArg(orjson_dumps, f);
-    Py_DECREF(f);
-    if (b == NULL || !PyBytes_Check(b)) {
-        Py_XDECREF(b);
-        PyErr_Clear();
-        return DECLINE;
+    return put_dumped(o, orjson_dumps, f);
+}
+
+/* The exponent of a float's text, s[i] just after its 'e': an optional sign, then digits. Past
+ * cap its magnitude is cap and *over is set. */
+static inline long
+read_exponent(const char *s, Py_ssize_t i, Py_ssize_t n, long cap, int *over)
+{
+    int neg = s[i] == '-';
+    if (s[i] == '-' || s[i] == '+')
+        i++;
+    long exp = 0;
+    for (; i < n; i++) {
+        exp = exp * 10 + (s[i] - '0');
+        if (exp > cap) {
+            *over = 1;
+            exp = cap;
+            break;
+        }
     }
-    int rc = put(o, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
-    Py_DECREF(b);
-    return rc;
+    return neg ? -exp : exp;
 }
 
 /* The double nearest to the decimal text s[0:n] (already checked to be [-]digits[.digits][e[+-]digits]),
@@ -414,19 +441,8 @@ parse_double(const char *s, Py_ssize_t n)
     }
     long exp = 0;
     int big = 0;
-    if (i < n) { /* 'e' */
-        i++;
-        int eneg = s[i] == '-';
-        if (s[i] == '-' || s[i] == '+')
-            i++;
-        for (; i < n; i++) {
-            exp = exp * 10 + (s[i] - '0');
-            if (exp > 100000)
-                big = 1, exp = 100000;
-        }
-        if (eneg)
-            exp = -exp;
-    }
+    if (i < n) /* 'e' */
+        exp = read_exponent(s, i + 1, n, 100000, &big);
     exp += scale;
     if (!big && digits <= 15 && exp >= -22 && exp <= 22) {
         double d = (double)m; /* exact: m < 10^15 < 2^53 */
@@ -469,17 +485,10 @@ short_float(obuf *o, const char *s, Py_ssize_t n)
         scale -= seen;
     }
     if (i < n) { /* 'e' */
-        i++;
-        int eneg = s[i] == '-';
-        if (s[i] == '-' || s[i] == '+')
-            i++;
-        for (; i < n; i++) {
-            exp = exp * 10 + (s[i] - '0');
-            if (exp > 1000)
-                return FALLBACK;
-        }
-        if (eneg)
-            exp = -exp;
+        int over = 0;
+        exp = read_exponent(s, i + 1, n, 1000, &over);
+        if (over)
+            return FALLBACK;
     }
     if (k == 0)
         return neg ? put(o, "-0.0", 4) : put(o, "0.0", 3);
@@ -1121,16 +1130,7 @@ py_value(obuf *o, const plan *pl, PyObject *conv, int binary, const char *s, Py_
         *jnull = 1;
         return put(o, "null", 4);
     }
-    PyObject *b = PyObject_CallOneArg(pl->dumps, r);
-    Py_DECREF(r);
-    if (b == NULL || !PyBytes_Check(b)) {
-        Py_XDECREF(b);
-        PyErr_Clear();
-        return DECLINE;
-    }
-    int rc = put(o, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
-    Py_DECREF(b);
-    return rc;
+    return put_dumped(o, pl->dumps, r);
 }
 
 static uint64_t

@@ -73,6 +73,7 @@ import tempfile
 from collections.abc import Generator, Iterable, Iterator
 from typing import Final
 
+from pgrecv.decode import kinds as K
 from pgrecv.errors import DecodeError, OutputError
 
 Payload = bytes | memoryview
@@ -217,20 +218,20 @@ class StreamAssembler:
                     self._relieve(chunk)
                 return ()
             return self._in_chunk(chunk, kind, payload, lsn)
-        if kind == 0x53:  # 'S' Stream Start
+        if kind == K.STREAM_START:
             self._stream_start(payload, lsn)
             return ()
-        if kind == 0x63:  # 'c' Stream Commit
+        if kind == K.STREAM_COMMIT:
             return self._stream_commit(payload, lsn)
-        if kind == 0x41:  # 'A' Stream Abort
+        if kind == K.STREAM_ABORT:
             self._stream_abort(payload)
             return ()
-        if kind == 0x70:  # 'p' Stream Prepare
+        if kind == K.STREAM_PREPARE:
             return self._stream_prepare(payload, lsn)
-        if kind == 0x45:  # 'E'
+        if kind == K.STREAM_STOP:
             raise _err("Stream Stop outside a streamed chunk")
         # 'B' / 'b' while transactions are buffered: a new session may send one of them unstreamed
-        off = 17 if kind == 0x42 else 25
+        off = 17 if kind == K.BEGIN else 25
         if len(payload) >= off + 4:
             (xid,) = _XID.unpack_from(payload, off)
             if xid in self._txns:
@@ -238,18 +239,18 @@ class StreamAssembler:
         return ((payload, lsn),)
 
     def _in_chunk(self, txn: _Txn, kind: int, payload: Payload, lsn: int) -> Iterable[Item]:
-        if kind == 0x4D:  # 'M' logical message
+        if kind == K.MESSAGE:
             if len(payload) < 6:
                 raise _err(f"message 'M' of {len(payload)} bytes inside a chunk is truncated")
             if not payload[5] & 1:  # non-transactional: belongs to no transaction, out at once
                 return ((bytes(payload[:1]) + bytes(payload[5:]), lsn),)
             self._append(txn, payload, lsn, 0)
             return ()
-        if kind == 0x45:  # 'E' Stream Stop
+        if kind == K.STREAM_STOP:
             self._chunk = None
             self._watch = _CONTROL_OPEN
             return ()
-        if kind == 0x4F:  # 'O' Origin, right after the first Stream Start: no xid prefix
+        if kind == K.ORIGIN:  # right after the first Stream Start: no xid prefix
             self._append(txn, payload, lsn, _NO_XID)
             return ()
         raise _err(f"unexpected message {chr(kind)!r} inside the streamed chunk of transaction {txn.xid}")

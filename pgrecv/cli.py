@@ -26,6 +26,7 @@ from pgrecv.options import (
     common_options,
     conn_opts,
     connection_options,
+    filter_options,
     info,
     log,
 )
@@ -43,6 +44,18 @@ def cli() -> None:
 
 
 # --- slots ------------------------------------------------------------------------------------
+
+
+# `peek` and `start`: the same output formats
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]),
+    default="auto",
+    show_default=True,
+    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
+    "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
+)
 
 
 @cli.command()
@@ -274,18 +287,11 @@ def slots(
     metavar="NAME",
     help="pgoutput: the publication (default: the only one in the database).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]),
-    default="auto",
-    show_default=True,
-    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
-    "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
-)
+@format_option
 @click.option(
     "-f", "--file", "file", type=PathType(), metavar="FILE", default="-", help="Write here instead of stdout ('-')."
 )
+@filter_options
 @connection_options
 @common_options
 def peek(
@@ -297,14 +303,23 @@ def peek(
     publication: str | None,
     fmt: str,
     file: str,
+    tables: tuple[str, ...],
+    exclude_tables: tuple[str, ...],
+    op_filter: str | None,
     **kw: Any,
 ) -> None:
-    """Read a slot's pending changes through the SQL interface, decoded."""
+    """Read a slot's pending changes through the SQL interface, decoded.
+
+    --table, --exclude-table and --op filter as they do for start. With --consume the slot
+    advances past what was filtered out too.
+    """
     from pgrecv.output import Output
     from pgrecv.peek import peek as run_peek
+    from pgrecv.pipeline import parse_ops
     from pgrecv.plugins import parse_options
 
     opts = conn_opts(kw)
+    ops = parse_ops(op_filter)
     parsed = parse_options(plugin_options)
     with Output(file) as out:
         if fmt == "auto":
@@ -332,6 +347,9 @@ def peek(
             upto_nchanges=upto_nchanges,
             options=parsed,
             publication=publication,
+            tables=tables,
+            exclude_tables=exclude_tables,
+            ops=ops,
         )
     what = "consumed" if consume else "peeked"
     log(f"{what} {result.messages} messages from slot {slot} ({result.plugin}), last LSN {result.last_lsn}")
@@ -378,15 +396,7 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 )
 @click.option("--rotate-size", type=SIZE, help="--output-dir: start a new file past this size (e.g. 64MB).")
 @click.option("--rotate-interval", type=DURATION, help="--output-dir: start a new file after this long (e.g. 5m).")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]),
-    default="auto",
-    show_default=True,
-    help="auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; "
-    "debezium[-schema] is Debezium's JSON envelope (docs/debezium.md).",
-)
+@format_option
 @click.option(
     "-o", "--option", "plugin_options", multiple=True, metavar="NAME[=VALUE]", help="Option for the output plugin."
 )
@@ -445,11 +455,7 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 @click.option(
     "-n", "--no-loop", is_flag=True, help="Exit (code 11) when the connection is lost instead of reconnecting."
 )
-@click.option(
-    "--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob, repeatable)."
-)
-@click.option("--exclude-table", "exclude_tables", multiple=True, metavar="GLOB", help="Not these tables (repeatable).")
-@click.option("--op", "op_filter", metavar="OPS", help="Only these operations: insert,update,delete,truncate,message.")
+@filter_options
 @connection_options
 @common_options
 def start(
@@ -507,10 +513,11 @@ def start(
     table (LOCK pg_class, CLUSTER pg_class) can deadlock against a synchronous logical receiver,
     which needs the catalogs to decode. pgrecv slots shows the walsender's sync_state and lag.
     """
+    from pgrecv.pipeline import parse_ops
     from pgrecv.plugins import PgOutputSettings, parse_options
     from pgrecv.sinks import make_sink
     from pgrecv.slots import create_slot
-    from pgrecv.streamer import StartConfig, Streamer, parse_ops, plan_start
+    from pgrecv.streamer import StartConfig, Streamer, plan_start
 
     if file and output_dir:
         raise UsageError("--file and --output-dir exclude each other: pick one")

@@ -29,6 +29,11 @@ from pgrecv.errors import (
 APPLICATION_NAME = "pgrecv"
 
 
+def server_major(conn: psycopg.Connection[Any]) -> int:
+    """The server's major version (15, 18, ...)."""
+    return conn.info.server_version // 10000
+
+
 @dataclass(frozen=True, slots=True)
 class ConnOptions:
     dbname: str | None = None  # a database name, a conninfo string or a URI

@@ -16,7 +16,7 @@ from typing import TextIO, cast
 from rich.console import Console
 from rich.rule import Rule
 
-from pgrecv.conn import ConnOptions, connect
+from pgrecv.conn import ConnOptions, connect, server_major
 from pgrecv.errors import ServerEnvError
 from pgrecv.lsn import lsn_str
 from pgrecv.peek import peek
@@ -156,7 +156,7 @@ def _stream(opts: ConnOptions, console: Console) -> None:
     from pgrecv.streamer import SinkText, StartConfig, Streamer
 
     with connect(opts) as conn:
-        major = conn.info.server_version // 10000
+        major = server_major(conn)
     config = StartConfig(
         slot=SLOT,
         fmt="pretty",

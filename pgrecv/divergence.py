@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from pgrecv.conn import server_major
 from pgrecv.plugins import quote_name
 from pgrecv.slots import list_publications
 
@@ -28,7 +29,7 @@ def only_publication(conn: psycopg.Connection[Any], name: str | None) -> str | N
 def warnings(conn: psycopg.Connection[Any], publication: str | None, slot: dict[str, Any] | None) -> list[str]:
     """One line per risk: the publication's filters and partitions, the server's
     max_slot_wal_keep_size, and the slot's wal_status (``slot`` is its pg_replication_slots row)."""
-    major = conn.info.server_version // 10000
+    major = server_major(conn)
     out: list[str] = []
     if publication is not None:
         out += _publication(conn, publication, major)

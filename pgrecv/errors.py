@@ -1,4 +1,4 @@
-"""One exception hierarchy; :func:`exit_code_for` is the only place that maps it to exit codes.
+"""One exception hierarchy: each class carries its exit code, which ``pgrecv.cli.main`` exits with.
 
 Every error a user can meet is a :class:`PgrecvError` with a one-line message that says what is
 wrong and what to do. Anything else escaping to the CLI is a bug and is reported with a traceback.
@@ -109,10 +109,3 @@ class StreamLost(PgrecvError):
 
     exit_code = ExitCode.STREAM_LOST
 
-
-def exit_code_for(exc: BaseException) -> ExitCode:
-    if isinstance(exc, PgrecvError):
-        return exc.exit_code
-    if isinstance(exc, KeyboardInterrupt):
-        return ExitCode.INTERRUPTED
-    return ExitCode.INTERNAL

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import orjson
 
+from pgrecv.decode.kinds import INSERT
 from pgrecv.decode.pgoutput import PgOutputDecoder
 from pgrecv.events import Relation
 from pgrecv.jsonl import JsonlEncoder
@@ -226,7 +227,7 @@ class FastRows:
                 cache[1] = _heads(rel, ctx)
             if encode_row is not None:
                 line = encode_row(data, lsn, plan, cache[1])
-            elif data[0] == 0x49:  # 'I'
+            elif data[0] == INSERT:
                 try:
                     line = plan(data, lsn, cache[1][0], cache[1][1] + _NEW)
                 except (IndexError, struct.error, UnicodeDecodeError, TypeError, ValueError):

@@ -56,7 +56,7 @@ _CONVERSION_ERRORS: Final = (
     struct.error,
 )
 _NOTHING: Final[tuple[str, ...]] = ()
-# lsn_str inlined: printf-style formatting is ~25% faster than an f-string with format specs.
+# lsn_str inlined: printf-style formatting is faster than an f-string with format specs (bench/NOTES.md).
 _LSN_FMT: Final = "%X/%X"
 
 

@@ -45,9 +45,6 @@ class LSN(int):
         return str(self)
 
 
-ZERO = LSN(0)
-
-
 def lsn_str(value: int) -> str:
     """``%X/%X`` of a plain int, without building an LSN (used on hot paths)."""
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"

@@ -98,6 +98,20 @@ def connection_options(f: F) -> F:
     return f
 
 
+table_option = click.option(
+    "--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob, repeatable)."
+)
+
+
+def filter_options(f: F) -> F:
+    """--table, --exclude-table and --op: the filters of the pipeline (pgrecv.pipeline), for start and peek."""
+    ops_help = "Only these operations: insert,update,delete,truncate,message."
+    f = click.option("--op", "op_filter", metavar="OPS", help=ops_help)(f)
+    exclude_help = "Not these tables (repeatable)."
+    f = click.option("--exclude-table", "exclude_tables", multiple=True, metavar="GLOB", help=exclude_help)(f)
+    return table_option(f)
+
+
 def conn_opts(kw: dict[str, Any]) -> ConnOptions:
     never = kw.pop("no_password")
     ask = kw.pop("ask_password")

@@ -14,14 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, Literal
+from typing import BinaryIO
 
 from pgrecv.errors import OutputError
+from pgrecv.files import fsync_dir
 
-FILE_MODE = 0o600  # like pg_recvlogical: change data is often sensitive
 TMP_SUFFIX = ".pgrecv-tmp"
-
-Format = Literal["jsonl", "pretty", "raw"]
 
 
 class Output:
@@ -70,7 +68,7 @@ class Output:
             os.fsync(self.stream.fileno())
             self.stream.close()
             os.replace(self._tmp, self.path)
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
             self._tmp = None
         except BrokenPipeError:
             raise OutputError("output pipe closed before all data was written") from None
@@ -92,10 +90,3 @@ class Output:
         if et is not None:
             self.abort()
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,6 +1,7 @@
 """The SQL interface: read a slot's changes with pg_logical_slot_peek_binary_changes.
 
-The changes are decoded by the same decoders as the stream. ``…_get_changes`` is never used to
+The changes are decoded by the same decoders as the stream and go through the same
+:class:`~pgrecv.pipeline.Pipeline` (``--table``, ``--exclude-table``, ``--op``). ``…_get_changes`` is never used to
 consume: it moves the slot when the function returns, before a single row has been written (and
 a rollback does not undo it, slots are not transactional). With ``consume`` the changes are
 peeked, written, made durable, and only then is the slot advanced past them with
@@ -11,15 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from pgrecv.conn import ConnOptions, connect, translate
+from pgrecv.conn import ConnOptions, connect, server_major, translate
 from pgrecv.events import Event
 from pgrecv.lsn import LSN
+from pgrecv.pipeline import Pipeline
 from pgrecv.plugins import PgOutputSettings, make_decoder, max_proto_version, plan_options
-from pgrecv.slots import logical_slot, server_major
+from pgrecv.slots import logical_slot
 
 FETCH_SIZE = 2000
 
@@ -44,8 +47,12 @@ def peek(
     upto_nchanges: int | None = None,
     options: Sequence[tuple[str, str]] = (),
     publication: str | None = None,
+    tables: Sequence[str] = (),
+    exclude_tables: Sequence[str] = (),
+    ops: frozenset[str] | None = None,
 ) -> PeekResult:
-    """Read changes into ``sink`` (decoded events) or ``raw`` (the plugin's bytes, one per call).
+    """Read changes into ``sink`` (decoded events) or ``raw`` (the plugin's bytes, one per call),
+    filtered by table globs and operations as ``start`` filters them.
 
     ``durable`` is called once everything is handed over; with ``consume`` the slot advances
     only after it returns.
@@ -57,7 +64,11 @@ def peek(
         all_options = plan_options(
             conn, info, publication, PgOutputSettings(two_phase=two_phase), options, sql_interface=True
         )
-        decoder = make_decoder(plugin, all_options) if raw is None else None
+        pipeline = Pipeline(_emitter(sink, raw), tables=tables, exclude_tables=exclude_tables, ops=ops)
+        # raw output without a filter is the plugin's bytes as they come: nothing to decode
+        handle = raw if raw is not None and not pipeline.filters else None
+        if handle is None:
+            handle_event = pipeline.handler(make_decoder(plugin, all_options).decode)
         # the _binary_ functions for every plugin: the text ones fail on output that is not valid
         # in the database encoding (test_decoding prints message contents raw) and stop at a NUL
         func = "pg_logical_slot_peek_binary_changes"
@@ -74,13 +85,10 @@ def peek(
                 cur.execute(query, params)
                 while rows := cur.fetchmany(FETCH_SIZE):
                     for lsn, data in rows:
-                        if raw is not None:
-                            raw(data)
+                        if handle is not None:
+                            handle(data)
                         else:
-                            assert decoder is not None and sink is not None
-                            event = decoder.decode(data, lsn)
-                            if event is not None:
-                                sink(event)
+                            handle_event(data, lsn)
                         last = lsn
                     count += len(rows)
         except psycopg.Error as exc:
@@ -98,3 +106,19 @@ def peek(
             except psycopg.Error as exc:
                 raise translate(exc, slot=slot) from None
         return PeekResult(count, None if last is None else LSN(last), plugin, consume)
+
+
+def _emitter(sink: Callable[[Event], None] | None, raw: Callable[[bytes], None] | None) -> Callable[[Event, Any], None]:
+    """What the pipeline lets through: the event to ``sink``, or the plugin's bytes to ``raw``."""
+    if raw is not None:
+
+        def write_raw(event: Event, data: Any) -> None:
+            raw(data)
+
+        return write_raw
+    assert sink is not None
+
+    def feed(event: Event, data: Any) -> None:
+        sink(event)
+
+    return feed

@@ -13,8 +13,6 @@ from typing import Any, Protocol
 from pgrecv.errors import UsageError
 from pgrecv.events import Event
 
-DECODED_PLUGINS = ("pgoutput", "test_decoding")
-
 
 class Decoder(Protocol):
     def decode(self, data: Any, lsn: int = 0) -> Event | None: ...
@@ -103,9 +101,10 @@ def plan_options(
     """The options to read the slot with: the plugin's defaults for this server, the user's -o last."""
     if slot_info["plugin"] != "pgoutput":
         return list(user_options)
+    from pgrecv.conn import server_major
     from pgrecv.slots import resolve_publication
 
-    major = conn.info.server_version // 10000
+    major = server_major(conn)
     given = {name for name, _ in user_options}
     pub = resolve_publication(conn, publication) if "publication_names" not in given else ""
     return merge_options(pgoutput_options(major, pub, settings, sql_interface=sql_interface), user_options)

@@ -8,28 +8,55 @@ Blocking in C would leave signals unhandled and status updates unsent, so every 
 
 from __future__ import annotations
 
+import functools
 import selectors
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import pq, sql
 
 from pgrecv.conn import ConnOptions, connect, server_message, translate
 from pgrecv.errors import ConnectionFailed
+from pgrecv.feedback import Feedback
 from pgrecv.lsn import LSN, lsn_str
+from pgrecv.wire import Keepalive, parse_keepalive
 
 
 class StreamEnded(ConnectionFailed):
     """The server ended the stream or the connection broke: the runner may reconnect."""
 
 
+class StreamConnection(Protocol):
+    """The connection stage as the streamer sees it (:class:`ReplicationConnection`, or a fake in
+    the unit tests): the copy stream's messages in, status updates out."""
+
+    feedback: Feedback
+    read: Callable[[], tuple[int, Any]]
+
+    def identify_system(self) -> LSN: ...
+    def wal_position(self) -> LSN: ...
+    def slot_confirmed(self, slot: str) -> LSN | None: ...
+    def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None: ...
+    def wait(self, timeout: float) -> None: ...
+    def keepalive(self, buf: Any, *, idle: bool) -> tuple[Keepalive, bool]: ...
+    def report(self, now: float | None = None) -> None: ...
+    def end_of_copy(self) -> str: ...
+    def finish(self, final_status: bytes | None, timeout: float = 10.0) -> None: ...
+    def close(self) -> None: ...
+
+
 class ReplicationConnection:
-    def __init__(self, opts: ConnOptions, wakeup_fd: int | None = None) -> None:
+    """A replication connection streaming one slot: reads the copy stream, answers keepalives
+    and sends status updates with the positions of its :class:`~pgrecv.feedback.Feedback`."""
+
+    def __init__(self, opts: ConnOptions, wakeup_fd: int | None = None, feedback: Feedback | None = None) -> None:
         self.conn: psycopg.Connection[Any] = connect(opts, replication=True)
         self.pgconn: pq.abc.PGconn = self.conn.pgconn
-        self.major = self.conn.info.server_version // 10000
+        self.feedback = Feedback(10.0) if feedback is None else feedback
+        # the next CopyData message without blocking: (its size, it); size 0: none buffered, -1: the end
+        self.read: Callable[[], tuple[int, Any]] = functools.partial(self.pgconn.get_copy_data, 1)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.pgconn.socket, selectors.EVENT_READ)
         if wakeup_fd is not None:
@@ -69,9 +96,6 @@ class ReplicationConnection:
             return None
         return LSN.parse(str(row[0])) if row is not None and row[0] is not None else None
 
-    def query(self, statement: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.conn.execute(statement, params).fetchall()
-
     def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None:
         opts = sql.SQL(", ").join(
             sql.SQL("{} {}").format(sql.Identifier(name), sql.Literal(value)) for name, value in options
@@ -97,6 +121,16 @@ class ReplicationConnection:
             self.pgconn.consume_input()
         except psycopg.OperationalError as exc:
             raise StreamEnded(f"connection lost: {server_message(exc)}") from None
+
+    def keepalive(self, buf: Any, *, idle: bool) -> tuple[Keepalive, bool]:
+        """A primary keepalive, recorded in the feedback (see :meth:`Feedback.on_keepalive`): it,
+        and whether the server asked for an answer right away."""
+        ka = parse_keepalive(buf)
+        return ka, self.feedback.on_keepalive(ka, idle=idle)
+
+    def report(self, now: float | None = None) -> None:
+        """Send a standby status update with the feedback's positions."""
+        self.send(self.feedback.message(time.monotonic() if now is None else now))
 
     def send(self, data: bytes) -> None:
         try:

@@ -598,7 +598,7 @@ class TempServer:
             raise ServerEnvError(f"pg_basebackup from {primary.dsn()} failed: {_gist(out)}", detail=out.strip()[-4000:])
 
     def _initdb_template(self) -> Path:
-        """initdb once per binaries and user; each server starts from a copy (about 10x faster)."""
+        """initdb once per binaries and user; each server starts from a copy (much faster than initdb)."""
         holder = Path(tempfile.mkdtemp(prefix="pgrecv-template-", dir=_temp_base(self.run_as)))
         _temp_paths.append(holder)
         self._chown(holder)

@@ -28,7 +28,6 @@ import fcntl
 import io
 import json
 import os
-import re
 import stat
 import sys
 import tempfile
@@ -40,26 +39,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from pgrecv.errors import OutputError, UsageError
+from pgrecv.files import (
+    DIR_MODE,
+    FILE_MODE,
+    FINAL_RE,
+    LOCK_NAME,
+    LOOKS_FINAL_RE,
+    STATE_NAME,
+    TMP_PREFIX,
+    TMP_SUFFIX,
+    fsync_dir,
+    output_error,
+    remove_leftovers,
+    temp_name_re,
+    write_atomic,
+)
 from pgrecv.lsn import LSN, lsn_str
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-FILE_MODE = 0o600  # like pg_recvlogical: change data is often sensitive
-DIR_MODE = 0o700
 BUFFER_SIZE = 1 << 17
 STATE_VERSION = 1
 # `-f`'s state file is one record padded to this size and rewritten in place (pwrite + fdatasync):
 # within one disk sector, as PostgreSQL's own pg_control is, so a crash leaves the old record or
 # the new one. Replacing the file by rename cost three fsyncs and a directory fsync per update.
 STATE_RECORD_SIZE = 512
-TMP_PREFIX = ".tmp-"  # hidden and without the suffix: neither `ls *.jsonl` nor Path.glob sees it
-TMP_SUFFIX = ".part"
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-_FINAL_RE = re.compile(r"([0-9A-F]{16})-([0-9A-F]{16})(?:\.[\w.-]*)?")
-# what a final name looks like to a careless eye (lower-case hex, other suffixes): refused, not ignored
-_LOOKS_FINAL_RE = re.compile(r"([0-9A-Fa-f]{16})-([0-9A-Fa-f]{16})(?:\..*)?", re.DOTALL)
-_MKSTEMP_RANDOM = r"[a-z0-9_]{8}"  # tempfile.mkstemp's random part: recovery deletes only such names
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,29 +100,6 @@ class Resume:
         return 0
 
 
-# --- errors --------------------------------------------------------------------------------
-
-_HINTS = {
-    errno.ENOSPC: "the file system is full: free space, then run again (nothing unwritten was confirmed)",
-    errno.EDQUOT: "the disk quota is exhausted: free space, then run again (nothing unwritten was confirmed)",
-    errno.EACCES: "permission denied: fix the permissions or choose another path",
-    errno.EPERM: "operation not permitted: fix the permissions or choose another path",
-    errno.ENOENT: "the directory does not exist: create it or fix the path",
-    errno.ENOTDIR: "a component of the path is not a directory: fix the path",
-    errno.EISDIR: "it is a directory: give a file name, or use --output-dir",
-    errno.EEXIST: "something that is not a directory has that name: choose another path",
-    errno.EROFS: "the file system is read-only: choose another path",
-    errno.EPIPE: "the reader of the output went away",
-    errno.EIO: "I/O error: check the disk and its kernel log",
-}
-
-
-def output_error(exc: OSError, what: str | os.PathLike[str], doing: str) -> OutputError:
-    """One line: what failed on which path, why, and what to do."""
-    hint = _HINTS.get(exc.errno or 0, "check the path, the permissions and the free space")
-    return OutputError(f"cannot {doing} {os.fspath(what)}: {exc.strerror or exc}; {hint}")
-
-
 # --- raw layers under the BufferedWriter ---------------------------------------------------
 
 
@@ -124,7 +107,7 @@ class _Raw(io.RawIOBase):
     """Base of our raw layers: tracks the position and remembers the first failure.
 
     ``closed`` is a plain attribute: BufferedWriter checks ``raw.closed`` on every write, and
-    IOBase's property costs ~20 ns of a ~75 ns write. After a failure has been raised once, writes
+    IOBase's property is a sizeable part of a write (bench/NOTES.md). After a failure has been raised once, writes
     are dropped silently (so a later flush by the garbage collector prints nothing); the sink
     re-raises ``failure`` wherever it would claim durability.
     """
@@ -375,7 +358,7 @@ class FileSink(_BufferedSink):
             self._fdraw.attach(fd, 0, str(self.path))
             return Resume()
         with contextlib.suppress(OSError):  # a directory we may write in but not list: leftovers stay
-            _remove_leftovers(self.path.parent, _temp_name_re(self.state_path.name))
+            remove_leftovers(self.path.parent, temp_name_re(self.state_path.name))
         commit: int | None = None
         end: int | None = None
         try:
@@ -548,8 +531,8 @@ class DirSink(_BufferedSink):
     ``DIR/.pgrecv.lock`` keeps a second pgrecv out.
     """
 
-    STATE_NAME = ".pgrecv-state"
-    LOCK_NAME = ".pgrecv.lock"
+    STATE_NAME = STATE_NAME
+    LOCK_NAME = LOCK_NAME
 
     def __init__(
         self,
@@ -591,7 +574,7 @@ class DirSink(_BufferedSink):
         try:
             if not d.is_dir():
                 d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-                _fsync_dir(d.parent)
+                fsync_dir(d.parent)
         except OSError as exc:
             raise output_error(exc, d, "create the output directory") from None
         try:
@@ -610,12 +593,8 @@ class DirSink(_BufferedSink):
 
     def _recover(self) -> Resume:
         d = self.directory
-        leftovers = re.compile(
-            rf"{re.escape(TMP_PREFIX)}{_MKSTEMP_RANDOM}{re.escape(TMP_SUFFIX)}|{_temp_name_re(self.STATE_NAME).pattern}"
-            rf"|{re.escape(TMP_PREFIX)}snapshot-[0-9a-f]+-\d{{4}}\.part"  # pgrecv snapshot's (pgrecv.snapshot._plan)
-        )
         try:
-            _remove_leftovers(d, leftovers)  # a crash's, never confirmed
+            remove_leftovers(d)  # a crash's (this sink's or pgrecv snapshot's), never confirmed
             ranges = _final_ranges(d)
         except OSError as exc:
             raise output_error(exc, d, "read the output directory") from None
@@ -744,7 +723,7 @@ class DirSink(_BufferedSink):
                 )
             os.rename(tmp, final)
             self._tmp = None
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         except OSError as exc:
             raise self._raw.fail(exc, "publish") from None
         self._final_commit, self._final_end, self._final_name = self._max_commit, self._last_end, name
@@ -813,41 +792,14 @@ def _lock(fd: int, path: Path) -> None:
             raise output_error(exc, path, "lock") from None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _temp_name_re(name: str) -> re.Pattern[str]:
-    """The names :func:`write_atomic` gives the temporary files for ``name``."""
-    return re.compile(rf"{re.escape(name)}\.{_MKSTEMP_RANDOM}\.tmp")
-
-
-def _remove_leftovers(directory: Path, names: re.Pattern[str]) -> None:
-    """Delete a crash's temporary files: only names we make, only regular files we own (the
-    directory may be shared: another user's file or link there is none of our business)."""
-    uid = os.geteuid()
-    with os.scandir(directory) as it:
-        for entry in it:
-            if names.fullmatch(entry.name) is None:
-                continue
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-
-
 def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:
     """(FIRST, LAST, name) of the final files, checked: names parse, ranges do not overlap."""
     ranges: list[tuple[int, int, str]] = []
     with os.scandir(directory) as it:
         for entry in it:
-            m = _FINAL_RE.fullmatch(entry.name)
+            m = FINAL_RE.fullmatch(entry.name)
             if m is None:
-                if _LOOKS_FINAL_RE.fullmatch(entry.name) is not None:
+                if LOOKS_FINAL_RE.fullmatch(entry.name) is not None:
                     raise OutputError(
                         f"cannot resume from {directory}: {entry.name} looks like an output file but does not "
                         "parse (FIRST-LAST, 16 upper-case hexadecimal digits each, then a suffix of letters, "
@@ -901,39 +853,6 @@ class _StateRecord:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def write_atomic(path: Path, data: bytes, *, what: str, mode: int = FILE_MODE, keep_open: bool = False) -> int:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new one, whole.
-
-    The temporary file comes from mkstemp (O_EXCL, O_NOFOLLOW, an unpredictable name, 0600): in
-    a shared directory another user's link under a name we would pick cannot redirect the write.
-    With ``keep_open`` the descriptor (read-write, now ``path``'s) is returned open; else -1.
-    """
-    tmp: str | None = None
-    fd = -1
-    done = False
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-        if mode != FILE_MODE:
-            os.fchmod(fd, mode)
-        os.replace(tmp, path)
-        tmp = None
-        _fsync_dir(path.parent)
-        done = True
-    except OSError as exc:
-        raise output_error(exc, path, f"write {what}") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        if fd >= 0 and not (done and keep_open):
-            os.close(fd)
-    return fd if keep_open else -1
 
 
 def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] | None:

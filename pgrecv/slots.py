@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pgrecv.conn import ConnOptions, connect, translate
+from pgrecv.conn import ConnOptions, connect, server_major, translate
 from pgrecv.errors import PublicationError, ServerConfigError, SlotError, UsageError
 from pgrecv.lsn import LSN
 from pgrecv.slot_health import failover_ready
@@ -28,10 +28,6 @@ class CreatedSlot:
     consistent_point: LSN | None  # None when it already existed (--if-not-exists)
     created: bool
     publication_created: bool = False
-
-
-def server_major(conn: psycopg.Connection[Any]) -> int:
-    return conn.info.server_version // 10000
 
 
 def get_slot(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any] | None:
@@ -98,7 +94,7 @@ def create_slot(
             pub_created = ensure_publication(conn, publication, tables, pub_options) if publication else False
             return CreatedSlot(slot, plugin, None, created=False, publication_created=pub_created)
         pub_created = ensure_publication(conn, publication, tables, pub_options) if publication else False
-        command = _create_command(slot, plugin, major, two_phase=two_phase, failover=failover)
+        command = create_slot_command(slot, plugin, major, two_phase=two_phase, failover=failover)
         try:
             with _told_if_slow(conn, on_wait):
                 row = conn.execute(command).fetchone()
@@ -151,21 +147,21 @@ def drop_publication(conn: psycopg.Connection[Any], name: str) -> None:
         conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
 
 
-def _create_command(slot: str, plugin: str, major: int, *, two_phase: bool, failover: bool) -> sql.Composed:
-    ident = sql.Identifier(slot)
-    if major >= 15:
-        options = [sql.SQL("SNAPSHOT 'nothing'")]
-        if two_phase:
-            options.append(sql.SQL("TWO_PHASE true"))
-        if failover:
-            options.append(sql.SQL("FAILOVER true"))
-        return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} ({})").format(
-            ident, sql.Identifier(plugin), sql.SQL(", ").join(options)
-        )
-    tail = " TWO_PHASE" if two_phase else ""
-    return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} NOEXPORT_SNAPSHOT" + tail).format(
-        ident, sql.Identifier(plugin)
-    )
+def create_slot_command(
+    slot: str, plugin: str, major: int, *, export: bool = False, two_phase: bool, failover: bool
+) -> sql.Composed:
+    """CREATE_REPLICATION_SLOT for a logical slot; ``export``: with a snapshot for other sessions to
+    import (``pgrecv snapshot``), else none."""
+    ident, plug = sql.Identifier(slot), sql.Identifier(plugin)
+    if major < 15:
+        tail = (" EXPORT_SNAPSHOT" if export else " NOEXPORT_SNAPSHOT") + (" TWO_PHASE" if two_phase else "")
+        return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {}" + tail).format(ident, plug)
+    options = [sql.SQL("SNAPSHOT 'export'" if export else "SNAPSHOT 'nothing'")]
+    if two_phase:
+        options.append(sql.SQL("TWO_PHASE true"))
+    if failover:
+        options.append(sql.SQL("FAILOVER true"))
+    return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} ({})").format(ident, plug, sql.SQL(", ").join(options))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,8 @@ Workers are processes when ``--jobs`` > 1: what turning rows into JSON still doe
 would serialise on the GIL in threads. With one job the copy runs in this process.
 
 Rows go from COPY text to JSON lines in blocks (:mod:`pgrecv.snapshot_fast`), byte for byte what
-:func:`copy_task_reference` (psycopg's row parser + the JSONL encoder) writes, with ~5x (~10x with
-its C part) less CPU per row.
+:func:`copy_task_reference` (psycopg's row parser + the JSONL encoder) writes, with
+several times less CPU per row (bench/snapshot.py measures both).
 """
 
 from __future__ import annotations
@@ -37,10 +37,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
-import re
 import secrets
-import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,7 +50,8 @@ import psycopg
 from psycopg import sql
 
 from pgrecv import events as ev
-from pgrecv.conn import ConnOptions, connect, server_message, translate, with_typed_password
+from pgrecv import failpoints
+from pgrecv.conn import ConnOptions, connect, server_major, server_message, translate, with_typed_password
 from pgrecv.errors import (
     ConnectionFailed,
     OutputError,
@@ -63,41 +61,34 @@ from pgrecv.errors import (
     SlotError,
     UsageError,
 )
+from pgrecv.files import (
+    DIR_MODE,
+    FILE_MODE,
+    FINAL_RE,
+    LOCK_NAME,
+    TMP_PREFIX,
+    fsync_dir,
+    manifest_name,
+    remove_leftovers,
+    snapshot_file_name,
+    snapshot_part_name,
+    write_atomic,
+)
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.pgtypes import type_name as builtin_type_name
+from pgrecv.pipeline import table_filter
 
-TMP_PREFIX = ".tmp-"  # the DirSink's: `pgrecv start` removes such leftovers too
-FILE_MODE = 0o600
-DIR_MODE = 0o700
-LOCK_NAME = ".pgrecv.lock"
 BATCH = 4096  # rows between progress reports (and parent-alive checks) on the reference path
 WRITEBACK = 32 << 20  # bytes between asynchronous write-back starts
 DEFAULT_RANGE_SIZE = 64 * 1024 * 1024
-# Test hook: seconds each worker sleeps after importing the snapshot and after each file.
-DELAY_ENV = "PGRECV_SNAPSHOT_DELAY"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _EXCL_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-# Temp names pgrecv makes (or made: the pid-numbered ones of earlier versions): snapshot parts,
-# the manifest's temp file, and `pgrecv start --output-dir`'s parts. Nothing else is removed.
-_LEFTOVER_RE = re.compile(
-    r"\.tmp-(?:snapshot-[0-9a-f]+-\d{4}\.part|\d+-\d+\.part"
-    r"|[0-9A-F]{16}-[0-9A-F]{16}\.snapshot\.manifest\.json(?:\.[a-z0-9_]{8})?)"
-)
-_FINAL_RE = re.compile(r"[0-9A-F]{16}-[0-9A-F]{16}(?:\.[\w.-]*)?")
 _REPLIDENT: dict[str, ev.ReplicaIdentity] = {"d": "d", "n": "n", "f": "f", "i": "i"}
 
 
 class SnapshotLost(ConnectionFailed):
     """The connection exporting the snapshot went away before the copy was finished."""
-
-
-def snapshot_file_name(cp: int, seq: int) -> str:
-    return f"{0:016X}-{max(cp - 1, 0):016X}.snapshot-{seq:04d}.jsonl"
-
-
-def manifest_name(cp: int) -> str:
-    return f"{0:016X}-{max(cp - 1, 0):016X}.snapshot.manifest.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +209,7 @@ def _run(
     workers: _Workers,
     debezium: tuple[str, str, bool] | None = None,
 ) -> SnapshotResult:
-    from pgrecv.slots import get_slot, resolve_publication, server_major
+    from pgrecv.slots import create_slot_command, get_slot, resolve_publication
 
     with connect(opts) as meta:
         if plugin == "pgoutput":
@@ -236,7 +227,8 @@ def _run(
                 f"'pgrecv drop --slot {slot}' (e.g. after an interrupted snapshot) or choose another name"
             )
         try:
-            row = rconn.execute(_create_command(slot, plugin, major, two_phase, failover)).fetchone()
+            command = create_slot_command(slot, plugin, major, export=True, two_phase=two_phase, failover=failover)
+            row = rconn.execute(command).fetchone()
         except psycopg.Error as exc:
             raise translate(exc, slot=slot) from None
         assert row is not None
@@ -269,7 +261,7 @@ def _run(
             final_paths.append(final)
             result.files.append({"name": t.name, "table": t.table.qualified, "rows": rows[t.seq]})
         tmp_paths = []
-        _fsync_dir(directory)
+        fsync_dir(directory)
         _write_manifest(directory / manifest_name(cp), result)
         return result
     except BaseException as exc:
@@ -288,19 +280,6 @@ def _run(
     finally:
         with contextlib.suppress(Exception):
             rconn.close()
-
-
-def _create_command(slot: str, plugin: str, major: int, two_phase: bool, failover: bool) -> sql.Composed:
-    ident, plug = sql.Identifier(slot), sql.Identifier(plugin)
-    if major < 15:
-        tail = " TWO_PHASE" if two_phase else ""
-        return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT" + tail).format(ident, plug)
-    options = [sql.SQL("SNAPSHOT 'export'")]
-    if two_phase:
-        options.append(sql.SQL("TWO_PHASE true"))
-    if failover:
-        options.append(sql.SQL("FAILOVER true"))
-    return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} ({})").format(ident, plug, sql.SQL(", ").join(options))
 
 
 def _drop_slot(opts: ConnOptions, slot: str, log: Callable[[str], None]) -> None:
@@ -383,11 +362,7 @@ def _list_tables(
         rows = conn.execute(query, (publication,)).fetchall()
     else:
         rows = conn.execute(_TABLES_ALL).fetchall()
-    keep: Callable[[str, str], bool] | None = None
-    if globs:  # the streamer's module takes a while to import: only when needed
-        from pgrecv.streamer import table_filter
-
-        keep = table_filter(globs, ())
+    keep = table_filter(globs, ())  # the same globs as `start --table`
     out: list[Table] = []
     for oid, schema, name, replident, relkind, size, reltuples, attnames, rowfilter in rows:
         if keep is not None and not keep(schema, name):
@@ -453,7 +428,7 @@ def _plan(tables: list[Table], directory: Path, cp: int, jobs: int, range_pages:
         for lo, hi in bounds:
             seq = len(tasks) + 1
             name = snapshot_file_name(cp, seq)
-            tmp = str(directory / f"{TMP_PREFIX}snapshot-{token}-{seq:04d}.part")
+            tmp = str(directory / snapshot_part_name(token, seq))
             tasks.append(Task(seq, table, lo, hi, tmp, name))
     return tasks
 
@@ -650,7 +625,7 @@ def _next_task(tasks: Any, coordinator: int | None) -> _Item | None:
 def _worker_loop(tasks: Any, results: Any, coordinator: int | None) -> None:
     """A worker: copy tasks until the sentinel, importing the snapshot before its first task."""
     try:
-        delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        delay = failpoints.snapshot_delay()
         item = _next_task(tasks, coordinator)
         if item is None:
             results.put(("exit", None, None))
@@ -866,10 +841,9 @@ def _prepare_dir(directory: Path) -> int:
             f"{directory} is in use by another pgrecv process: stop it, or choose another directory"
         ) from None
     try:
+        remove_leftovers(directory)
         for entry in os.scandir(directory):
-            if _LEFTOVER_RE.fullmatch(entry.name):
-                _remove_leftover(entry)
-            elif _FINAL_RE.fullmatch(entry.name):
+            if FINAL_RE.fullmatch(entry.name):
                 raise OutputError(
                     f"{directory} already holds pgrecv output ({entry.name}): a snapshot starts a new "
                     "directory; choose an empty one"
@@ -883,22 +857,6 @@ def _prepare_dir(directory: Path) -> int:
     return fd
 
 
-def _remove_leftover(entry: os.DirEntry[str]) -> None:
-    """Remove an interrupted run's temp file: only a plain file of ours (never another user's
-    file or a link someone planted under a name like ours)."""
-    st = entry.stat(follow_symlinks=False)
-    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-        os.unlink(entry.path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_manifest(path: Path, result: SnapshotResult) -> None:
     """Write the manifest so that a crash leaves it whole or absent (temp, fsync, rename, dir fsync)."""
     doc = {
@@ -909,18 +867,4 @@ def _write_manifest(path: Path, result: SnapshotResult) -> None:
         "tables": result.tables,
     }
     data = json.dumps(doc, indent=1).encode() + b"\n"
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)  # O_EXCL|O_NOFOLLOW, 0600
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    write_atomic(path, data, what="the manifest", prefix=f"{TMP_PREFIX}{path.name}.", suffix="")

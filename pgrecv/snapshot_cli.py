@@ -8,7 +8,18 @@ from typing import Any
 
 import click
 
-from pgrecv.options import NAME, SIZE, STATE, PathType, common_options, conn_opts, connection_options, info, log
+from pgrecv.options import (
+    NAME,
+    SIZE,
+    STATE,
+    PathType,
+    common_options,
+    conn_opts,
+    connection_options,
+    info,
+    log,
+    table_option,
+)
 
 
 @click.command("snapshot")
@@ -20,9 +31,7 @@ from pgrecv.options import NAME, SIZE, STATE, PathType, common_options, conn_opt
     metavar="DIR",
     help="Write the snapshot files here (an empty directory).",
 )
-@click.option(
-    "--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob, repeatable)."
-)
+@table_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker connections.")
 @click.option("--publication", type=NAME, metavar="NAME", help="pgoutput: the publication (default: the only one).")
 @click.option(
@@ -123,7 +132,7 @@ def create_with_snapshot(
     pub_options: Any = None,
 ) -> None:
     """`pgrecv create ... --snapshot DIR`: the publication if asked for, then `pgrecv snapshot`."""
-    from pgrecv.conn import connect
+    from pgrecv.conn import connect, server_major
     from pgrecv.errors import PgrecvError, SlotError, UsageError
     from pgrecv.slots import drop_publication, ensure_publication, get_slot
 
@@ -140,7 +149,7 @@ def create_with_snapshot(
                     f"'pgrecv drop --slot {slot}' or choose another name"
                 )
             if pub_options is not None:
-                pub_options.check(publication, conn.info.server_version // 10000)
+                pub_options.check(publication, server_major(conn))
             created = ensure_publication(conn, publication, tables, pub_options)
     try:
         run_and_report(

@@ -2,7 +2,7 @@
 
 The reference path (``copy_task_reference`` in :mod:`pgrecv.snapshot`) lets psycopg parse every
 COPY row into a tuple of str and encodes it with :meth:`pgrecv.jsonl.JsonlEncoder.snapshot_rows`:
-~3 µs of Python per row. Here the COPY stream is read as raw CopyData through libpq
+several µs of Python per row (bench/snapshot.py). Here the COPY stream is read as raw CopyData through libpq
 (:func:`read_blocks`: one C call per row, no Python objects kept per row) and a block of many
 lines becomes JSON lines with a handful of C-level operations per *column* rather than per
 value (:class:`BlockEncoder`): split the block on tabs and newlines, rewrite a column's slice only

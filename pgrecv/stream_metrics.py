@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pgrecv.events import PG_EPOCH_UNIX
-from pgrecv.sinks import write_atomic
+from pgrecv.files import write_atomic
 
 
 class _Stats(Protocol):

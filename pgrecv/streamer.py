@@ -1,9 +1,12 @@
 """`pgrecv start`: stream a slot into a sink, confirming to the server only what is durable.
 
-The pieces: :class:`~pgrecv.replication.ReplicationConnection` (socket), :class:`~pgrecv.feedback.Feedback`
-(what to confirm), an optional :class:`~pgrecv.assemble.StreamAssembler` (streamed transactions
-made whole), a decoder, a formatter and a sink. This module only drives them: the reconnect loop,
-deadlines, signals, start and end positions.
+The stages, in the order data flows: the connection (:class:`~pgrecv.replication.ReplicationConnection`:
+the copy stream in, keepalive answers and status updates out, with the positions of a
+:class:`~pgrecv.feedback.Feedback`), an optional :class:`~pgrecv.assemble.StreamAssembler`
+(streamed transactions made whole), a decoder, the :class:`~pgrecv.pipeline.Pipeline` (resume
+skip, transactions, boundaries, filters), a formatter (encoder) and a :class:`~pgrecv.sinks.Sink`.
+This module is the loop that connects them: the reconnect loop, deadlines, signals, start and
+end positions, and when the sink is made durable and the feedback sent.
 
 Duplicates: the server resends every transaction whose commit it has not been told is flushed.
 On each (re)connect streaming starts at the end of the last transaction already in the output
@@ -26,7 +29,6 @@ for beyond ``--fsync-interval``.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import io
 import itertools
 import math
@@ -41,20 +43,20 @@ from typing import Any, Protocol
 
 from pgrecv import events as ev
 from pgrecv.conn import ConnOptions, connect
-from pgrecv.errors import ConnectionFailed, PositionError, SlotError, StreamLost, UsageError
+from pgrecv.errors import ConnectionFailed, PositionError, SlotError, StreamLost
 from pgrecv.fastpath import FastRows
 from pgrecv.feedback import Feedback
-from pgrecv.heartbeat import Heartbeat, is_heartbeat
+from pgrecv.heartbeat import Heartbeat
 from pgrecv.jsonl import JsonlEncoder
 from pgrecv.lsn import lsn_str
+from pgrecv.pipeline import Counts, Pipeline
 from pgrecv.plugins import Decoder, PgOutputSettings, make_decoder, plan_options
-from pgrecv.replication import ReplicationConnection, StreamEnded
+from pgrecv.replication import ReplicationConnection, StreamConnection, StreamEnded
 from pgrecv.sinks import Resume, Sink
 from pgrecv.slots import logical_slot
 from pgrecv.status import StatusLine
-from pgrecv.wire import XLOGDATA_HEADER, parse_keepalive
+from pgrecv.wire import HEADER_SIZE, KEEPALIVE_KIND, XLOGDATA_KIND, parse_xlogdata_header
 
-OPS = ("insert", "update", "delete", "truncate", "message")
 BACKOFF_MAX = 30.0
 REPLAY_BATCH = 4096  # rows of a reassembled transaction handled between two looks at the stop flag
 
@@ -88,13 +90,10 @@ class StartConfig:
 
 
 @dataclass
-class RunStats:
+class RunStats(Counts):  # rows, heartbeats and last_commit_time: counted by the pipeline
     messages: int = 0
     transactions: int = 0
-    rows: int = 0
     reconnects: int = 0
-    heartbeats: int = 0  # heartbeat transactions received and left out of the output
-    last_commit_time: int | None = None  # of the last transaction written, PostgreSQL microseconds
     stop_reason: str = ""
     started: float = field(default_factory=time.monotonic)
 
@@ -103,30 +102,10 @@ class _Stop(Exception):
     """Leave the message loop: the reason is in ``RunStats.stop_reason``."""
 
 
-def table_filter(include: Sequence[str], exclude: Sequence[str]) -> Callable[[str, str], bool] | None:
-    """A predicate on (schema, table) from ``--table``/``--exclude-table`` globs (schema-qualified;
-    a pattern without a dot matches the table name in any schema)."""
-    if not include and not exclude:
-        return None
-
-    def matches(patterns: Sequence[str], schema: str, table: str) -> bool:
-        qualified = f"{schema}.{table}"
-        return any(fnmatch.fnmatchcase(qualified if "." in p else table, p) for p in patterns)
-
-    cache: dict[tuple[str, str], bool] = {}
-
-    def keep(schema: str, table: str) -> bool:
-        key = (schema, table)
-        hit = cache.get(key)
-        if hit is None:
-            hit = (not include or matches(include, schema, table)) and not matches(exclude, schema, table)
-            cache[key] = hit
-        return hit
-
-    return keep
-
-
 class Streamer:
+    """The loop that connects the stages of `pgrecv start` (see the module docstring); ``connect``
+    makes the connection stage (a fake one in tests/test_streamer.py)."""
+
     def __init__(
         self,
         opts: ConnOptions,
@@ -135,8 +114,11 @@ class Streamer:
         make_formatter: Callable[[Callable[[bytes], None]], Formatter] | None,
         log: Callable[..., None],
         status: StatusLine | None = None,
+        *,
+        connect: Callable[[ConnOptions, int, Feedback], StreamConnection] = ReplicationConnection,
     ) -> None:
         self.opts = opts
+        self._connect = connect
         self.cfg = config
         self.sink = sink
         self.make_formatter = make_formatter
@@ -145,36 +127,29 @@ class Streamer:
         self._messages_at_tick = 0
         self.feedback = Feedback(config.status_interval)
         self.stats = RunStats()
-        self.keep_table = table_filter(config.tables, config.exclude_tables)
-        self.ops = config.ops
-        # heartbeat transactions are recognised by decoding them, also for raw output
-        self.drop_heartbeats = config.heartbeat is not None and not config.keep_heartbeats
-        self.decode_needed = (
-            config.fmt != "raw" or self.keep_table is not None or self.ops is not None or self.drop_heartbeats
+        self._raw_write = sink.write if config.fmt == "raw" else None
+        self.pipeline = Pipeline(
+            self._emit,
+            boundary=self._boundary,
+            tables=config.tables,
+            exclude_tables=config.exclude_tables,
+            ops=config.ops,
+            drop_heartbeats=config.heartbeat is not None and not config.keep_heartbeats,
+            counts=self.stats,
         )
+        # heartbeat transactions are recognised by decoding them, also for raw output
+        self.decode_needed = config.fmt != "raw" or self.pipeline.filters or self.pipeline.drop_heartbeats
         self.stop_requested = False
         self.reopen_requested = False
         self.target: int | None = None  # --until-caught-up: the server's WAL position at start
         self.resume_start = 0  # where the output's durable record says to start
         self.resume = Resume()
         self.stop_at: float | None = None  # monotonic time of the stop signal
-        self.skip_until = 0  # transactions committing at or before this are in the output already
         self._file_seen = 0  # sink.file_started when the formatter was made
         self._feed: Callable[[ev.Event], None] | None = None
         self._decoder: Decoder | None = None
-        self._fast: FastRows | None = None
         # the fused row-to-JSONL path (pgrecv.fastpath) when nothing is filtered
-        self._fast_ok = (
-            config.plugin == "pgoutput"
-            and config.fmt == "jsonl"
-            and not (config.tables or config.exclude_tables or config.ops)
-        )
-        self._in_txn = False
-        self._skipping = False
-        # a Begin held back until the transaction shows it is not a heartbeat (drop_heartbeats)
-        self._held_begin: tuple[ev.Event, bytes] | None = None
-        self._held_fast: FastRows | None = None
-        self._heartbeat_txn = False
+        self._fast_ok = config.plugin == "pgoutput" and config.fmt == "jsonl" and not self.pipeline.filters
         self._heartbeat: Heartbeat | None = None
         if config.heartbeat is not None:
             self._heartbeat = Heartbeat(opts, config.heartbeat, config.slot, log)
@@ -228,7 +203,7 @@ class Streamer:
                     self.log(f"warning: {self.sink.warning}", 0)
                 self.resume = resume
                 self.resume_start = resume.start_lsn
-                self.skip_until = resume.last_commit_lsn or 0
+                self.pipeline.skip_until = resume.last_commit_lsn or 0
                 if self.resume_start:
                     self.log(f"output already holds transactions up to {lsn_str(self.resume_start)}: resuming there")
                 self._loop()
@@ -244,9 +219,9 @@ class Streamer:
     def _loop(self) -> None:
         attempt = 0
         while not self.stop_requested:
-            rc: ReplicationConnection | None = None
+            rc: StreamConnection | None = None
             try:
-                rc = ReplicationConnection(self.opts, self._wake_r)
+                rc = self._connect(self.opts, self._wake_r, self.feedback)
                 self._stream(rc)
                 return
             except _Stop:
@@ -274,18 +249,15 @@ class Streamer:
         while not self.stop_requested and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.2))
 
-    def _after_loss(self, rc: ReplicationConnection | None) -> None:
+    def _after_loss(self, rc: StreamConnection | None) -> None:
         """Keep what is complete; a transaction cut by the loss will come again in full."""
-        discard = getattr(self.sink, "discard_partial", None)
-        if discard is not None:
-            discard()
+        self.sink.discard_partial()
         self.feedback.on_durable(self.sink.durable())
-        self._in_txn = False
-        self._release_held(emit=False)
+        self.pipeline.reset()
 
     # --- one connection ----------------------------------------------------------------------
 
-    def _stream(self, rc: ReplicationConnection) -> None:
+    def _stream(self, rc: StreamConnection) -> None:
         cfg = self.cfg
         if not self._started_once:
             self._check_positions(rc)
@@ -306,14 +278,17 @@ class Streamer:
         self._decoder = decoder
         self._new_formatter()
         assembler = self._assembler()
-        handle = self._make_handler(decoder)
+        if decoder is None:
+            handle = self.pipeline.raw_handler(self.sink.write, cfg.plugin)
+        else:
+            handle = self.pipeline.handler(decoder.decode)
         try:
             self._pump(rc, handle, assembler)
         finally:
             if assembler is not None:
                 assembler.close()
 
-    def _check_positions(self, rc: ReplicationConnection) -> None:
+    def _check_positions(self, rc: StreamConnection) -> None:
         """Refuse a start or resume position the server cannot have produced, before the slot is
         touched: streaming from it would skip every change up to it."""
         server = rc.wal_position()
@@ -342,7 +317,7 @@ class Streamer:
                     "nothing was confirmed: move it out of the way and run again"
                 )
 
-    def _slot_hint(self, rc: ReplicationConnection) -> str:
+    def _slot_hint(self, rc: StreamConnection) -> str:
         confirmed = rc.slot_confirmed(self.cfg.slot)
         where = f" (the slot is at {lsn_str(confirmed)})" if confirmed is not None else ""
         return f"give a position the server has reached{where}, or leave -I out"
@@ -353,12 +328,21 @@ class Streamer:
         self._file_seen = self.sink.file_started
         formatter = self.make_formatter(self.sink.write) if self.make_formatter else None
         self._feed = formatter.feed if formatter is not None else None
-        self._fast = None
+        self.pipeline.fast = None
         if self._fast_ok and isinstance(formatter, JsonlEncoder) and self._decoder is not None:
             from pgrecv.decode.pgoutput import PgOutputDecoder
 
             if isinstance(self._decoder, PgOutputDecoder):
-                self._fast = FastRows(formatter, self._decoder, self.sink.write)
+                self.pipeline.fast = FastRows(formatter, self._decoder, self.sink.write)
+
+    def _emit(self, event: ev.Event, msg: Any) -> None:
+        """What the pipeline lets through: to the formatter, or the plugin's bytes (raw)."""
+        feed = self._feed
+        if feed is not None:
+            feed(event)
+        elif self._raw_write is not None:
+            self._raw_write(msg)
+            self._raw_write(b"\n")
 
     def _assembler(self) -> Any:
         if not self.cfg.assemble:
@@ -367,29 +351,29 @@ class Streamer:
 
         return StreamAssembler(memory_limit=self.cfg.memory_limit)
 
-    def _pump(self, rc: ReplicationConnection, handle: Callable[[Any, int], None], assembler: Any) -> None:
-        get = rc.pgconn.get_copy_data
-        unpack = XLOGDATA_HEADER.unpack_from
+    def _pump(self, rc: StreamConnection, handle: Callable[[Any, int], None], assembler: Any) -> None:
+        read = rc.read
+        parse = parse_xlogdata_header
         endpos = self.cfg.endpos
         feedback = self.feedback
         stats = self.stats
         feed = assembler.feed if assembler is not None else None
         countdown = 256
         while True:
-            n, buf = get(1)
+            n, buf = read()
             if n > 0:
                 stats.messages += 1
-                if buf[0] == 0x77:  # 'w' XLogData
-                    _, start, wal_end, _ = unpack(buf)
+                kind = buf[0]
+                if kind == XLOGDATA_KIND:
+                    start, wal_end, _ = parse(buf)
                     if endpos is not None and start > endpos:
                         self.stats.stop_reason = f"reached end position {lsn_str(endpos)}"
                         raise _Stop
-                    if wal_end > feedback.received:
-                        feedback.received = wal_end
+                    feedback.on_data(wal_end)
                     if feed is None:
-                        handle(buf[25:], start)
+                        handle(buf[HEADER_SIZE:], start)
                     else:
-                        items = feed(buf[25:], start)
+                        items = feed(buf[HEADER_SIZE:], start)
                         if items.__class__ is tuple:
                             for msg, lsn in items:
                                 handle(msg, lsn)
@@ -398,7 +382,7 @@ class Streamer:
                     if endpos is not None and start == endpos:
                         self.stats.stop_reason = f"reached end position {lsn_str(endpos)}"
                         raise _Stop
-                elif buf[0] == 0x6B:  # 'k' keepalive
+                elif kind == KEEPALIVE_KIND:
                     self._keepalive(rc, buf, assembler)
                 countdown -= 1
                 if countdown:
@@ -431,17 +415,17 @@ class Streamer:
     def _next_fsync_after(self, now: float) -> float:
         return now + self.cfg.fsync_interval if self.cfg.fsync_interval > 0 else math.inf
 
-    def _sync_point(self, rc: ReplicationConnection) -> None:
+    def _sync_point(self, rc: StreamConnection) -> None:
         """Everything received so far made durable and, with --synchronous, reported at once: a
         synchronous_standby_names commit waits for exactly this."""
         self.feedback.on_durable(self.sink.durable())
         if self._report_at_durable and self.feedback.flushed != self.feedback.last_sent_flush:
-            rc.send(self.feedback.message(time.monotonic()))
+            rc.report()
         group = self.stats.transactions - self._synced_transactions
         self._synced_transactions = self.stats.transactions
         self.log(f"sync point: {group} transaction(s) durable up to {lsn_str(self.feedback.flushed)}", 3)
 
-    def _replay(self, rc: ReplicationConnection, items: Any, handle: Callable[[Any, int], None]) -> None:
+    def _replay(self, rc: StreamConnection, items: Any, handle: Callable[[Any, int], None]) -> None:
         """Hand a reassembled transaction on in batches, with the periodic duties (stop flag,
         fsync, status updates) between batches, as between messages in :meth:`_pump`."""
         it = iter(items)
@@ -450,10 +434,9 @@ class Streamer:
                 handle(msg, lsn)
             self._periodic(rc)
 
-    def _keepalive(self, rc: ReplicationConnection, buf: Any, assembler: Any) -> None:
-        ka = parse_keepalive(buf)
-        idle = not self._in_txn and (assembler is None or assembler.idle)
-        reply = self.feedback.on_keepalive(ka, idle=idle)
+    def _keepalive(self, rc: StreamConnection, buf: Any, assembler: Any) -> None:
+        idle = not self.pipeline.in_txn and (assembler is None or assembler.idle)
+        ka, reply = rc.keepalive(buf, idle=idle)
         if self.cfg.endpos is not None and ka.wal_end >= self.cfg.endpos:
             self.stats.stop_reason = f"reached end position {lsn_str(self.cfg.endpos)}"
             raise _Stop
@@ -464,9 +447,9 @@ class Streamer:
         # with --synchronous or -s 0, since commits that send us no transaction (other databases,
         # unpublished tables, empty transactions) wait for exactly that position.
         if reply or (self._report_at_durable and self.feedback.flushed != self.feedback.last_sent_flush):
-            rc.send(self.feedback.message(time.monotonic()))
+            rc.report()
 
-    def _periodic(self, rc: ReplicationConnection) -> None:
+    def _periodic(self, rc: StreamConnection) -> None:
         now = time.monotonic()
         if self.stop_requested:
             self.stats.stop_reason = "stopped by signal"
@@ -483,20 +466,20 @@ class Streamer:
             if self.feedback.flushed != before:
                 self.log(f"output durable up to {lsn_str(self.feedback.flushed)}", 2)
                 if self._report_at_durable:  # -s 0: reported as soon as durable, not on a timer
-                    rc.send(self.feedback.message(now))
+                    rc.report(now)
         status = self.status
         if status is None:
             self.sink.tick(now)
         else:
             self._tick_with_status(status, now)
-        if self.sink.file_started != self._file_seen and not self._in_txn:
+        if self.sink.file_started != self._file_seen and not self.pipeline.in_txn:
             self._new_formatter()
         if self._metrics_path is not None and now >= self._next_metrics:
             self._write_metrics(now)
         if self._heartbeat is not None:
             self._maybe_heartbeat(now)
         if self.feedback.due(now):
-            rc.send(self.feedback.message(now))
+            rc.report(now)
             self.log(
                 f"confirmed write {lsn_str(self.feedback.written)} flush {lsn_str(self.feedback.flushed)}",
             )
@@ -509,26 +492,9 @@ class Streamer:
             self._activity = activity
             self._quiet_since = now
             return
-        if not self._in_txn:
+        if not self.pipeline.in_txn:
             assert self._heartbeat is not None
             self._heartbeat.maybe_send(now, self._quiet_since)
-
-    def _release_held(self, *, emit: bool) -> None:
-        """End the hold on a transaction's Begin: write it (the transaction has content) or
-        forget it (a heartbeat, or a transaction cut by a lost connection)."""
-        held = self._held_begin
-        if held is None:
-            return
-        self._held_begin = None
-        self._fast = self._held_fast
-        self._held_fast = None
-        if emit:
-            event, msg = held
-            if self._feed is not None:
-                self._feed(event)
-            elif self.cfg.fmt == "raw":
-                self.sink.write(msg)
-                self.sink.write(b"\n")
 
     def _write_metrics(self, now: float) -> None:
         from pgrecv import stream_metrics
@@ -558,11 +524,10 @@ class Streamer:
             )
             status.show(text, now)
 
-    def _finish(self, rc: ReplicationConnection) -> None:
+    def _finish(self, rc: StreamConnection) -> None:
         """A clean stop: the output made durable, then the final status update with its position."""
-        discard = getattr(self.sink, "discard_partial", None)
-        if discard is not None and self._in_txn:
-            discard()
+        if self.pipeline.in_txn:
+            self.sink.discard_partial()
         self.feedback.on_durable(self.sink.durable())
         now = time.monotonic()
         # within --fsync-interval of the signal (at least a moment, for the server to answer)
@@ -579,7 +544,9 @@ class Streamer:
 
     # --- per message ------------------------------------------------------------------------
 
-    def _boundary(self, commit_lsn: int, end_lsn: int, *, count: bool = True) -> None:
+    def _boundary(self, commit_lsn: int, end_lsn: int, count: bool) -> None:
+        """The pipeline's end of a unit: the sink's boundary, the written position, and the
+        stop at --until-caught-up's target."""
         self.sink.boundary(commit_lsn, end_lsn)
         self.feedback.on_written(end_lsn)
         if self.sink.file_started != self._file_seen:
@@ -589,159 +556,6 @@ class Streamer:
         if self.target is not None and end_lsn >= self.target:
             self.stats.stop_reason = f"caught up with {lsn_str(self.target)}"
             raise _Stop
-
-    def _make_handler(self, decoder: Decoder | None) -> Callable[[Any, int], None]:
-        if decoder is None:
-            return self._raw_handler()
-        return self._event_handler(decoder)
-
-    def _raw_handler(self) -> Callable[[Any, int], None]:
-        write = self.sink.write
-        pgoutput = self.cfg.plugin == "pgoutput"
-        boundary = self._boundary
-
-        def handle(msg: Any, lsn: int) -> None:
-            write(msg)
-            write(b"\n")
-            if pgoutput:
-                kind = msg[0]
-                if kind == 0x42 or kind == 0x62:  # B, b
-                    self._in_txn = True
-                elif kind in (0x43, 0x50):  # C, P: commit/prepare, end LSN is where the message is
-                    self._in_txn = False
-                    boundary(int.from_bytes(msg[2:10], "big"), lsn)
-                elif kind in (0x4B, 0x72):  # K commit prepared, r rollback prepared (top level)
-                    boundary(int.from_bytes(msg[2:10], "big"), lsn)
-                elif kind == 0x4D and not self._in_txn and not (msg[1] & 1):  # non-transactional message
-                    boundary(lsn, lsn)
-            else:
-                head = bytes(msg[:20])
-                if head.startswith(b"BEGIN"):
-                    self._in_txn = True
-                elif head.startswith((b"COMMIT", b"PREPARE TRANSACTION", b"ROLLBACK PREPARED")):
-                    self._in_txn = False
-                    boundary(lsn, lsn)
-                elif not self._in_txn and head.startswith(b"message: transactional: 0"):
-                    boundary(lsn, lsn)
-
-        return handle
-
-    def _event_handler(self, decoder: Decoder) -> Callable[[Any, int], None]:
-        decode = decoder.decode
-        raw_write = self.sink.write if self.cfg.fmt == "raw" else None
-        keep = self.keep_table
-        ops = self.ops
-        stats = self.stats
-        row_types = {ev.Insert: "insert", ev.Update: "update", ev.Delete: "delete"}
-        skip_until = self.skip_until
-
-        def emit(event: ev.Event, msg: Any) -> None:
-            feed = self._feed
-            if feed is not None:
-                feed(event)
-            elif raw_write is not None:
-                raw_write(msg)
-                raw_write(b"\n")
-
-        drop_heartbeats = self.drop_heartbeats
-        if drop_heartbeats:
-            emit_now = emit
-
-            def emit(event: ev.Event, msg: Any) -> None:
-                if self._held_begin is not None:  # the transaction has content: its Begin first
-                    self._release_held(emit=True)
-                emit_now(event, msg)
-
-        def handle(msg: Any, lsn: int) -> None:
-            fast = self._fast
-            if fast is not None and not self._skipping and fast.row(msg, lsn):
-                stats.rows += 1
-                return
-            event = decode(msg, lsn)
-            if event is None:
-                return
-            cls = type(event)
-            op = row_types.get(cls)
-            if op is not None:
-                if self._skipping:
-                    return
-                if ops is not None and op not in ops:
-                    return
-                if keep is not None:
-                    rel = event.relation  # type: ignore[union-attr]
-                    if not keep(rel.namespace, rel.name):
-                        return
-                stats.rows += 1
-                emit(event, msg)
-                return
-            if cls is ev.Begin:
-                self._in_txn = True
-                self._skipping = 0 < event.final_lsn <= skip_until  # type: ignore[union-attr]
-                if self._skipping:
-                    return
-                if drop_heartbeats:  # held until the transaction shows it is not only a heartbeat
-                    self._release_held(emit=False)
-                    self._held_begin, self._held_fast, self._fast = (event, bytes(msg)), self._fast, None
-                    self._heartbeat_txn = False
-                else:
-                    emit(event, msg)
-            elif cls is ev.Commit:
-                self._in_txn = False
-                if self._skipping:
-                    self._skipping = False
-                    return
-                if self._heartbeat_txn and self._held_begin is not None:
-                    # heartbeats only: confirmed like any transaction, not written
-                    self._release_held(emit=False)
-                    self._heartbeat_txn = False
-                    self._boundary(event.commit_lsn, event.end_lsn or lsn, count=False)  # type: ignore[union-attr]
-                    return
-                emit(event, msg)
-                stats.last_commit_time = event.commit_time  # type: ignore[union-attr]
-                self._boundary(event.commit_lsn, event.end_lsn or lsn)  # type: ignore[union-attr]
-            elif cls is ev.Truncate:
-                if self._skipping or (ops is not None and "truncate" not in ops):
-                    return
-                if keep is not None:
-                    kept = tuple(r for r in event.relations if keep(r.namespace, r.name))  # type: ignore[union-attr]
-                    if not kept:
-                        return
-                    if len(kept) != len(event.relations):  # type: ignore[union-attr]
-                        event = ev.Truncate(kept, event.cascade, event.restart_identity, event.xid, event.lsn)  # type: ignore[union-attr]
-                emit(event, msg)
-            elif cls is ev.Message:
-                if drop_heartbeats and is_heartbeat(event.prefix, event.transactional):  # type: ignore[union-attr]
-                    if not self._skipping:
-                        stats.heartbeats += 1
-                        self._heartbeat_txn = True
-                    return
-                if self._skipping or (ops is not None and "message" not in ops):
-                    if not event.transactional and not self._in_txn:  # type: ignore[union-attr]
-                        self._boundary(lsn, lsn)
-                    return
-                emit(event, msg)
-                if not event.transactional and not self._in_txn:  # type: ignore[union-attr]
-                    self._boundary(lsn, lsn)
-            elif cls is ev.Relation:
-                if keep is None or keep(event.namespace, event.name):  # type: ignore[union-attr]
-                    emit(event, msg)
-            elif cls is ev.BeginPrepare:
-                self._in_txn = True
-                emit(event, msg)
-            elif cls is ev.Prepare:
-                self._in_txn = False
-                emit(event, msg)
-                self._boundary(event.prepare_lsn, event.end_lsn)  # type: ignore[union-attr]
-            elif cls is ev.CommitPrepared:
-                emit(event, msg)
-                self._boundary(event.commit_lsn, event.end_lsn)  # type: ignore[union-attr]
-            elif cls is ev.RollbackPrepared:
-                emit(event, msg)
-                self._boundary(event.prepare_end_lsn, event.rollback_end_lsn)  # type: ignore[union-attr]
-            else:  # Origin, TypeInfo, and stream records when not assembling
-                emit(event, msg)
-
-        return handle
 
 
 class SinkText(io.TextIOBase):
@@ -756,20 +570,6 @@ class SinkText(io.TextIOBase):
 
     def writable(self) -> bool:
         return True
-
-
-def parse_ops(value: str | None) -> frozenset[str] | None:
-    """--op as a set; None (no filter) only when --op is not given. An empty list would drop
-    every row while the slot advances past them, so '' and ',' are refused."""
-    if value is None:
-        return None
-    ops = frozenset(o.strip() for o in value.split(",") if o.strip())
-    if not ops:
-        raise UsageError(f"--op {value!r} names no operation: choose from {', '.join(OPS)}, or leave --op out")
-    unknown = sorted(ops - set(OPS))
-    if unknown:
-        raise UsageError(f"unknown --op {', '.join(unknown)}: choose from {', '.join(OPS)}")
-    return ops
 
 
 def plan_start(

@@ -16,6 +16,8 @@ from typing import Final
 from pgrecv.errors import DecodeError
 from pgrecv.events import PG_EPOCH_UNIX
 
+XLOGDATA_KIND: Final = 0x77  # 'w': the first byte of an XLogData message
+KEEPALIVE_KIND: Final = 0x6B  # 'k': the first byte of a primary keepalive
 XLOGDATA_HEADER: Final = struct.Struct(">cQQq")  # 'w', start, wal_end, send_time: 25 bytes
 KEEPALIVE: Final = struct.Struct(">cQq?")  # 'k', wal_end, send_time, reply_requested: 18 bytes
 STATUS_UPDATE: Final = struct.Struct(">cQQQq?")  # 'r', write, flush, apply, client_time, reply: 34 bytes

@@ -16,6 +16,7 @@ import orjson
 import psycopg
 import pytest
 
+from pgrecv.conn import server_major
 from pgrecv.decode.pgoutput import PgOutputDecoder
 from pgrecv.decode.test_decoding import TestDecodingParser
 from pgrecv.jsonl import JsonlEncoder
@@ -88,7 +89,7 @@ def encode_all(events: Iterator[Any]) -> list[Record]:
 
 
 def max_proto(conn: psycopg.Connection[Any]) -> int:
-    major = conn.info.server_version // 10000
+    major = server_major(conn)
     return 4 if major >= 16 else 3 if major == 15 else 2
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psycopg
 
+from pgrecv.files import manifest_name
 from pgrecv.lsn import LSN
-from pgrecv.snapshot import manifest_name
 from tests.util import err, pgrecv, sql
 
 PRECIOUS = b"root-only data that must survive\n"

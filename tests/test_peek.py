@@ -231,3 +231,32 @@ def test_file_that_is_a_device_is_written_in_place(db_dsn: str, tmp_path: Path) 
     proc = pgrecv("peek", "-d", db_dsn, "--slot", "s", "-f", "/dev/null", "--consume")
     assert proc.returncode == 0, err(proc)
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_table_and_op_filters_are_the_stream_pipelines(db_dsn: str) -> None:
+    """--table/--exclude-table/--op as `start` has them (pgrecv.pipeline), for both plugins and raw output."""
+    sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, name text, amount numeric(10,2), doc jsonb)")
+    sql(db_dsn, "CREATE TABLE other (id int PRIMARY KEY)")
+    assert pgrecv("create", "-d", db_dsn, "--slot", "s", "--publication", "pub").returncode == 0
+    assert pgrecv("create", "-d", db_dsn, "--slot", "td", "-P", "test_decoding").returncode == 0
+    workload(db_dsn)
+    sql(db_dsn, "INSERT INTO other VALUES (7)")
+    sql(db_dsn, "TRUNCATE t, other")
+    for slot in ("s", "td"):
+        everything = rows(records(pgrecv("peek", "-d", db_dsn, "--slot", slot, "--format", "jsonl").stdout))
+        assert {c["table"] for c in everything if "table" in c} == {"t", "other"}
+        only_t = pgrecv("peek", "-d", db_dsn, "--slot", slot, "--format", "jsonl", "--table", "public.t")
+        assert only_t.returncode == 0, err(only_t)
+        changes = rows(records(only_t.stdout))
+        assert [c["op"] for c in changes] == ["insert", "insert", "update", "delete", "truncate"]
+        assert [(r["schema"], r["table"]) for r in changes[-1]["tables"]] == [("public", "t")]  # type: ignore[union-attr]
+        proc = pgrecv("peek", "-d", db_dsn, "--slot", slot, "--format", "jsonl", "--exclude-table", "t", "--op=insert")
+        assert proc.returncode == 0, err(proc)
+        assert [(c["op"], c["table"]) for c in rows(records(proc.stdout))] == [("insert", "other")]
+    raw = pgrecv("peek", "-d", db_dsn, "--slot", "td", "--format", "raw", "--op", "delete")
+    assert raw.returncode == 0, err(raw)
+    assert [line for line in raw.stdout.splitlines() if line.startswith(b"table ")] == [
+        b"table public.t: DELETE: id[integer]:2"
+    ]
+    bad = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--op", "upsert")
+    assert bad.returncode == ExitCode.USAGE and b"unknown --op upsert" in bad.stderr

@@ -31,9 +31,8 @@ once per Relation message, never per row.
 
 The row path (Insert/Update/Delete) is the hot path of every stream: precompiled
 ``Struct.unpack_from``, per-width generated tuple readers (:func:`tuple_reader`), and events built
-as writable twins whose class is then switched (:func:`_drafts_work`). About 1.6 µs for a
-6-column row on the 2-core development machine, 10 times a plain copy of its bytes
-(bench/decode.py).
+as writable twins whose class is then switched (:func:`_drafts_work`). What a row costs, against
+a plain copy of its bytes: bench/decode.py.
 """
 
 from __future__ import annotations
@@ -44,6 +43,8 @@ from dataclasses import fields
 from types import MappingProxyType
 from typing import Any, Final
 
+from pgrecv.decode import kinds as K
+from pgrecv.decode.kinds import BEGIN, COMMIT, DELETE, INSERT, UPDATE
 from pgrecv.errors import DecodeError, UsageError
 from pgrecv.events import (
     UNCHANGED,
@@ -159,8 +160,8 @@ class _DeleteDraft:
 def _drafts_work() -> bool:
     """Whether row events can be built as drafts whose class is then switched.
 
-    The frozen dataclass ``__init__`` sets each field through ``object.__setattr__``: about
-    0.5 µs per event, a quarter of the whole decode of a typical row. A draft with the same slots
+    The frozen dataclass ``__init__`` sets each field through ``object.__setattr__``, a large part
+    of the whole decode of a typical row (bench/NOTES.md). A draft with the same slots
     is filled by plain attribute stores and then becomes the event by ``__class__`` assignment,
     which CPython allows only between classes of identical layout (it raises TypeError
     otherwise). Checked once at import, field by field, so that a change of the event classes
@@ -235,26 +236,25 @@ def tuple_reader(ncols: int) -> TupleReader:
     slice (decoded for text), the value kept in a local and the tuple built at once; about 15%
     faster than a loop, and decoding columns is most of the work per row. Slices do not check
     bounds: the caller's final length check catches a value that runs past the end. The source
-    depends on ``ncols`` only; compiling costs about 0.15 ms per column, once per width.
+    depends on ``ncols`` only; it is compiled once per width.
     """
     reader = _readers.get(ncols)
     if reader is None:
-        # kinds: 116 't' text, 110 'n' NULL, 117 'u' unchanged TOAST, 98 'b' binary
         lines = ["def read(data, pos):"]
         for i in range(ncols):
             lines += [
                 "    kind = data[pos]",
-                "    if kind == 116:",
+                f"    if kind == {K.COLUMN_TEXT}:",
                 "        start = pos + 5",
                 "        pos = start + _U32(data, pos + 1)[0]",
                 f"        c{i} = data[start:pos].decode()",
-                "    elif kind == 110:",
+                f"    elif kind == {K.COLUMN_NULL}:",
                 f"        c{i} = None",
                 "        pos += 1",
-                "    elif kind == 117:",
+                f"    elif kind == {K.COLUMN_UNCHANGED}:",
                 f"        c{i} = UNCHANGED",
                 "        pos += 1",
-                "    elif kind == 98:",
+                f"    elif kind == {K.COLUMN_BINARY}:",
                 "        start = pos + 5",
                 "        pos = start + _U32(data, pos + 1)[0]",
                 f"        c{i} = data[start:pos]",
@@ -335,7 +335,7 @@ class PgOutputDecoder:
             raise DecodeError("pgoutput: empty message: expected at least a message type byte")
         kind = data[0]
         try:
-            if kind == 73:  # 'I' Insert: the hot path, inlined
+            if kind == INSERT:  # the hot path, inlined
                 if self._in_stream:
                     xid, oid, marker, ncols = _XID_OID_MARK_NCOLS(data, 1)
                     pos = 12
@@ -363,16 +363,16 @@ class PgOutputDecoder:
                 ev.lsn = lsn
                 ev.__class__ = Insert  # type: ignore[assignment]
                 return ev  # type: ignore[return-value]
-            if kind == 85:  # 'U'
+            if kind == UPDATE:
                 return self._update(data, lsn)
-            if kind == 68:  # 'D'
+            if kind == DELETE:
                 return self._delete(data, lsn)
-            if kind == 66:  # 'B'
+            if kind == BEGIN:
                 self._in_stream = False
                 self._expect_len(kind, data, 21)
                 final_lsn, commit_time, xid = _BEGIN(data, 1)
                 return Begin(final_lsn, commit_time, xid)
-            if kind == 67:  # 'C'
+            if kind == COMMIT:
                 self._expect_len(kind, data, 26)
                 flags, commit_lsn, end_lsn, commit_time = _COMMIT(data, 1)
                 return Commit(flags, commit_lsn, end_lsn, commit_time)

@@ -150,12 +150,6 @@ def parse_timestamptz(text: str) -> int:
     return seconds * 1_000_000 + micros
 
 
-def _unquote_ident(text: str) -> str:
-    if text.startswith('"'):
-        return text[1:-1].replace('""', '"')
-    return text
-
-
 def _split_header(header: str) -> tuple[str, str]:
     """`` name[type]:`` (as validated by the scanner) -> (name, type name as printed)."""
     if header.startswith('"', 1):

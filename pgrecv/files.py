@@ -1,0 +1,160 @@
+"""The on-disk contract of pgrecv's outputs: file names, temporary names, the lock, fsync, atomic writes.
+
+Names (docs/event-format.md; spark-apply reads them):
+
+* a change file of ``start --output-dir``: ``<FIRST>-<LAST><suffix>``, the commit LSNs of its first
+  and last transaction as 16 upper-case hexadecimal digits each (:data:`FINAL_RE`);
+* a snapshot file: ``0000000000000000-<CP-1>.snapshot-<NNNN>.jsonl`` and its manifest
+  ``0000000000000000-<CP-1>.snapshot.manifest.json``, sorting before every change file;
+* temporary files: hidden, under names only pgrecv makes (:data:`LEFTOVER_RE`), so that a crash's
+  leftovers can be told from anything else and removed at the next start;
+* ``.pgrecv.lock`` (:data:`LOCK_NAME`): the advisory lock every pgrecv writing a directory takes.
+
+Durability: a file is fsync'd, renamed, and its directory fsync'd (:func:`fsync_dir`);
+:func:`write_atomic` does all of it for a small file replaced whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+from typing import Final
+
+from pgrecv.errors import OutputError
+
+FILE_MODE: Final = 0o600  # like pg_recvlogical: change data is often sensitive
+DIR_MODE: Final = 0o700
+LOCK_NAME: Final = ".pgrecv.lock"
+STATE_NAME: Final = ".pgrecv-state"  # `start --output-dir`'s record of where the output ends
+TMP_PREFIX: Final = ".tmp-"  # hidden and without the suffix: neither `ls *.jsonl` nor Path.glob sees it
+TMP_SUFFIX: Final = ".part"
+MKSTEMP_RANDOM: Final = r"[a-z0-9_]{8}"  # tempfile.mkstemp's random part: recovery deletes only such names
+
+# a final output file: FIRST-LAST (commit LSNs), then a suffix
+FINAL_RE: Final = re.compile(r"([0-9A-F]{16})-([0-9A-F]{16})(?:\.[\w.-]*)?")
+# what a final name looks like to a careless eye (lower-case hex, other suffixes): refused, not ignored
+LOOKS_FINAL_RE: Final = re.compile(r"([0-9A-Fa-f]{16})-([0-9A-Fa-f]{16})(?:\..*)?", re.DOTALL)
+
+
+def temp_name_re(name: str) -> re.Pattern[str]:
+    """The names :func:`write_atomic` gives the temporary files for ``name``."""
+    return re.compile(rf"{re.escape(name)}\.{MKSTEMP_RANDOM}\.tmp")
+
+
+# Temporary names pgrecv makes (or made: the pid-numbered parts of earlier versions) in an output
+# directory: `start --output-dir`'s parts and state file, `snapshot`'s parts and manifest.
+LEFTOVER_RE: Final = re.compile(
+    rf"{re.escape(TMP_PREFIX)}(?:{MKSTEMP_RANDOM}|snapshot-[0-9a-f]+-\d{{4}}|\d+-\d+){re.escape(TMP_SUFFIX)}"
+    rf"|{re.escape(TMP_PREFIX)}[0-9A-F]{{16}}-[0-9A-F]{{16}}\.snapshot\.manifest\.json(?:\.{MKSTEMP_RANDOM})?"
+    rf"|{temp_name_re(STATE_NAME).pattern}"
+)
+
+
+def snapshot_file_name(cp: int, seq: int) -> str:
+    return f"{0:016X}-{max(cp - 1, 0):016X}.snapshot-{seq:04d}.jsonl"
+
+
+def snapshot_part_name(token: str, seq: int) -> str:
+    """The temporary name of a snapshot file while a worker writes it."""
+    return f"{TMP_PREFIX}snapshot-{token}-{seq:04d}{TMP_SUFFIX}"
+
+
+def manifest_name(cp: int) -> str:
+    return f"{0:016X}-{max(cp - 1, 0):016X}.snapshot.manifest.json"
+
+
+# --- errors --------------------------------------------------------------------------------
+
+_HINTS = {
+    errno.ENOSPC: "the file system is full: free space, then run again (nothing unwritten was confirmed)",
+    errno.EDQUOT: "the disk quota is exhausted: free space, then run again (nothing unwritten was confirmed)",
+    errno.EACCES: "permission denied: fix the permissions or choose another path",
+    errno.EPERM: "operation not permitted: fix the permissions or choose another path",
+    errno.ENOENT: "the directory does not exist: create it or fix the path",
+    errno.ENOTDIR: "a component of the path is not a directory: fix the path",
+    errno.EISDIR: "it is a directory: give a file name, or use --output-dir",
+    errno.EEXIST: "something that is not a directory has that name: choose another path",
+    errno.EROFS: "the file system is read-only: choose another path",
+    errno.EPIPE: "the reader of the output went away",
+    errno.EIO: "I/O error: check the disk and its kernel log",
+}
+
+
+def output_error(exc: OSError, what: str | os.PathLike[str], doing: str) -> OutputError:
+    """One line: what failed on which path, why, and what to do."""
+    hint = _HINTS.get(exc.errno or 0, "check the path, the permissions and the free space")
+    return OutputError(f"cannot {doing} {os.fspath(what)}: {exc.strerror or exc}; {hint}")
+
+
+# --- durability ----------------------------------------------------------------------------
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(
+    path: Path,
+    data: bytes,
+    *,
+    what: str,
+    mode: int = FILE_MODE,
+    keep_open: bool = False,
+    prefix: str | None = None,
+    suffix: str = ".tmp",
+) -> int:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new one, whole.
+
+    The temporary file (``<prefix><random><suffix>``, by default ``<name>.<random>.tmp``) comes
+    from mkstemp (O_EXCL, O_NOFOLLOW, an unpredictable name, 0600): in a shared directory another
+    user's link under a name we would pick cannot redirect the write. With ``keep_open`` the
+    descriptor (read-write, now ``path``'s) is returned open; else -1.
+    """
+    tmp: str | None = None
+    fd = -1
+    done = False
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}." if prefix is None else prefix, suffix=suffix, dir=path.parent)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        if mode != FILE_MODE:
+            os.fchmod(fd, mode)
+        os.replace(tmp, path)
+        tmp = None
+        fsync_dir(path.parent)
+        done = True
+    except OSError as exc:
+        raise output_error(exc, path, f"write {what}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if fd >= 0 and not (done and keep_open):
+            os.close(fd)
+    return fd if keep_open else -1
+
+
+def remove_leftovers(directory: Path, names: re.Pattern[str] = LEFTOVER_RE) -> None:
+    """Delete a crash's temporary files: only names we make, only regular files we own (the
+    directory may be shared: another user's file or link there is none of our business)."""
+    uid = os.geteuid()
+    with os.scandir(directory) as it:
+        for entry in it:
+            if names.fullmatch(entry.name) is None:
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
