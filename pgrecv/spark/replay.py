@@ -521,10 +521,13 @@ def _carry(ev: Any, cols: list[str]) -> Any:
         )
         p = F.last(mark, ignorenulls=True).over(before)
         ev = ev.withColumn("_p", p)
+        # no mark before (the key's first events lack the value): _p is NULL, and so would every
+        # test on it be; NULL-safe, so that no flag is NULL (a NULL flag drops the row below)
         lacking = (F.col("kind") == "U") & ~F.col("_mv") & ~F.col(f"has.{c}")
-        take = lacking & (F.col("_p.k") == "U") & F.col("_p.h")
-        wait = lacking & F.col("_p.m") & ~F.col("_p.r")
-        inherit = lacking & (F.col("_p.k") == "U") & F.col("_p.root").isNotNull() & ~wait
+        after_u = F.coalesce(F.col("_p.k") == "U", F.lit(False))
+        take = lacking & after_u & F.coalesce(F.col("_p.h"), F.lit(False))
+        wait = lacking & F.coalesce(F.col("_p.m") & ~F.col("_p.r"), F.lit(False))
+        inherit = lacking & after_u & F.col("_p.root").isNotNull() & ~wait
         ev = (
             ev.withColumn("v", F.when(take, F.col("v").withField(c, F.col("_p.x"))).otherwise(F.col("v")))
             .withColumn("has", F.when(take, F.col("has").withField(c, F.lit(True))).otherwise(F.col("has")))
@@ -550,14 +553,15 @@ def _resolve_moves(ev: Any, cols: list[str]) -> Any:
         F.col("has").alias("_shas"),
         F.col("v").alias("_sv"),
     )
-    todo = ev.where(F.col("_mv") & ~F.col("_res"))
-    rest = ev.where(~(F.col("_mv") & ~F.col("_res")))
+    unresolved = F.coalesce(F.col("_mv") & ~F.col("_res"), F.lit(False))
+    todo = ev.where(unresolved)
+    rest = ev.where(~unresolved)
     cond = (F.col("src") == F.col("_sk")) & (order_col("_s") < order_col())
     ids = [*ORDER, "kind", "key"]
     cand = todo.join(states, cond, "left")
     w = Window.partitionBy(*ids).orderBy(*[F.col(f"_s{c}").desc_nulls_last() for c in ORDER])
     cand = cand.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
-    ready = F.col("_skind").isNull() | (F.col("_skind") == "D") | F.col("_sres")
+    ready = F.col("_skind").isNull() | (F.col("_skind") == "D") | F.coalesce(F.col("_sres"), F.lit(False))
     for c in cols:
         take = ready & ~F.col(f"has.{c}") & (F.col("_skind") == "U") & F.col(f"_shas.{c}")
         cand = cand.withColumn("v", F.when(take, F.col("v").withField(c, F.col(f"_sv.{c}"))).otherwise(F.col("v")))
