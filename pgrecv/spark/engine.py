@@ -56,9 +56,7 @@ def run_frames(
         summary.seconds = time.monotonic() - started
         return summary
     # the parsed input, staged once as Parquet beside the run's state (raw change data: 0700)
-    work = state.parent
-    work.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(work, 0o700)
+    work = state.parent  # made 0700 by run_apply's target lock
     stage = work / f"stage-{uuid.uuid4().hex}"
     try:
         records = read_records(spark, files, carried, stage)
