@@ -315,7 +315,7 @@ def _batch(
             raise InputError(
                 f"{where}: {bad[0]['op']} on a table without a key in --append-only mode: only inserts can be appended"
             )
-        texts = rp._texts("new", plan, F.col("json_nulls"))
+        texts = rp.image_texts("new", plan, F.col("json_nulls"))
         ev = (
             rp.parse_images(rows.where("op = 'insert'"), plan, ("new",))
             .select(F.struct(*[texts[n].cast("string").alias(n) for n in names]).alias("v"), "_path", "lsn")

@@ -343,7 +343,7 @@ def parse_images(rows: Any, plan: TablePlan, images: tuple[str, ...] = ("new", "
     return rows.select("*", *[F.from_json(F.col(i), _texts_type(plan)).alias(f"_{i}_t") for i in images])
 
 
-def _texts(image: str, plan: TablePlan, json_nulls: Any) -> dict[str, Any]:
+def image_texts(image: str, plan: TablePlan, json_nulls: Any) -> dict[str, Any]:
     """Column → its JSON text in the (parsed) image; json/jsonb: the exact text the server sent."""
     F = _F()
     parsed = F.col(f"_{image}_t")
@@ -389,8 +389,8 @@ def table_changes(changes: Any, plan: TablePlan, applied: int | None, truncate_a
     # test_decoding's changes have no LSN, and their copies replay identically in input order.
     t = t.where(F.col("l") > 0).dropDuplicates(["c", "l", "op"]).unionByName(t.where(F.col("l") <= 0))
     t = parse_images(t, plan)
-    new = _texts("new", plan, F.col("json_nulls"))
-    old = _texts("old", plan, F.col("old_json_nulls"))
+    new = image_texts("new", plan, F.col("json_nulls"))
+    old = image_texts("old", plan, F.col("old_json_nulls"))
     names = list(plan.columns)
     keys = plan.key_cols
     empty = F.array().cast("array<string>")
@@ -445,12 +445,6 @@ def table_changes(changes: Any, plan: TablePlan, applied: int | None, truncate_a
     ).when((F.col("op") == "delete") & ~has_old, F.lit("without an old row image (REPLICA IDENTITY NOTHING?)"))
     out = t.select("op", *ORDER, "_path", "lsn", "commit_time", problem.alias("_problem"), F.explode(events).alias("e"))
     return out.select("op", *ORDER, "_path", "lsn", "commit_time", "_problem", "e.*")
-
-
-def _key_text(name: str) -> str:
-    import orjson
-
-    return orjson.dumps(name).decode() + ":"
 
 
 def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> Any:
