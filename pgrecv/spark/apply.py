@@ -200,8 +200,8 @@ def _run_apply(
     if config.bad_values != "fail" and config.replay != "spark":
         raise UsageError("--bad-values null or text needs --replay spark")
     if config.replay == "spark":
-        if config.mode != "latest" or (config.fmt == "delta" and config.engine == "spark"):
-            raise UsageError("--replay spark does --mode latest into Parquet or Delta through delta-rs (for now)")
+        if config.fmt == "delta" and config.engine == "spark":
+            raise UsageError("--replay spark writes Delta through delta-rs: use --delta-engine delta-rs or auto")
         if spark is None:
             from pgrecv.spark.sparkops import start_session
 

@@ -58,6 +58,7 @@ def run_frames(
     # the parsed input, staged once as Parquet beside the run's state (raw change data: 0700)
     work = state.parent  # made 0700 by run_apply's target lock
     stage = work / f"stage-{uuid.uuid4().hex}"
+    by_table = stage.with_name(f"{stage.name}-changes")
     try:
         records = read_records(spark, files, carried, stage)
         df = records.frame
@@ -90,12 +91,16 @@ def run_frames(
         # every table's changes follow its relation record (pgoutput and pgrecv's test_decoding reader)
         names = sorted({k for k in st.relations} | {(s, t) for s, t, _ in snap})
         wanted = [n for n in names if match(*n)]
-        changes = changes.where(
-            F.struct("schema", "table").isin([F.struct(F.lit(s), F.lit(t)) for s, t in wanted])
-            if wanted
-            else F.lit(False)
+        # The committed changes of the wanted tables, staged once more, partitioned by table: each
+        # table's passes then read its own rows only, instead of every table's jobs reading the
+        # whole input and joining it to its commits again.
+        ids = spark.createDataFrame(
+            [(s, t, i) for i, (s, t) in enumerate(wanted)] or [("", "", -1)], "schema string, `table` string, _tid int"
         )
-        # not persisted: each pass reads the staged columns it needs (cheaper than caching the rows)
+        changes = changes.join(F.broadcast(ids), ["schema", "table"])
+        shape = changes.schema
+        changes.write.partitionBy("_tid").parquet(file_url(by_table))
+        changes = spark.read.schema(shape).parquet(file_url(by_table))
         summary.lines = st.lines
         summary.pending_prepared, carry_file = _carry_pending(pending, st, state, spark)
 
@@ -125,6 +130,7 @@ def run_frames(
                 return None
             s, t = key
             target = targets[key]
+            own = changes.where(F.col("_tid") == wanted.index(key))  # partition pruning: its rows only
             result = TableResult(f"{s}.{t}", str(target.path), "up to date", version=target.version)
             if target.applied is not None:
                 result.applied_lsn = _lsn_text(target.applied)
@@ -141,10 +147,17 @@ def run_frames(
             # each thread's jobs are its own group in Spark's UI (and its description in logs)
             spark.sparkContext.setJobDescription(f"pgrecv spark-apply {s}.{t}")
             try:
-                if target.schema is not None and "_current" in target.schema.names:
-                    raise UsageError(f"{target.path} is a history-mode table: use the same --mode as before")
-                plan = _plan(s, t, st.relations.get(key, []), target.schema, config.append_only)
-                batch = _batch(changes, plan, target, f, spark, result, config)
+                history = config.mode == "history"
+                if target.schema is not None and ("_current" in target.schema.names) != history:
+                    raise UsageError(
+                        f"{target.path} is a {'latest' if history else 'history'}-mode table: "
+                        "use the same --mode as before"
+                    )
+                plan = _plan(s, t, st.relations.get(key, []), target.schema, config.append_only, history)
+                if history:
+                    batch = _history_batch(own, plan, target, f, spark, result, config)
+                else:
+                    batch = _batch(own, plan, target, f, spark, result, config)
                 target.path.parent.mkdir(parents=True, exist_ok=True)
                 result.bytes_written = target.write_frames(batch)
                 result.status = "applied"
@@ -191,6 +204,7 @@ def run_frames(
     finally:
         spark.catalog.clearCache()  # the run's persisted frames (changes, final events)
         shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(by_table, ignore_errors=True)
 
 
 def _table_facts(
@@ -216,6 +230,12 @@ def _table_facts(
         ],
         F.max(F.when(live, F.col("c"))).alias("position"),
         F.max(F.when(live & (F.col("op") == "truncate"), order)).alias("truncate_at"),
+        # history mode: every TRUNCATE, in order (few), with what its tombstones show
+        F.sort_array(
+            F.collect_list(
+                F.when(live & (F.col("op") == "truncate"), F.struct(order.alias("o"), "commit_time", "_path", "lsn"))
+            )
+        ).alias("truncates"),
         F.array_distinct(
             F.flatten(
                 F.collect_set(F.when(live, F.coalesce(F.col("unchanged_toast"), F.array().cast("array<string>"))))
@@ -233,18 +253,27 @@ def _table_facts(
         ta = d["truncate_at"]
         d["truncate_at"] = tuple(ta) if ta is not None else None
         d["toast"] = sorted(d["toast"] or [])
+        d["truncates"] = [(tuple(x["o"]), x["commit_time"], x["_path"], x["lsn"]) for x in d["truncates"] or []]
         out[(r["schema"], r["table"])] = d
     return out
 
 
 def _plan(
-    schema: str, table: str, relations: list[dict[str, Any]], existing: pa.Schema | None, append_only: bool
+    schema: str,
+    table: str,
+    relations: list[dict[str, Any]],
+    existing: pa.Schema | None,
+    append_only: bool,
+    history: bool = False,
 ) -> rp.TablePlan:
+    from pgrecv.spark.writers import HISTORY_NAMES
+
     name = f"{schema}.{table}"
     cols: dict[str, ColumnType] = {}
     if existing is not None:
         for f in existing:
-            cols[f.name] = ColumnType("(target)", f.type, None)
+            if not (history and f.name in HISTORY_NAMES):
+                cols[f.name] = ColumnType("(target)", f.type, None)
     pg_columns: list[str] = []
     for rel in relations:
         pg_columns = [c["name"] for c in rel["columns"]]
@@ -338,24 +367,17 @@ def _batch(
         F.max(is_u & (F.size("need") > 0)).alias("need"),
     ).first()
     assert probe is not None
-    problem = (
-        final.where("_problem IS NOT NULL").select("_problem", "op", "_path", "lsn").limit(1).collect()
-        if probe["problem"]
-        else []
-    )
-    if problem:
-        p = problem[0]
-        where = find_line(p["_path"], {"op": p["op"], "lsn": p["lsn"]})
-        raise InputError(
-            f"{where}: {p['op']} {p['_problem']}: cannot identify the row; "
-            "give the table a primary key or REPLICA IDENTITY FULL"
-        )
+    if probe["problem"]:
+        _no_identity(final)
     if probe["bad"]:
         final, plan = _apply_policy(final, plan, target, config, result)
         schema = pa.schema([(n, plan.columns[n].arrow) for n in names])
         upserts = final.where("kind = 'U'")
-    rows = upserts.select("tv.*", "need", "root")
-    rows = _fill_from_target(rows, plan, target, truncate) if probe["need"] else rows.drop("need", "root")
+    rows = upserts.select("tv.*", F.col("need").alias(NEED), F.col("root").alias(ROOT))
+    if probe["need"]:
+        rows = _fill_from_target(rows, plan, None if truncate else target.frame())
+    else:
+        rows = rows.drop(NEED, ROOT)
     keys = final.select("key.*")
     return FrameBatch(
         schema,
@@ -365,6 +387,125 @@ def _batch(
         rows.select(*[F.col(f"`{n}`") for n in names]),
         keys,
         facts["position"],
+    )
+
+
+def _no_identity(rows: Any) -> None:
+    """A change without the row image that identifies its row: the table is held back."""
+    problem = rows.where("_problem IS NOT NULL").select("_problem", "op", "_path", "lsn").limit(1).collect()
+    if problem:
+        p = problem[0]
+        where = find_line(p["_path"], {"op": p["op"], "lsn": p["lsn"]})
+        raise InputError(
+            f"{where}: {p['op']} {p['_problem']}: cannot identify the row; "
+            "give the table a primary key or REPLICA IDENTITY FULL"
+        )
+
+
+def _history_batch(
+    changes: Any, plan: rp.TablePlan, target: Any, facts: dict[str, Any], spark: Any, result: Any, config: Any
+) -> Any:
+    """``--mode history`` (SCD type 2): every event is a version row, ending where the next version
+    of its key starts (``lead()`` over the key); a TRUNCATE adds a deleted version for each key
+    live at that point (those of the target too, at the batch's first TRUNCATE); the target's
+    current version of each touched key is closed by the key's first new version."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from pgrecv.spark.lake import FrameBatch
+    from pgrecv.spark.sparkops import spark_schema
+    from pgrecv.spark.writers import HISTORY_COLS
+
+    if plan.append_only:
+        raise UsageError(
+            f"table {plan.name} has no key: --mode history cannot tell its rows' versions apart; "
+            "apply it with --mode latest --append-only, or give it a primary key"
+        )
+    names = list(plan.columns)
+    keys = plan.key_cols
+    events = rp.table_changes(changes, plan, target.applied, None, history=True)
+    toast = [c for c in facts["toast"] if c in plan.columns]
+    ev = _typed(rp.fill_toast(events, toast, moves=bool(facts["moves"])), plan).persist(StorageLevel.MEMORY_AND_DISK)
+    probe = ev.agg(
+        F.max(F.col("_problem").isNotNull()).alias("problem"),
+        F.max(~_all_ok(names)).alias("bad"),
+        F.max((F.col("kind") == "U") & (F.size("need") > 0)).alias("need"),
+    ).first()
+    assert probe is not None
+    if probe["problem"]:
+        _no_identity(ev)
+    if probe["bad"]:
+        ev, plan = _apply_policy(ev, plan, target, config, result)
+    schema = pa.schema([(n, plan.columns[n].arrow) for n in names] + HISTORY_COLS)
+    cur = target.frame()
+    if cur is not None:
+        cur = cur.where("_current")
+    # the replay's own columns travel in one struct beside the table's (whatever their names)
+    e = F.struct("kind", "key", *rp.ORDER, "commit_time").alias(EXTRA)
+    rows = ev.select("tv.*", F.col("need").alias(NEED), F.col("root").alias(ROOT), e)
+    rows = _fill_from_target(rows, plan, cur) if probe["need"] else rows.drop(NEED, ROOT)
+    truncs = facts["truncates"]
+    if truncs:
+        # the keys live at each TRUNCATE get a deleted version there: those whose last event since
+        # the TRUNCATE before it is an upsert (and, at the first, the target's live keys untouched
+        # before it). Its row holds the key only, as the driver-side replay's does.
+        types = {f.name: f.dataType for f in spark_schema(pa.schema([(n, plan.columns[n].arrow) for n in names]))}
+        marks = F.array(*[rp.order_lit(t[0]) for t in truncs])
+        seg = F.size(F.filter(marks, lambda x: x < rp.order_col()))
+        last = Window.partitionBy("key", "_seg").orderBy(*[F.col(c).desc() for c in rp.ORDER])
+        live = (
+            events.select("key", "kind", *rp.ORDER, seg.alias("_seg"))
+            .withColumn("_n", F.row_number().over(last))
+            .where(f"_n = 1 AND kind = 'U' AND _seg < {len(truncs)}")
+            .select("key", "_seg")
+        )
+        if cur is not None:
+            first = events.select("key", seg.alias("_seg")).where("_seg = 0").select(F.col("key").alias("_k"))
+            tk = cur.where("NOT _deleted").select(F.struct(*[F.col(f"`{k}`").alias(k) for k in keys]).alias("key"))
+            untouched = tk.join(first, F.col("key").eqNullSafe(F.col("_k")), "left_anti")
+            live = live.unionByName(untouched.select("key", F.lit(0).alias("_seg")))
+        at = spark.createDataFrame(
+            [(i, *t[0], t[1]) for i, t in enumerate(truncs)],
+            "_seg int, c bigint, l bigint, _rank int, _blk bigint, _mid bigint, commit_time string",
+        )
+        tomb = live.join(F.broadcast(at), "_seg").select(
+            *[F.col(f"key.`{n}`").alias(n) if n in keys else F.lit(None).cast(types[n]).alias(n) for n in names],
+            F.struct(F.lit("D").alias("kind"), "key", *rp.ORDER, "commit_time").alias(EXTRA),
+        )
+        rows = rows.unionByName(tomb)
+    x = {c: F.col(f"{EXTRA}.{c}") for c in ("kind", "key", *rp.ORDER, "commit_time")}
+    w = Window.partitionBy(x["key"]).orderBy(*[x[c] for c in rp.ORDER])
+    start_time = x["commit_time"].cast("timestamp")
+    versions = rows.select(
+        *[F.col(f"`{n}`") for n in names],
+        x["key"].alias("_pgrecv_key"),
+        x["c"].alias("_start_lsn"),
+        x["l"].alias("_start_change_lsn"),
+        F.lead(x["c"]).over(w).alias("_end_lsn"),
+        F.lead(x["l"]).over(w).alias("_end_change_lsn"),
+        start_time.alias("_start_time"),
+        F.lead(start_time).over(w).alias("_end_time"),
+        F.lead(x["c"]).over(w).isNull().alias("_current"),
+        (x["kind"] == "D").alias("_deleted"),
+        (F.row_number().over(w) == 1).alias("_pgrecv_first"),
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    closes = versions.where("_pgrecv_first").select(
+        *[F.col(f"_pgrecv_key.`{k}`").alias(k) for k in keys],
+        F.col("_start_lsn").alias("_end_lsn"),
+        F.col("_start_change_lsn").alias("_end_change_lsn"),
+        F.col("_start_time").alias("_end_time"),
+    )
+    return FrameBatch(
+        schema,
+        keys,
+        plan.full,
+        False,
+        versions.select(*[F.col(f"`{n}`") for n in schema.names]),
+        closes.select(*[F.col(f"`{k}`") for k in keys]),
+        facts["position"],
+        history=True,
+        closes=closes,
     )
 
 
@@ -462,37 +603,45 @@ def _check_values(rows: Any, plan: rp.TablePlan, names: list[str], note: str = "
     )
 
 
-def _fill_from_target(rows: Any, plan: rp.TablePlan, target: Any, truncate: bool) -> Any:
-    """Unchanged-TOAST columns the batch could not supply: the target's row of the root key."""
+NEED, ROOT, EXTRA = "_pgrecv_need", "_pgrecv_root", "_pgrecv_e"  # beside a table's columns: no clash
+
+
+def _fill_from_target(rows: Any, plan: rp.TablePlan, cur: Any) -> Any:
+    """Unchanged-TOAST columns the batch could not supply (``NEED``): the target's row (``cur``:
+    its current rows, None after a TRUNCATE) of the key ``ROOT``. Other columns of ``rows`` stay."""
     from pyspark.sql import functions as F
 
-    need = rows.where(F.size("need") > 0)
-    cur = None if truncate else target.frame()
-    sample = need.select("need").limit(1).collect()
+    need = rows.where(F.size(NEED) > 0)
+    other = [c for c in rows.columns if c not in plan.columns and c not in (NEED, ROOT)]
+
+    def fail(cols: list[str]) -> None:
+        raise InputError(
+            f"table {plan.name}: unchanged TOAST column(s) {', '.join(cols)}, but the target has no row to "
+            "keep them from: apply the earlier changes or a snapshot (pgrecv snapshot) first"
+        )
+
     if cur is None:
-        raise InputError(
-            f"table {plan.name}: unchanged TOAST column(s) {', '.join(sample[0]['need'])}, "
-            "but the target has no row to "
-            "keep them from: apply the earlier changes or a snapshot (pgrecv snapshot) first"
-        )
+        fail(need.select(NEED).limit(1).collect()[0][NEED])
+    have = [c for c in plan.columns if c in cur.columns]
     t = cur.select(
-        F.struct(*[F.col(f"`{k}`").alias(k) for k in plan.key_cols]).alias("_tk"),
-        *[F.col(f"`{c}`").alias(f"_t_{c}") for c in plan.columns if c in cur.columns],
+        F.struct(*[F.col(f"`{k}`").alias(k) for k in plan.key_cols]).alias("_pgrecv_tk"),
+        *[F.col(f"`{c}`").alias(f"_pgrecv_t{i}") for i, c in enumerate(have)],
     )
-    j = need.join(t, F.col("root") == F.col("_tk"), "left")
-    missing = j.where(F.col("_tk").isNull()).select("need").limit(1).collect()
+    j = need.join(t, F.col(ROOT) == F.col("_pgrecv_tk"), "left")
+    missing = j.where(F.col("_pgrecv_tk").isNull()).select(NEED).limit(1).collect()
     if missing:
-        raise InputError(
-            f"table {plan.name}: unchanged TOAST column(s) {', '.join(missing[0]['need'])}, "
-            "but the target has no row to "
-            "keep them from: apply the earlier changes or a snapshot (pgrecv snapshot) first"
-        )
-    out = j
-    for c in plan.columns:
-        if f"_t_{c}" in j.columns:
-            out = out.withColumn(c, F.when(F.array_contains("need", c), F.col(f"_t_{c}")).otherwise(F.col(f"`{c}`")))
-    out = out.select(*[F.col(f"`{c}`") for c in plan.columns])
-    return rows.where(F.size("need") == 0).drop("need", "root").unionByName(out)
+        fail(missing[0][NEED])
+    index = {c: i for i, c in enumerate(have)}
+    out = j.select(
+        *[
+            F.when(F.array_contains(NEED, c), F.col(f"_pgrecv_t{index[c]}")).otherwise(F.col(f"`{c}`")).alias(c)
+            if c in index
+            else F.col(f"`{c}`")
+            for c in plan.columns
+        ],
+        *[F.col(f"`{c}`") for c in other],
+    )
+    return rows.where(F.size(NEED) == 0).drop(NEED, ROOT).unionByName(out)
 
 
 def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> tuple[int, Path | None]:

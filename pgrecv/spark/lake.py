@@ -43,6 +43,10 @@ class FrameBatch:
     keys: Any  # DataFrame of every touched key (key columns)
     position: int
     append_only: bool = False
+    # history mode: ``upserts`` are new version rows; ``closes`` ends the target's current version
+    # of each of their keys (key columns and the _end_* of the key's first new version)
+    history: bool = False
+    closes: Any = None
 
 
 def _q(name: str) -> str:
@@ -109,6 +113,20 @@ class _Rewrite:
         if not touched:
             return [], new_rows
         old = self._read(touched).alias("t")
+        if b.history:  # versions are never dropped: the current one of a touched key is closed
+            closes = b.closes.withColumn("_close", F.lit(True)).alias("s")
+            on = key_condition("t", "s", b.key_cols, b.null_safe) & F.col("t.`_current`")
+            j = old.join(closes, on, "left")
+            closed = F.col("s._close").isNotNull()
+            out = []
+            for n in names:
+                if n in ("_end_lsn", "_end_change_lsn", "_end_time"):
+                    out.append(F.when(closed, F.col(f"s.{_q(n)}")).otherwise(F.col(f"t.{_q(n)}")).alias(n))
+                elif n == "_current":
+                    out.append(F.when(closed, F.lit(False)).otherwise(F.col("t.`_current`")).alias(n))
+                else:
+                    out.append(F.col(f"t.{_q(n)}").alias(n))
+            return touched, j.select(*out).unionByName(new_rows)
         kept = old.join(b.keys.alias("s"), key_condition("t", "s", b.key_cols, b.null_safe), "left_anti")
         return touched, kept.select(*cols).unionByName(new_rows)
 
@@ -194,7 +212,7 @@ class FrameParquetTarget(_Frames, ParquetTarget):
         _fsync_dir(tmp)
         os.rename(tmp, final)
         _fsync_dir(base)
-        self._switch(version, "latest", batch.position, batch.key_cols)
+        self._switch(version, "history" if batch.history else "latest", batch.position, batch.key_cols)
         return size
 
 

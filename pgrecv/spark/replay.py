@@ -371,11 +371,14 @@ def typed(texts: dict[str, Any], plan: TablePlan) -> tuple[dict[str, Any], dict[
     return values, oks
 
 
-def table_changes(changes: Any, plan: TablePlan, applied: int | None, truncate_at: tuple[Any, ...] | None) -> Any:
+def table_changes(
+    changes: Any, plan: TablePlan, applied: int | None, truncate_at: tuple[Any, ...] | None, history: bool = False
+) -> Any:
     """The table's events, in order: kind U (upsert the image) or D (delete the key); a primary-key
     change is a D of the old key and a U of the new one (``src``: the old key). Keys are typed;
     the other values stay their JSON texts (``v``) until the last event per key is known, so each
-    value is converted once, not once per change."""
+    value is converted once, not once per change. ``history``: a D holds the old image PostgreSQL
+    sent (its version row shows it), not just the key."""
     F = _F()
     t = changes.where((F.col("schema") == plan.schema) & (F.col("table") == plan.table) & (F.col("op") != "truncate"))
     if applied is not None:
@@ -435,7 +438,7 @@ def table_changes(changes: Any, plan: TablePlan, applied: int | None, truncate_a
     moved = (F.col("op") == "update") & has_old & ~same_key
     src = {k: F.when(moved, old_key[k]).otherwise(new_key[k]) for k in keys}
     upsert = event("U", new_key, src, value, present)
-    only_key = {n: old[n] if n in keys else F.lit(None) for n in names}
+    only_key = {n: old[n] if n in keys or history else F.lit(None) for n in names}
     delete = event("D", old_key, old_key, only_key, {n: F.lit(True) for n in names})
     events = (
         F.when(F.col("op") == "delete", F.array(delete)).when(moved, F.array(delete, upsert)).otherwise(F.array(upsert))
@@ -455,15 +458,20 @@ def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], moves: bo
     from pyspark.sql import Window
 
     F = _F()
-    ev = events
-    if toast_cols:
-        ev = _fill_toast(ev, toast_cols, max_rounds if moves else 0)
-    else:
-        ev = ev.withColumn("root", F.col("key")).withColumn("need", F.array().cast("array<string>"))
+    ev = fill_toast(events, toast_cols, moves, max_rounds)
     # per key, the latest event (a PK change's delete of the old key and upsert of the new one have
     # the same order but different keys)
     w = Window.partitionBy("key").orderBy(*[F.col(c).desc() for c in ORDER], F.col("kind").desc())
     return ev.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
+
+
+def fill_toast(events: Any, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> Any:
+    """Every event with its unchanged-TOAST columns filled from the batch where it can (``need``:
+    the columns left to the target's row of the key ``root``)."""
+    F = _F()
+    if toast_cols:
+        return _fill_toast(events, toast_cols, max_rounds if moves else 0)
+    return events.withColumn("root", F.col("key")).withColumn("need", F.array().cast("array<string>"))
 
 
 def _fill_toast(ev: Any, cols: list[str], max_rounds: int) -> Any:

@@ -8,6 +8,7 @@ values also come from the target's rows, and carried-over prepared transactions 
 
 from __future__ import annotations
 
+import itertools
 import math
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -146,3 +147,80 @@ def test_engine_equals_the_truth(
         if t.json_cols:
             continue
         assert _oracle(t, files) == _expected(t, truth[(t.schema, t.name)]), f"oracle: {t.schema}.{t.name}"
+
+
+def _versions(t: TableModel, target: Path, fmt: str) -> list[dict[str, Any]]:
+    path = target / table_dir_name(t.schema, t.name)
+    if not path.exists():
+        return []
+    if fmt == "delta":
+        return list(deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist())
+    import pyarrow.parquet as pq
+
+    return list(pq.read_table(path / "current").to_pylist())
+
+
+def _version_set(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
+    """Versions comparable across engines: json columns left out (the old replay re-encodes their
+    numbers through floats), and versions that end where they start left out (the old replay keeps
+    one for each duplicate of an at-least-once delivery; the Spark replay collapses them)."""
+    return sorted(
+        repr(sorted((k, _canon_value(v)) for k, v in r.items() if k not in t.json_cols))
+        for r in rows
+        if (r["_start_lsn"], r["_start_change_lsn"]) != (r["_end_lsn"], r["_end_change_lsn"])
+    )
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+@settings(
+    max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate)
+)
+@given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000))
+def test_history_equals_the_truth(
+    spark: Any, tmp_path_factory: pytest.TempPathFactory, fmt: str, seed: int, cut: int
+) -> None:
+    """--mode history on the Spark replay: the live versions are the true tables, every key's
+    versions form one chain, and the old replay (where it can run) has the same versions."""
+    from pgrecv.errors import InputError
+
+    where = tmp_path_factory.mktemp("hist") / "a dir ü"
+    where.mkdir()
+    gen = Gen(seed)
+    files = _files(gen.run(50), where, cut)
+    targets = {}
+    for replay in ("spark", "driver"):
+        target = where / f"lake-{replay}"
+        try:
+            for fs in ([files[0]], files):
+                srcs = tuple(map(str, fs))
+                cfg = ApplyConfig(srcs, target, fmt=fmt, engine="delta-rs", mode="history", replay=replay)
+                assert not run_apply(cfg, spark=spark).warnings
+        except InputError:
+            # the old replay cannot fill an unchanged TOAST value after some key changes (known bug)
+            assert replay == "driver"
+            continue
+        targets[replay] = target
+    truth = gen.truth()
+    for t in gen.tables:
+        name = f"{t.schema}.{t.name} ({t.kind}), seed {seed}, cut {cut}"
+        got = _versions(t, targets["spark"], fmt)
+        live = [r for r in got if r["_current"] and not r["_deleted"]]
+        assert sorted(
+            repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in live
+        ) == _expected(t, truth[(t.schema, t.name)]), name
+        key = [c["name"] for c in t.columns] if t.kind == "full" else t.key
+        chains: dict[str, list[dict[str, Any]]] = {}
+        for r in got:
+            chains.setdefault(repr([_canon_value(r[k]) for k in key]), []).append(r)
+        for versions in chains.values():
+            versions.sort(key=lambda r: (r["_start_lsn"], r["_start_change_lsn"]))
+            assert [r["_current"] for r in versions] == [False] * (len(versions) - 1) + [True], name
+            for a, b in itertools.pairwise(versions):
+                assert (a["_end_lsn"], a["_end_change_lsn"], a["_end_time"]) == (
+                    b["_start_lsn"],
+                    b["_start_change_lsn"],
+                    b["_start_time"],
+                ), name
+            assert versions[-1]["_end_lsn"] is None, name
+        if "driver" in targets:
+            assert _version_set(t, got) == _version_set(t, _versions(t, targets["driver"], fmt)), name
