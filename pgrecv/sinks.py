@@ -49,6 +49,8 @@ from pgrecv.files import (
     TMP_PREFIX,
     TMP_SUFFIX,
     fsync_dir,
+    lock_fd,
+    open_lock,
     output_error,
     remove_leftovers,
     temp_name_re,
@@ -407,7 +409,7 @@ class FileSink(_BufferedSink):
             st = os.fstat(fd)
             self._regular = stat.S_ISREG(st.st_mode)
             if self._regular:
-                _lock(fd, self.path)
+                lock_fd(fd, self.path, busy=_busy(self.path))
         except BaseException:
             os.close(fd)
             raise
@@ -577,12 +579,8 @@ class DirSink(_BufferedSink):
                 fsync_dir(d.parent)
         except OSError as exc:
             raise output_error(exc, d, "create the output directory") from None
+        self._lock_fd = open_lock(d / self.LOCK_NAME, busy=_busy(d))
         try:
-            self._lock_fd = os.open(d / self.LOCK_NAME, _OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
-        except OSError as exc:
-            raise output_error(exc, d, "write in the output directory") from None
-        try:
-            _lock(self._lock_fd, d)
             resume = self._recover()
             self._new_file()
         except BaseException:
@@ -780,16 +778,8 @@ def make_sink(
     return FileSink(target)
 
 
-def _lock(fd: int, path: Path) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise OutputError(
-            f"{path} is in use by another process (it holds the lock): stop it, or choose another output"
-        ) from None
-    except OSError as exc:
-        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):  # no locks there: go on
-            raise output_error(exc, path, "lock") from None
+def _busy(path: Path) -> str:
+    return f"{path} is in use by another process (it holds the lock): stop it, or choose another output"
 
 
 def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:

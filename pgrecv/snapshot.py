@@ -31,7 +31,6 @@ several times less CPU per row (bench/snapshot.py measures both).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import multiprocessing as mp
@@ -69,6 +68,7 @@ from pgrecv.files import (
     TMP_PREFIX,
     fsync_dir,
     manifest_name,
+    open_lock,
     remove_leftovers,
     snapshot_file_name,
     snapshot_part_name,
@@ -829,17 +829,12 @@ def _prepare_dir(directory: Path) -> int:
     """Create or check the output directory and lock it like `pgrecv start` does; returns the lock fd."""
     try:
         directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        # the lock's name is fixed (every pgrecv must find it), so it must not be a link to follow
-        fd = os.open(directory / LOCK_NAME, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, FILE_MODE)
     except OSError as exc:
         raise OutputError(f"cannot use {directory} for the snapshot: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OutputError(
-            f"{directory} is in use by another pgrecv process: stop it, or choose another directory"
-        ) from None
+    fd = open_lock(
+        directory / LOCK_NAME,
+        busy=f"{directory} is in use by another pgrecv process: stop it, or choose another directory",
+    )
     try:
         remove_leftovers(directory)
         for entry in os.scandir(directory):
