@@ -184,9 +184,21 @@ def run_snapshot(
         workers = _Workers(jobs)  # before any connection is open: worker processes fork
         try:
             return _run(
-                opts, slot, directory, plugin, publication, tables, jobs, range_size, two_phase, failover, progress,
-                log, workers, debezium,
-            )  # fmt: skip
+                opts,
+                slot=slot,
+                directory=directory,
+                plugin=plugin,
+                publication=publication,
+                globs=tables,
+                jobs=jobs,
+                range_size=range_size,
+                two_phase=two_phase,
+                failover=failover,
+                progress=progress,
+                log=log,
+                workers=workers,
+                debezium=debezium,
+            )
         finally:
             workers.close()
     finally:
@@ -195,6 +207,7 @@ def run_snapshot(
 
 def _run(
     opts: ConnOptions,
+    *,
     slot: str,
     directory: Path,
     plugin: str,
@@ -207,8 +220,10 @@ def _run(
     progress: bool,
     log: Callable[[str], None],
     workers: _Workers,
-    debezium: tuple[str, str, bool] | None = None,
+    debezium: tuple[str, str, bool] | None,
 ) -> SnapshotResult:
+    """:func:`run_snapshot` once the directory is locked and the workers started (``globs`` is
+    its ``tables``). Keyword-only: thirteen settings in a row are too easy to misplace."""
     from pgrecv.slots import create_slot_command, get_slot, resolve_publication
 
     with connect(opts) as meta:
