@@ -165,6 +165,19 @@ class _Scan(Exception):
         self.pos = pos
 
 
+def _closing_quote(line: str, start: int, what: str) -> int:
+    """The index of the '"' closing the quoted name (quote_identifier) that opens at ``start``;
+    a doubled '""' inside it is a quote, not the end."""
+    q = start + 1
+    while True:
+        q = line.find('"', q)
+        if q < 0:
+            raise _Scan(f"unterminated quoted {what}", start)
+        if not line.startswith('"', q + 1):
+            return q
+        q += 2
+
+
 class _Table:
     """What the parser remembers per table: its unquoted name and, per tuple kind, the last column
     signature with its compiled regex and relation (the fast path)."""
@@ -237,15 +250,7 @@ class TestDecodingParser:
         parts: list[str] = []
         for part in range(2):
             if line.startswith('"', pos):
-                end = pos + 1
-                while True:
-                    q = line.find('"', end)
-                    if q < 0:
-                        raise _Scan("unterminated quoted table name", pos)
-                    if line.startswith('"', q + 1):
-                        end = q + 2
-                        continue
-                    break
+                q = _closing_quote(line, pos, "table name")
                 parts.append(line[pos + 1 : q].replace('""', '"'))
                 pos = q + 1
             else:
@@ -422,16 +427,7 @@ class TestDecodingParser:
         and type names (format_type: spaces, ``[]``, quoted and schema-qualified user types)."""
         i = pos + 1
         if line.startswith('"', i):
-            end = i + 1
-            while True:
-                q = line.find('"', end)
-                if q < 0:
-                    raise _Scan("unterminated quoted column name", i)
-                if line.startswith('"', q + 1):
-                    end = q + 2
-                    continue
-                break
-            bracket = q + 1
+            bracket = _closing_quote(line, i, "column name") + 1
             if not line.startswith("[", bracket):
                 raise _Scan("expected '[' and a type name after the column name", bracket)
         else:
@@ -454,16 +450,7 @@ class TestDecodingParser:
                     raise _Scan("unterminated type name", bracket)
                 ch = line[j]
                 if ch == '"':
-                    q = j + 1
-                    while True:
-                        q = line.find('"', q)
-                        if q < 0:
-                            raise _Scan("unterminated quoted type name", j)
-                        if line.startswith('"', q + 1):
-                            q += 2
-                            continue
-                        break
-                    j = q + 1
+                    j = _closing_quote(line, j, "type name") + 1
                     continue
                 if ch == "[":
                     depth += 1
