@@ -151,6 +151,15 @@ class _FdRaw(_Raw):
     def attach(self, fd: int, pos: int, label: str) -> None:
         self.fd, self.pos, self.label = fd, pos, label
 
+    def cut(self, offset: int) -> None:
+        """Drop what was written past ``offset`` (a unit cut short: it will come again whole)."""
+        if self.pos > offset:
+            try:
+                os.ftruncate(self.fd, offset)
+            except OSError as exc:
+                raise self.fail(exc, "truncate") from None
+            self.pos = offset
+
     def close(self) -> None:
         """Only ever called by the garbage collector (through the BufferedWriter): the sinks
         close their descriptors themselves."""
@@ -455,12 +464,8 @@ class FileSink(_BufferedSink):
 
     def discard_partial(self) -> None:
         self._flush()
-        if self._regular and self._fdraw.pos > self._b_off:
-            try:
-                os.ftruncate(self._fdraw.fd, self._b_off)
-            except OSError as exc:
-                raise self._raw.fail(exc, "truncate") from None
-            self._fdraw.pos = self._b_off
+        if self._regular:
+            self._fdraw.cut(self._b_off)
 
     def reopen(self) -> None:
         if self._tell() == self._b_off:
@@ -680,12 +685,7 @@ class DirSink(_BufferedSink):
 
     def discard_partial(self) -> None:
         self._flush()
-        if self._fdraw.pos > self._b_off:
-            try:
-                os.ftruncate(self._fdraw.fd, self._b_off)
-            except OSError as exc:
-                raise self._raw.fail(exc, "truncate") from None
-            self._fdraw.pos = self._b_off
+        self._fdraw.cut(self._b_off)
 
     def _rotate_soon(self) -> None:
         if self._tell() == self._b_off:
