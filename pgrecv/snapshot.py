@@ -65,6 +65,7 @@ from pgrecv.files import (
     FILE_MODE,
     FINAL_RE,
     LOCK_NAME,
+    MANIFEST_VERSION,
     TMP_PREFIX,
     fsync_dir,
     manifest_name,
@@ -870,7 +871,7 @@ def _prepare_dir(directory: Path) -> int:
 def _write_manifest(path: Path, result: SnapshotResult) -> None:
     """Write the manifest so that a crash leaves it whole or absent (temp, fsync, rename, dir fsync)."""
     doc = {
-        "v": 1,
+        "v": MANIFEST_VERSION,
         "slot": result.slot,
         "snapshot_lsn": lsn_str(result.snapshot_lsn),
         "files": result.files,
