@@ -150,8 +150,8 @@ class DebeziumEncoder:
 
     def feed(self, event: ev.Event) -> None:
         cls = event.__class__
-        if cls is ev.Relation:
-            self._table(event)  # type: ignore[arg-type]
+        if isinstance(event, ev.Relation):
+            self._table(event)
             return
         if cls is ev.TypeInfo or cls is ev.Origin:
             return
@@ -159,25 +159,25 @@ class DebeziumEncoder:
             self._streams.setdefault(self._stream_xid, []).append(event)
             return
         if self._held is not None:
-            if cls is ev.Commit:
-                self._release(event)  # type: ignore[arg-type]
+            if isinstance(event, ev.Commit):
+                self._release(event)
                 return
-            if cls is ev.Prepare:
+            if isinstance(event, ev.Prepare):
                 begin = self._held[0]
                 assert isinstance(begin, ev.Begin)
-                self._prepared[event.gid] = (begin.xid, self._held[1:])  # type: ignore[union-attr]
+                self._prepared[event.gid] = (begin.xid, self._held[1:])
                 self._held = None
                 return
             if cls is ev.Begin:
                 self.dropped += len(self._held)  # the held transaction never finished
                 self._held = None
-            elif cls is not ev.Message or event.transactional:  # type: ignore[union-attr]
-                self._held.append(event)
+            elif not isinstance(event, ev.Message) or event.transactional:
+                self._held.append(event)  # (a non-transactional message is written at once, below)
                 return
         if (
             self._preparing is not None
             and cls in _ROW_EVENTS
-            and (cls is not ev.Message or event.transactional)  # type: ignore[union-attr]
+            and (not isinstance(event, ev.Message) or event.transactional)
         ):
             self._preparing.append(event)
             return

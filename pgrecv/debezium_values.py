@@ -39,7 +39,14 @@ import orjson
 
 from pgrecv import events as ev
 from pgrecv.pgtypes import ARRAY_DELIMITER, ARRAY_ELEMENT, TYPE_NAMES, oid_for_name
-from pgrecv.values import ValueFormatError, _ymd, binary_converter, parse_array, text_converter
+from pgrecv.values import (
+    ValueFormatError,
+    _ymd,
+    binary_converter,
+    days_from_civil,
+    parse_array,
+    text_converter,
+)
 
 UNAVAILABLE: Final = "__debezium_unavailable_value"
 """Debezium's ``unavailable.value.placeholder``: an unchanged TOASTed value the server did not send."""
@@ -51,7 +58,6 @@ TIMESTAMP_MINUS_INFINITY: Final = -9223372036832400000
 DATE_INFINITY: Final = 2**31 - 1
 DATE_MINUS_INFINITY: Final = -(2**31)
 
-_UNIX_DAYS_FROM_0000_03_01: Final = 719_468
 _UNIX_TO_PG_DAYS: Final = 10_957  # 1970-01-01 to 2000-01-01
 _DATE_RE: Final = re.compile(r"(\d{4,})-(\d\d)-(\d\d)")
 _STAMP_RE: Final = re.compile(
@@ -68,16 +74,6 @@ Converter = Callable[[Any], object]
 
 
 # --- calendar arithmetic (proleptic Gregorian, year 0 = 1 BC; datetime stops at year 1) ------
-
-
-def _days_from_civil(y: int, m: int, d: int) -> int:
-    """Days since 1970-01-01 (H. Hinnant's days_from_civil)."""
-    y -= m <= 2
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146_097 + doe - _UNIX_DAYS_FROM_0000_03_01
 
 
 def _micros(frac: str | None) -> int:
@@ -107,7 +103,7 @@ def epoch_days(text: str) -> int:
     if m is None:
         raise _bad("date", text)
     y = int(m.group(1))
-    return _days_from_civil(1 - y if bc else y, int(m.group(2)), int(m.group(3)))
+    return days_from_civil(1 - y if bc else y, int(m.group(2)), int(m.group(3)))
 
 
 def epoch_micros(text: str) -> int:
@@ -117,7 +113,7 @@ def epoch_micros(text: str) -> int:
         raise _bad("timestamp", text)
     y, mo, d, hh, mi, ss, frac, sign, zh, zm, zs, bc = m.groups()
     year = 1 - int(y) if bc else int(y)
-    secs = _days_from_civil(year, int(mo), int(d)) * 86_400 + int(hh) * 3600 + int(mi) * 60 + int(ss)
+    secs = days_from_civil(year, int(mo), int(d)) * 86_400 + int(hh) * 3600 + int(mi) * 60 + int(ss)
     return (secs - _zone_seconds(sign, zh, zm, zs)) * 1_000_000 + _micros(frac)
 
 

@@ -10,23 +10,43 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    OK = 0
-    INTERNAL = 1  # a bug: unexpected exception
-    USAGE = 2  # bad command line (Click's own code)
-    CONNECTION = 3  # cannot connect or authenticate, connection lost
-    SERVER_CONFIG = 4  # wal_level, privileges, missing plugin
-    SLOT = 5  # slot missing, exists, active
-    PUBLICATION = 6  # publication missing or ambiguous
-    DECODE = 7  # bytes or lines that the decoder cannot read
-    OUTPUT = 8  # cannot write or make durable the output
-    INPUT = 9  # bad input files (spark-apply and friends)
-    SERVER_ENV = 10  # no PostgreSQL binaries for a throwaway server
-    STREAM_LOST = 11  # the stream ended or broke and --no-loop forbids reconnecting
-    SERVER = 12  # the server refused a statement for a reason of its own (its message says which)
-    POSITION = 13  # a start or resume position the server cannot have produced: nothing confirmed
-    UNHEALTHY = 14  # slots --check: a slot is in trouble or past a limit (one line per problem)
-    PARTLY_APPLIED = 15  # spark-apply: tables held back (each reported), every other table applied
-    INTERRUPTED = 130  # stopped by SIGINT before finishing
+    """What ``pgrecv`` exits with; ``description`` is the one source of the man page's EXIT STATUS
+    and the README's exit-code table (``tools/gen_docs.py`` writes both; backquotes mark code)."""
+
+    description: str
+
+    def __new__(cls, value: int, description: str) -> ExitCode:
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.description = description
+        return member
+
+    OK = 0, "success"
+    INTERNAL = 1, "internal error, a bug (run with `-v` and report it)"
+    USAGE = 2, "bad command line: unknown option, missing or invalid value"
+    CONNECTION = 3, "cannot connect or authenticate, or the connection was lost"
+    SERVER_CONFIG = 4, "server configuration or privileges: wal_level, REPLICATION, missing plugin"
+    SLOT = 5, "replication slot missing, already existing, or active elsewhere"
+    PUBLICATION = 6, "publication missing, or several and none chosen"
+    DECODE = 7, "bytes or lines the decoder cannot read"
+    OUTPUT = 8, "cannot write the output or make it durable (nothing was consumed)"
+    INPUT = 9, "`spark-apply`: bad input files"
+    SERVER_ENV = 10, "no PostgreSQL binaries for a throwaway server (`demo`)"
+    STREAM_LOST = 11, "`start --no-loop`: the stream ended or the connection broke"
+    SERVER = 12, "the server refused a statement for a reason of its own (its message follows)"
+    POSITION = 13, "`start`: a start or resume position ahead of the server's WAL (nothing confirmed)"
+    UNHEALTHY = (
+        14,
+        "`slots --check`: a slot is invalidated, lost, unreserved, inactive too long, past"
+        " `--max-lag`/`--max-retained`, or a failover slot not ready on `--standby`"
+        " (one line per problem)",
+    )
+    PARTLY_APPLIED = (
+        15,
+        "`spark-apply --replay spark`: some tables were held back (each named with file:line, column,"
+        " value and the fix; they keep their position), every other table was applied",
+    )
+    INTERRUPTED = 130, "interrupted by SIGINT before finishing"
 
 
 class PgrecvError(Exception):

@@ -8,7 +8,8 @@ Names (docs/event-format.md; spark-apply reads them):
   ``0000000000000000-<CP-1>.snapshot.manifest.json``, sorting before every change file;
 * temporary files: hidden, under names only pgrecv makes (:data:`LEFTOVER_RE`), so that a crash's
   leftovers can be told from anything else and removed at the next start;
-* ``.pgrecv.lock`` (:data:`LOCK_NAME`): the advisory lock every pgrecv writing a directory takes.
+* ``.pgrecv.lock`` (:data:`LOCK_NAME`): the advisory lock every pgrecv writing a directory takes
+  (:func:`open_lock`).
 
 Durability: a file is fsync'd, renamed, and its directory fsync'd (:func:`fsync_dir`);
 :func:`write_atomic` does all of it for a small file replaced whole.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import stat
@@ -34,6 +36,7 @@ STATE_NAME: Final = ".pgrecv-state"  # `start --output-dir`'s record of where th
 TMP_PREFIX: Final = ".tmp-"  # hidden and without the suffix: neither `ls *.jsonl` nor Path.glob sees it
 TMP_SUFFIX: Final = ".part"
 MKSTEMP_RANDOM: Final = r"[a-z0-9_]{8}"  # tempfile.mkstemp's random part: recovery deletes only such names
+MANIFEST_VERSION: Final = 1  # the manifest's "v" (docs/event-format.md); the records' is jsonl_format's
 
 # a final output file: FIRST-LAST (commit LSNs), then a suffix
 FINAL_RE: Final = re.compile(r"([0-9A-F]{16})-([0-9A-F]{16})(?:\.[\w.-]*)?")
@@ -89,6 +92,52 @@ def output_error(exc: OSError, what: str | os.PathLike[str], doing: str) -> Outp
     """One line: what failed on which path, why, and what to do."""
     hint = _HINTS.get(exc.errno or 0, "check the path, the permissions and the free space")
     return OutputError(f"cannot {doing} {os.fspath(what)}: {exc.strerror or exc}; {hint}")
+
+
+# --- locks ---------------------------------------------------------------------------------
+
+_NO_LOCKS: Final = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)  # a file system without flock
+
+
+def lock_fd(fd: int, path: str | os.PathLike[str], *, busy: str) -> None:
+    """Take an exclusive advisory lock on the open ``fd`` without waiting; the kernel releases it
+    when ``fd`` is closed or the process dies.
+
+    Held by another process: :class:`OutputError` with ``busy``, the whole message (it should name
+    the path and say what to do). A file system without locks (ENOLCK, EOPNOTSUPP, EINVAL): no
+    lock, and no error. Any other failure: :func:`output_error` naming ``path``.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(busy) from None
+    except OSError as exc:
+        if exc.errno not in _NO_LOCKS:
+            raise output_error(exc, path, "lock") from None
+
+
+def open_lock(path: str | os.PathLike[str], *, busy: str) -> int:
+    """Open (creating it, mode 0600) the lock file ``path`` and lock it with :func:`lock_fd`;
+    returns the descriptor, whose closing releases the lock.
+
+    The name of a lock file is fixed (every process must find it), so a link there is refused
+    (O_NOFOLLOW), never followed: in a shared directory it could point at another user's file.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR):
+            raise OutputError(
+                f"cannot open the lock file {os.fspath(path)}: {exc.strerror}; something that is not a regular file "
+                "(a link, a directory) has its name: remove it, or choose another directory"
+            ) from None
+        raise output_error(exc, path, "open the lock file") from None
+    try:
+        lock_fd(fd, path, busy=busy)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 # --- durability ----------------------------------------------------------------------------

@@ -49,6 +49,8 @@ from pgrecv.files import (
     TMP_PREFIX,
     TMP_SUFFIX,
     fsync_dir,
+    lock_fd,
+    open_lock,
     output_error,
     remove_leftovers,
     temp_name_re,
@@ -148,6 +150,15 @@ class _FdRaw(_Raw):
 
     def attach(self, fd: int, pos: int, label: str) -> None:
         self.fd, self.pos, self.label = fd, pos, label
+
+    def cut(self, offset: int) -> None:
+        """Drop what was written past ``offset`` (a unit cut short: it will come again whole)."""
+        if self.pos > offset:
+            try:
+                os.ftruncate(self.fd, offset)
+            except OSError as exc:
+                raise self.fail(exc, "truncate") from None
+            self.pos = offset
 
     def close(self) -> None:
         """Only ever called by the garbage collector (through the BufferedWriter): the sinks
@@ -407,7 +418,7 @@ class FileSink(_BufferedSink):
             st = os.fstat(fd)
             self._regular = stat.S_ISREG(st.st_mode)
             if self._regular:
-                _lock(fd, self.path)
+                lock_fd(fd, self.path, busy=_busy(self.path))
         except BaseException:
             os.close(fd)
             raise
@@ -453,12 +464,8 @@ class FileSink(_BufferedSink):
 
     def discard_partial(self) -> None:
         self._flush()
-        if self._regular and self._fdraw.pos > self._b_off:
-            try:
-                os.ftruncate(self._fdraw.fd, self._b_off)
-            except OSError as exc:
-                raise self._raw.fail(exc, "truncate") from None
-            self._fdraw.pos = self._b_off
+        if self._regular:
+            self._fdraw.cut(self._b_off)
 
     def reopen(self) -> None:
         if self._tell() == self._b_off:
@@ -577,12 +584,8 @@ class DirSink(_BufferedSink):
                 fsync_dir(d.parent)
         except OSError as exc:
             raise output_error(exc, d, "create the output directory") from None
+        self._lock_fd = open_lock(d / self.LOCK_NAME, busy=_busy(d))
         try:
-            self._lock_fd = os.open(d / self.LOCK_NAME, _OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
-        except OSError as exc:
-            raise output_error(exc, d, "write in the output directory") from None
-        try:
-            _lock(self._lock_fd, d)
             resume = self._recover()
             self._new_file()
         except BaseException:
@@ -682,12 +685,7 @@ class DirSink(_BufferedSink):
 
     def discard_partial(self) -> None:
         self._flush()
-        if self._fdraw.pos > self._b_off:
-            try:
-                os.ftruncate(self._fdraw.fd, self._b_off)
-            except OSError as exc:
-                raise self._raw.fail(exc, "truncate") from None
-            self._fdraw.pos = self._b_off
+        self._fdraw.cut(self._b_off)
 
     def _rotate_soon(self) -> None:
         if self._tell() == self._b_off:
@@ -780,16 +778,8 @@ def make_sink(
     return FileSink(target)
 
 
-def _lock(fd: int, path: Path) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise OutputError(
-            f"{path} is in use by another process (it holds the lock): stop it, or choose another output"
-        ) from None
-    except OSError as exc:
-        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):  # no locks there: go on
-            raise output_error(exc, path, "lock") from None
+def _busy(path: Path) -> str:
+    return f"{path} is in use by another process (it holds the lock): stop it, or choose another output"
 
 
 def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:

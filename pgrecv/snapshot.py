@@ -31,7 +31,6 @@ several times less CPU per row (bench/snapshot.py measures both).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import multiprocessing as mp
@@ -66,9 +65,11 @@ from pgrecv.files import (
     FILE_MODE,
     FINAL_RE,
     LOCK_NAME,
+    MANIFEST_VERSION,
     TMP_PREFIX,
     fsync_dir,
     manifest_name,
+    open_lock,
     remove_leftovers,
     snapshot_file_name,
     snapshot_part_name,
@@ -184,9 +185,21 @@ def run_snapshot(
         workers = _Workers(jobs)  # before any connection is open: worker processes fork
         try:
             return _run(
-                opts, slot, directory, plugin, publication, tables, jobs, range_size, two_phase, failover, progress,
-                log, workers, debezium,
-            )  # fmt: skip
+                opts,
+                slot=slot,
+                directory=directory,
+                plugin=plugin,
+                publication=publication,
+                globs=tables,
+                jobs=jobs,
+                range_size=range_size,
+                two_phase=two_phase,
+                failover=failover,
+                progress=progress,
+                log=log,
+                workers=workers,
+                debezium=debezium,
+            )
         finally:
             workers.close()
     finally:
@@ -195,6 +208,7 @@ def run_snapshot(
 
 def _run(
     opts: ConnOptions,
+    *,
     slot: str,
     directory: Path,
     plugin: str,
@@ -207,8 +221,10 @@ def _run(
     progress: bool,
     log: Callable[[str], None],
     workers: _Workers,
-    debezium: tuple[str, str, bool] | None = None,
+    debezium: tuple[str, str, bool] | None,
 ) -> SnapshotResult:
+    """:func:`run_snapshot` once the directory is locked and the workers started (``globs`` is
+    its ``tables``). Keyword-only: thirteen settings in a row are too easy to misplace."""
     from pgrecv.slots import create_slot_command, get_slot, resolve_publication
 
     with connect(opts) as meta:
@@ -829,17 +845,12 @@ def _prepare_dir(directory: Path) -> int:
     """Create or check the output directory and lock it like `pgrecv start` does; returns the lock fd."""
     try:
         directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        # the lock's name is fixed (every pgrecv must find it), so it must not be a link to follow
-        fd = os.open(directory / LOCK_NAME, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, FILE_MODE)
     except OSError as exc:
         raise OutputError(f"cannot use {directory} for the snapshot: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OutputError(
-            f"{directory} is in use by another pgrecv process: stop it, or choose another directory"
-        ) from None
+    fd = open_lock(
+        directory / LOCK_NAME,
+        busy=f"{directory} is in use by another pgrecv process: stop it, or choose another directory",
+    )
     try:
         remove_leftovers(directory)
         for entry in os.scandir(directory):
@@ -860,7 +871,7 @@ def _prepare_dir(directory: Path) -> int:
 def _write_manifest(path: Path, result: SnapshotResult) -> None:
     """Write the manifest so that a crash leaves it whole or absent (temp, fsync, rename, dir fsync)."""
     doc = {
-        "v": 1,
+        "v": MANIFEST_VERSION,
         "slot": result.slot,
         "snapshot_lsn": lsn_str(result.snapshot_lsn),
         "files": result.files,

@@ -47,6 +47,36 @@ def test_man_page_lists_every_command_and_exit_code() -> None:
         assert f"\\fB{int(code)}\\fR" in text
 
 
+def _readme_exit_codes() -> dict[int, str]:
+    """The README's exit-code table, code -> meaning (cells unescaped)."""
+    section = (ROOT / "README.md").read_text().split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| code ")]
+    table = {}
+    for row in rows:
+        code, meaning = row.removeprefix("| ").removesuffix(" |").split(" | ", 1)
+        table[int(code)] = meaning.replace("\\|", "|")
+    return table
+
+
+def _man_exit_codes() -> dict[int, str]:
+    """The man page's EXIT STATUS entries, code -> text with roff's bold and escapes removed."""
+    text = (ROOT / "man" / "pgrecv.1").read_text()
+    section = text.split(".SH EXIT STATUS\n", 1)[1].split("\n.SH ", 1)[0]
+    entries = {}
+    for item in section.split(".TP\n")[1:]:
+        tag, body = item.rstrip("\n").split("\n", 1)
+        code = int(tag.removeprefix("\\fB").removesuffix("\\fR"))
+        entries[code] = body.replace("\\fB", "`").replace("\\fR", "`").replace("\\-", "-").replace("\\e", "\\")
+    return entries
+
+
+def test_exit_codes_agree_in_enum_readme_and_man_page() -> None:
+    """ExitCode's descriptions are the only source: the README table and the man page say the same."""
+    assert _readme_exit_codes() == {int(code): code.description for code in ExitCode}
+    assert _man_exit_codes() == {int(code): f"{code.name}: {code.description}." for code in ExitCode}
+    assert all(code.description for code in ExitCode)
+
+
 def test_bash_completion_is_valid_and_completes(tmp_path: Path) -> None:
     script = ROOT / "completions" / "pgrecv.bash"
     probe = (

@@ -7,7 +7,7 @@ import base64
 import json
 import struct
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -470,3 +470,18 @@ def test_fixed_width_lengths_are_checked() -> None:
 def test_every_builtin_type_has_a_binary_converter_that_returns_something() -> None:
     for oid in TYPE_NAMES:
         assert callable(binary_converter(oid))
+
+
+@given(st.dates())
+def test_days_from_civil_matches_datetime(day: date) -> None:
+    """The one calendar helper (test_decoding's timestamps, Debezium's dates) agrees with datetime
+    where datetime reaches, and _ymd inverts it."""
+    days = values.days_from_civil(day.year, day.month, day.day)
+    assert days == (day - date(1970, 1, 1)).days
+    assert values._ymd(days - 10_957) == (day.year, day.month, day.day)
+
+
+@given(st.integers(-5_000_000, 5_000_000))
+def test_days_from_civil_inverts_ymd_beyond_datetime(days_since_2000: int) -> None:
+    y, m, d = values._ymd(days_since_2000)
+    assert values.days_from_civil(y, m, d) - 10_957 == days_since_2000

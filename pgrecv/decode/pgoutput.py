@@ -78,25 +78,25 @@ from pgrecv.pgtypes import type_name as builtin_type_name
 PROTO_VERSIONS: Final = (1, 2, 3, 4)
 
 MESSAGE_NAMES: Final[dict[int, str]] = {
-    ord("B"): "Begin",
-    ord("C"): "Commit",
-    ord("O"): "Origin",
-    ord("R"): "Relation",
-    ord("Y"): "Type",
-    ord("I"): "Insert",
-    ord("U"): "Update",
-    ord("D"): "Delete",
-    ord("T"): "Truncate",
-    ord("M"): "Message",
-    ord("S"): "Stream Start",
-    ord("E"): "Stream Stop",
-    ord("c"): "Stream Commit",
-    ord("A"): "Stream Abort",
-    ord("b"): "Begin Prepare",
-    ord("P"): "Prepare",
-    ord("K"): "Commit Prepared",
-    ord("r"): "Rollback Prepared",
-    ord("p"): "Stream Prepare",
+    K.BEGIN: "Begin",
+    K.COMMIT: "Commit",
+    K.ORIGIN: "Origin",
+    K.RELATION: "Relation",
+    K.TYPE: "Type",
+    K.INSERT: "Insert",
+    K.UPDATE: "Update",
+    K.DELETE: "Delete",
+    K.TRUNCATE: "Truncate",
+    K.MESSAGE: "Message",
+    K.STREAM_START: "Stream Start",
+    K.STREAM_STOP: "Stream Stop",
+    K.STREAM_COMMIT: "Stream Commit",
+    K.STREAM_ABORT: "Stream Abort",
+    K.BEGIN_PREPARE: "Begin Prepare",
+    K.PREPARE: "Prepare",
+    K.COMMIT_PREPARED: "Commit Prepared",
+    K.ROLLBACK_PREPARED: "Rollback Prepared",
+    K.STREAM_PREPARE: "Stream Prepare",
 }
 
 _IDENTITIES: Final[dict[int, ReplicaIdentity]] = {ord("d"): "d", ord("n"): "n", ord("f"): "f", ord("i"): "i"}
@@ -414,7 +414,7 @@ class PgOutputDecoder:
         return xid, entry, marker, pos
 
     def _update(self, data: bytes, lsn: int) -> Update:
-        kind = 85
+        kind = UPDATE
         xid, entry, marker, pos = self._row_head(kind, data)
         rel, rel_ncols, reader = entry
         old: Tuple | None = None
@@ -436,7 +436,7 @@ class PgOutputDecoder:
         return _make_update(rel, new, old, old_kind, xid, lsn)
 
     def _delete(self, data: bytes, lsn: int) -> Delete:
-        kind = 68
+        kind = DELETE
         xid, entry, marker, pos = self._row_head(kind, data)
         rel, rel_ncols, reader = entry
         if marker != _KEY and marker != _OLD:
@@ -449,7 +449,7 @@ class PgOutputDecoder:
         return _make_delete(rel, old, "K" if marker == _KEY else "O", xid, lsn)
 
     def _truncate(self, data: bytes, lsn: int) -> Truncate:
-        kind = 84
+        kind = K.TRUNCATE
         xid, pos = self._xid_prefix(data)
         nrels, flags = _NRELS_FLAGS(data, pos)
         pos += 5
@@ -466,7 +466,7 @@ class PgOutputDecoder:
     # --- catalog messages ---------------------------------------------------------------------
 
     def _relation(self, data: bytes, lsn: int) -> Relation:
-        kind = 82
+        kind = K.RELATION
         xid, pos = self._xid_prefix(data)
         oid = _U32(data, pos)[0]
         namespace, pos = _cstring(data, pos + 4)
@@ -497,7 +497,7 @@ class PgOutputDecoder:
         return rel
 
     def _type(self, data: bytes, lsn: int) -> TypeInfo:
-        kind = 89
+        kind = K.TYPE
         xid, pos = self._xid_prefix(data)
         oid = _U32(data, pos)[0]
         namespace, pos = _cstring(data, pos + 4)
@@ -514,11 +514,11 @@ class PgOutputDecoder:
         commit_lsn = _LSN(data, 1)[0]
         name, pos = _cstring(data, 9)
         if pos != len(data):
-            raise _length_error(79, data, pos)
+            raise _length_error(K.ORIGIN, data, pos)
         return Origin(commit_lsn, name)
 
     def _message(self, data: bytes, lsn: int) -> Message:
-        kind = 77
+        kind = K.MESSAGE
         xid, pos = self._xid_prefix(data)
         flags, msg_lsn = _MSG_HEAD(data, pos)
         prefix, pos = _cstring(data, pos + 9)
@@ -528,24 +528,24 @@ class PgOutputDecoder:
         return Message(bool(flags & 1), msg_lsn, prefix, data[pos:], xid)
 
     def _stream_start(self, data: bytes, lsn: int) -> StreamStart:
-        self._expect_len(83, data, 6)
+        self._expect_len(K.STREAM_START, data, 6)
         xid, first = _STREAM_START(data, 1)
         self._in_stream = True
         return StreamStart(xid, first == 1)
 
     def _stream_stop(self, data: bytes, lsn: int) -> StreamStop:
-        self._expect_len(69, data, 1)
+        self._expect_len(K.STREAM_STOP, data, 1)
         self._in_stream = False
         return StreamStop()
 
     def _stream_commit(self, data: bytes, lsn: int) -> StreamCommit:
         self._in_stream = False
-        self._expect_len(99, data, 30)
+        self._expect_len(K.STREAM_COMMIT, data, 30)
         xid, flags, commit_lsn, end_lsn, commit_time = _STREAM_COMMIT(data, 1)
         return StreamCommit(xid, flags, commit_lsn, end_lsn, commit_time)
 
     def _stream_abort(self, data: bytes, lsn: int) -> StreamAbort:
-        kind = 65
+        kind = K.STREAM_ABORT
         self._in_stream = False
         parallel = self.streaming_parallel
         if parallel is None:
@@ -561,48 +561,48 @@ class PgOutputDecoder:
     def _begin_prepare(self, data: bytes, lsn: int) -> BeginPrepare:
         self._in_stream = False
         prepare_lsn, end_lsn, prepare_time, xid = _BEGIN_PREPARE(data, 1)
-        gid = self._gid(98, data, 29)
+        gid = self._gid(K.BEGIN_PREPARE, data, 29)
         return BeginPrepare(prepare_lsn, end_lsn, prepare_time, xid, gid)
 
     def _prepare(self, data: bytes, lsn: int) -> Prepare:
         self._in_stream = False
         flags, prepare_lsn, end_lsn, prepare_time, xid = _PREPARE(data, 1)
-        gid = self._gid(80, data, 30)
+        gid = self._gid(K.PREPARE, data, 30)
         return Prepare(flags, prepare_lsn, end_lsn, prepare_time, xid, gid)
 
     def _commit_prepared(self, data: bytes, lsn: int) -> CommitPrepared:
         self._in_stream = False
         flags, commit_lsn, end_lsn, commit_time, xid = _PREPARE(data, 1)
-        gid = self._gid(75, data, 30)
+        gid = self._gid(K.COMMIT_PREPARED, data, 30)
         return CommitPrepared(flags, commit_lsn, end_lsn, commit_time, xid, gid)
 
     def _rollback_prepared(self, data: bytes, lsn: int) -> RollbackPrepared:
         self._in_stream = False
         flags, prepare_end_lsn, rollback_end_lsn, prepare_time, rollback_time, xid = _ROLLBACK_PREPARED(data, 1)
-        gid = self._gid(114, data, 38)
+        gid = self._gid(K.ROLLBACK_PREPARED, data, 38)
         return RollbackPrepared(flags, prepare_end_lsn, rollback_end_lsn, prepare_time, rollback_time, xid, gid)
 
     def _stream_prepare(self, data: bytes, lsn: int) -> StreamPrepare:
         self._in_stream = False
         flags, prepare_lsn, end_lsn, prepare_time, xid = _PREPARE(data, 1)
-        gid = self._gid(112, data, 30)
+        gid = self._gid(K.STREAM_PREPARE, data, 30)
         return StreamPrepare(flags, prepare_lsn, end_lsn, prepare_time, xid, gid)
 
     _HANDLERS: Final[dict[int, Callable[[PgOutputDecoder, bytes, int], Event]]] = {
-        ord("R"): _relation,
-        ord("T"): _truncate,
-        ord("M"): _message,
-        ord("O"): _origin,
-        ord("Y"): _type,
-        ord("S"): _stream_start,
-        ord("E"): _stream_stop,
-        ord("c"): _stream_commit,
-        ord("A"): _stream_abort,
-        ord("b"): _begin_prepare,
-        ord("P"): _prepare,
-        ord("K"): _commit_prepared,
-        ord("r"): _rollback_prepared,
-        ord("p"): _stream_prepare,
+        K.RELATION: _relation,
+        K.TRUNCATE: _truncate,
+        K.MESSAGE: _message,
+        K.ORIGIN: _origin,
+        K.TYPE: _type,
+        K.STREAM_START: _stream_start,
+        K.STREAM_STOP: _stream_stop,
+        K.STREAM_COMMIT: _stream_commit,
+        K.STREAM_ABORT: _stream_abort,
+        K.BEGIN_PREPARE: _begin_prepare,
+        K.PREPARE: _prepare,
+        K.COMMIT_PREPARED: _commit_prepared,
+        K.ROLLBACK_PREPARED: _rollback_prepared,
+        K.STREAM_PREPARE: _stream_prepare,
     }
 
     # --- helpers ------------------------------------------------------------------------------

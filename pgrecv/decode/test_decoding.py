@@ -77,6 +77,7 @@ from pgrecv.events import (
     Value,
 )
 from pgrecv.pgtypes import oid_for_name
+from pgrecv.values import days_from_civil
 
 __all__ = ["TestDecodingParser", "parse_timestamptz"]
 
@@ -112,20 +113,7 @@ _FOR_RE: Final = re.compile(r"(?:transaction|TXN [0-9]+)\Z")
 _MSG_HEAD_RE: Final = re.compile(r"transactional: ([01]) prefix: ")
 _SZ_RE: Final = re.compile(r", sz: ([0-9]+)( content:)?")
 _UNQUOTED_IDENT_END: Final = re.compile(r'[.:,\[\]" ]')
-
-
-def _days_from_civil(y: int, m: int, d: int) -> int:
-    """Days since 1970-01-01 in the proleptic Gregorian calendar, for any year (PostgreSQL allows
-    years far beyond :mod:`datetime`'s range)."""
-    y -= m <= 2
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468
-
-
-_PG_EPOCH_DAYS: Final = _days_from_civil(2000, 1, 1)
+_PG_EPOCH_DAYS: Final = days_from_civil(2000, 1, 1)
 
 
 def parse_timestamptz(text: str) -> int:
@@ -146,7 +134,7 @@ def parse_timestamptz(text: str) -> int:
     offset = int(m.group(9)) * 3600 + int(m.group(10) or 0) * 60 + int(m.group(11) or 0)
     if m.group(8) == "-":
         offset = -offset
-    seconds = (_days_from_civil(year, month, day) - _PG_EPOCH_DAYS) * 86400 + hh * 3600 + mi * 60 + ss - offset
+    seconds = (days_from_civil(year, month, day) - _PG_EPOCH_DAYS) * 86400 + hh * 3600 + mi * 60 + ss - offset
     return seconds * 1_000_000 + micros
 
 
@@ -175,6 +163,19 @@ class _Scan(Exception):
         super().__init__(what)
         self.what = what
         self.pos = pos
+
+
+def _closing_quote(line: str, start: int, what: str) -> int:
+    """The index of the '"' closing the quoted name (quote_identifier) that opens at ``start``;
+    a doubled '""' inside it is a quote, not the end."""
+    q = start + 1
+    while True:
+        q = line.find('"', q)
+        if q < 0:
+            raise _Scan(f"unterminated quoted {what}", start)
+        if not line.startswith('"', q + 1):
+            return q
+        q += 2
 
 
 class _Table:
@@ -249,15 +250,7 @@ class TestDecodingParser:
         parts: list[str] = []
         for part in range(2):
             if line.startswith('"', pos):
-                end = pos + 1
-                while True:
-                    q = line.find('"', end)
-                    if q < 0:
-                        raise _Scan("unterminated quoted table name", pos)
-                    if line.startswith('"', q + 1):
-                        end = q + 2
-                        continue
-                    break
+                q = _closing_quote(line, pos, "table name")
                 parts.append(line[pos + 1 : q].replace('""', '"'))
                 pos = q + 1
             else:
@@ -434,16 +427,7 @@ class TestDecodingParser:
         and type names (format_type: spaces, ``[]``, quoted and schema-qualified user types)."""
         i = pos + 1
         if line.startswith('"', i):
-            end = i + 1
-            while True:
-                q = line.find('"', end)
-                if q < 0:
-                    raise _Scan("unterminated quoted column name", i)
-                if line.startswith('"', q + 1):
-                    end = q + 2
-                    continue
-                break
-            bracket = q + 1
+            bracket = _closing_quote(line, i, "column name") + 1
             if not line.startswith("[", bracket):
                 raise _Scan("expected '[' and a type name after the column name", bracket)
         else:
@@ -466,16 +450,7 @@ class TestDecodingParser:
                     raise _Scan("unterminated type name", bracket)
                 ch = line[j]
                 if ch == '"':
-                    q = j + 1
-                    while True:
-                        q = line.find('"', q)
-                        if q < 0:
-                            raise _Scan("unterminated quoted type name", j)
-                        if line.startswith('"', q + 1):
-                            q += 2
-                            continue
-                        break
-                    j = q + 1
+                    j = _closing_quote(line, j, "type name") + 1
                     continue
                 if ch == "[":
                     depth += 1

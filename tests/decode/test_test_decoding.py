@@ -502,6 +502,7 @@ def test_streamed_transactions(db_conn: Conn) -> None:
         ("table public.t: INSERT: a[integer]:1  b[text]:null", "expected a column name", 38),
         ("table public.t: INSERT: a[integer:1", "unterminated type name", 26),
         ('table public.t: INSERT: "a[integer]:1', "unterminated quoted column name", 25),
+        ('table public.t: INSERT: a[public."my ""type]:1', "unterminated quoted type name", 34),
         ("table public.t: INSERT: a[integer]:'x'b[text]:null", "expected a space", 39),
         ("table public.t: UPSERT: a[integer]:1", "expected INSERT:, UPDATE:, DELETE: or TRUNCATE:", 16),
         ("table public.t: UPDATE: old-key: a[integer]:1", "expected 'new-tuple:'", 46),
