@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pgrecv.errors import InputError, OutputError, UsageError
+from pgrecv.errors import InputError, UsageError
 from pgrecv.spark import reduce as rd
 from pgrecv.spark.read import Reader, ReadResult, TableInput, check_snapshots, expand_sources, table_matcher
 from pgrecv.spark.types import ColumnType, column_type, convert_value, fast_column, same_type
@@ -49,9 +49,10 @@ class ApplyConfig:
     master: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
     append_only: bool = False
-    # where the replay runs: "driver" (this process, the default for now) or "spark" (Spark tasks:
-    # latest mode, Parquet and Delta through delta-rs; see pgrecv/spark/engine.py)
-    replay: str = "driver"
+    # where the replay runs: "spark" (Spark tasks, pgrecv/spark/engine.py: the driver's memory does
+    # not grow with the input) or "driver" (the older replay in this process; Delta's Spark
+    # connector is reached through it)
+    replay: str = "spark"
     # values the target type cannot hold (--replay spark): fail (hold the table back), null, text
     bad_values: str = "fail"
 
@@ -159,22 +160,19 @@ def target_lock(target: Path) -> Iterator[None]:
     (``--append-only`` would append them twice, Parquet versions would race). An advisory lock on
     ``TARGET/_pgrecv/lock``, held for the whole run; the kernel lets it go when the process dies.
     Holding it, the run also removes the staging directories of runs that were killed."""
-    import fcntl
     import shutil
+
+    from pgrecv.files import open_lock
 
     work = target / STATE_DIR
     work.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(work, 0o700)  # change data goes in here: this user only
-    path = work / "lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = open_lock(
+        work / "lock",
+        busy=f"{target}: another spark-apply run is applying to this target: "
+        "wait for it to finish (runs on one target must not overlap)",
+    )
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputError(
-                f"{target}: another spark-apply run is applying to this target: "
-                "wait for it to finish (runs on one target must not overlap)"
-            ) from None
         for stale in work.glob("stage-*"):
             shutil.rmtree(stale, ignore_errors=True)
         yield
@@ -201,7 +199,10 @@ def _run_apply(
         raise UsageError("--bad-values null or text needs --replay spark")
     if config.replay == "spark":
         if config.fmt == "delta" and config.engine == "spark":
-            raise UsageError("--replay spark writes Delta through delta-rs: use --delta-engine delta-rs or auto")
+            raise UsageError(
+                "--delta-engine spark (Delta's Spark connector) goes with --replay driver; "
+                "the Spark replay writes Delta through delta-rs (--delta-engine auto or delta-rs)"
+            )
         if spark is None:
             from pgrecv.spark.sparkops import start_session
 

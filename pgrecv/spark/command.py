@@ -42,23 +42,24 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
     type=click.Choice(["auto", "spark", "delta-rs"]),
     default="auto",
     show_default=True,
-    help="auto: Delta's Spark connector when on the classpath, else delta-rs.",
+    help="auto: delta-rs (with --replay driver: Delta's Spark connector when on the classpath).",
 )
 @click.option("--append-only", is_flag=True, help="Tables without any key: append their inserts.")
 @click.option(
     "--replay",
-    type=click.Choice(["driver", "spark"]),
-    default="driver",
+    type=click.Choice(["spark", "driver"]),
+    default="spark",
     show_default=True,
-    help="Where the replay runs: driver (this process) or spark (Spark tasks: latest mode, "
-    "Parquet or Delta through delta-rs; a table that cannot be applied is held back alone, exit 15).",
+    help="Where the replay runs: spark (Spark tasks: the driver's memory does not grow with the input; "
+    "a table that cannot be applied is held back alone, exit 15) or driver (the older replay in this "
+    "process; needed for --delta-engine spark).",
 )
 @click.option(
     "--bad-values",
     type=click.Choice(["fail", "null", "text"]),
     default="fail",
     show_default=True,
-    help="Values the target type cannot hold (numeric NaN, dates past 9999, ...), with --replay spark: "
+    help="Values the target type cannot hold (numeric NaN, dates past 9999, ...), --replay spark: "
     "fail (hold the table back), null (store NULL), text (a new column becomes a string column "
     "holding the value's text). Changed values are counted in the summary.",
 )
@@ -82,8 +83,9 @@ def _spark_apply(
 
     SOURCE: files, globs or `pgrecv start --output-dir` directories (finalised files only).
     Each table goes to PATH/SCHEMA.TABLE. Re-running on the same files changes nothing; a run
-    killed at any moment and run again ends with the exact tables. Exit codes: 0 done, 9 bad
-    input (file:line named, nothing of that batch applied), 8 cannot write the target.
+    killed at any moment and run again ends with the exact tables. Exit codes: 0 done, 15 partly
+    applied (tables held back, each named; the others applied), 9 bad input (file:line named), 8
+    cannot write the target (or another run is applying to it).
     """
     from pgrecv.spark.apply import ApplyConfig, run_apply
     from pgrecv.spark.ui import RichProgress, print_summary

@@ -651,7 +651,7 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
     import orjson
     from pyspark.sql import functions as F
 
-    from pgrecv.spark.writers import _fsync_dir
+    from pgrecv.files import fsync_dir
 
     if pending is None:
         return 0, None
@@ -701,7 +701,7 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
     final = state / f"{uuid.uuid4().hex}.jsonl"
     os.replace(part, final)
     shutil.rmtree(tmp, ignore_errors=True)
-    _fsync_dir(state)
+    fsync_dir(state)
     return count, final
 
 

@@ -26,8 +26,9 @@ import orjson
 import pyarrow as pa
 
 from pgrecv.errors import OutputError
+from pgrecv.files import fsync_dir
 from pgrecv.spark.source import file_url
-from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget, _fsync_dir
+from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
 DATA_SUFFIX = ".parquet"
@@ -209,9 +210,9 @@ class FrameParquetTarget(_Frames, ParquetTarget):
                     shutil.copy2(kept, dest)
         pq.write_metadata(batch.schema, tmp / "_schema.parquet")  # the schema even when empty
         _fsync_files(list(tmp.iterdir()))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         os.rename(tmp, final)
-        _fsync_dir(base)
+        fsync_dir(base)
         self._switch(version, "history" if batch.history else "latest", batch.position, batch.key_cols)
         return size
 

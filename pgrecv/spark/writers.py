@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgrecv.errors import OutputError
+from pgrecv.files import fsync_dir
 
 OP_COL = "_pgrecv_op"  # U upsert, D delete, C close (history), N new version (history)
 HISTORY_COLS: list[tuple[str, pa.DataType]] = [
@@ -279,14 +280,6 @@ class DeltaSparkTarget(Target):
 # --- Parquet: versions switched by an atomic pointer ----------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """``data`` under ``path`` whole or not at all. The temp file has an unpredictable name and is
     created with O_EXCL (mkstemp); ``mode`` None means what the umask allows (lake metadata other
@@ -309,7 +302,7 @@ def _atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class ParquetTarget(Target):
@@ -429,7 +422,7 @@ class ParquetTarget(Target):
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         self._switch(version, "history" if batch.history else "latest", batch.position, batch.key_cols)
 
     def _switch(self, version: int, mode: str, position: int, key_cols: list[str]) -> None:

@@ -177,7 +177,7 @@ def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: An
         pytest.skip("Delta Lake's Spark connector (io.delta jars) is not on the classpath")
     fmts = ("parquet", "delta") if engine != "spark" else ("delta",)
     replay = "driver"
-    if engine == "spark-replay":  # the whole job in Spark tasks (latest mode), Delta through delta-rs
+    if engine == "spark-replay":  # the whole job in Spark tasks (the default), Delta through delta-rs
         engine, replay = "delta-rs", "spark"
     seed = 1
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -207,8 +207,9 @@ def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: An
         assert all(t.status == "up to date" for t in again.tables)
         assert [t.version for t in again.tables] == [t.version for t in summary.tables]
     # history mode in one go from both files: current, non-deleted versions equal the source
-    for fmt in fmts if replay == "driver" else ():  # (history mode is not in the Spark replay yet)
+    for fmt in fmts:
         target = tmp_path / f"h-{fmt}"
-        run_apply(ApplyConfig((str(first),), target, fmt=fmt, mode="history", engine=engine), spark=spark)
-        run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, mode="history", engine=engine), spark=spark)
+        for srcs in ((str(first),), (str(first), str(second))):
+            cfg = ApplyConfig(srcs, target, fmt=fmt, mode="history", engine=engine, replay=replay)
+            run_apply(cfg, spark=spark)
         _assert_equal(db_dsn, target, fmt, spark, history=True)
