@@ -3,7 +3,7 @@
 
 Floor (same run, same SparkSession): Spark reads the same JSONL with an explicit schema and writes
 the final table once as Parquet. Also prints the peak RSS of this (driver Python) process.
-Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--replay driver|spark] [--format ...]
+Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--replay spark|driver] [--format ...]
 (one replay per run, so that the RSS is that replay's).
 """
 
@@ -104,7 +104,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=200_000)
-    ap.add_argument("--replay", choices=["driver", "spark"], default="driver")
+    ap.add_argument("--replay", choices=["spark", "driver"], default="spark")
     ap.add_argument("--format", dest="fmts", action="append", choices=["parquet", "delta"])
     args = ap.parse_args()
     fmts = args.fmts or ["parquet", "delta"]

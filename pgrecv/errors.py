@@ -43,7 +43,7 @@ class ExitCode(IntEnum):
     )
     PARTLY_APPLIED = (
         15,
-        "`spark-apply --replay spark`: some tables were held back (each named with file:line, column,"
+        "`spark-apply`: some tables were held back (each named with file:line, column,"
         " value and the fix; they keep their position), every other table was applied",
     )
     INTERRUPTED = 130, "interrupted by SIGINT before finishing"

@@ -129,9 +129,8 @@ def _spark_apply(
 
         for t in held[1:]:
             click.echo(f"pgrecv: error: {t.error}", err=True)
-        raise PartlyApplied(
-            f"{held[0].error} ({len(held)} of {len(summary.tables)} tables held back; the others are applied)"
-        )
+        others = "the others are applied" if len(held) < len(summary.tables) else "no other table had changes"
+        raise PartlyApplied(f"{held[0].error} ({len(held)} of {len(summary.tables)} tables held back; {others})")
 
 
 spark_apply: click.Command = _spark_apply  # annotated: pgrecv.cli imports this module at its end

@@ -87,7 +87,7 @@ def test_json_summary_and_rerun_up_to_date(tmp_path: Path) -> None:
     assert proc.returncode == 0, err(proc)
     assert proc.stderr == b""
     summary = orjson.loads(proc.stdout)
-    assert summary["engine"] == "delta/delta-rs"
+    assert summary["engine"] == "delta/delta-rs+spark"
     assert (summary["files"], summary["transactions"]) == (1, 3)
     by_table = {t["table"]: t for t in summary["tables"]}
     assert set(by_table) == {"s.t", "s.u"}
@@ -153,7 +153,7 @@ def _bad_value_run(tmp_path: Path, value: object) -> tuple[Any, Path, Path]:
 @pytest.mark.parametrize("value", ["seven", 2**40])
 def test_bad_value_fails_and_its_table_is_not_applied(tmp_path: Path, value: object) -> None:
     proc, _bad, target = _bad_value_run(tmp_path, value)
-    assert proc.returncode == 9, err(proc)
+    assert proc.returncode == 15, err(proc)  # partly applied: that table is held back (the only one here)
     assert "column id" in err(proc) and "Traceback" not in err(proc)
     assert _rows(target, "u") == [{"id": 1, "x": "u1"}, {"id": 2, "x": None}]
 
