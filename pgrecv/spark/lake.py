@@ -115,10 +115,10 @@ class _Rewrite:
             return [], new_rows
         old = self._read(touched).alias("t")
         if b.history:  # versions are never dropped: the current one of a touched key is closed
-            closes = b.closes.withColumn("_close", F.lit(True)).alias("s")
+            closes = b.closes.withColumn("_pgrecv_close", F.lit(True)).alias("s")
             on = key_condition("t", "s", b.key_cols, b.null_safe) & F.col("t.`_current`")
             j = old.join(closes, on, "left")
-            closed = F.col("s._close").isNotNull()
+            closed = F.col("s._pgrecv_close").isNotNull()
             out = []
             for n in names:
                 if n in ("_end_lsn", "_end_change_lsn", "_end_time"):
