@@ -96,7 +96,9 @@ def workload_files(db_dsn: str, tmp_path: Path) -> tuple[Path, Path]:
     return first, second
 
 
-REPLAYS = [("parquet", "driver"), ("delta", "driver"), ("parquet", "spark"), ("delta", "spark")]
+# The Spark replay (the default) in both formats; the older driver replay through delta-rs only (its
+# Parquet runs start a JVM each, and CI's time is better spent on the default)
+REPLAYS = [("delta", "driver"), ("parquet", "spark"), ("delta", "spark")]
 
 
 @pytest.mark.parametrize(("fmt", "replay"), REPLAYS)
