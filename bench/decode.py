@@ -9,7 +9,7 @@
 * golden: every captured pgoutput file under ``--golden`` decoded with its protocol version.
 * ``--jsonl``: decode plus the JSONL encoder, the client's whole CPU path per row but the socket;
   also without the generated per-relation row function (``jsonl._Compiled.fast``, made with
-  ``exec``) and with the fused insert path of ``pgrecv.fastpath`` (also ``exec``): the two code
+  ``exec``) and with the fused insert path of ``pgrecv.output.fastpath`` (also ``exec``): the two code
   generators are kept only as long as these lines show them paying for themselves.
 
 The copy baseline is ``bytes(memoryview(msg))`` per message (what receiving costs at least); the
@@ -193,8 +193,7 @@ def copy_all(msgs: Sequence[bytes]) -> Callable[[], object]:
 
 
 def jsonl_all(msgs: Sequence[bytes], generated: bool = True) -> Callable[[], object]:
-    from pgrecv import jsonl
-
+    from pgrecv.output import jsonl
     def run() -> None:
         out: list[bytes] = []
         feed = jsonl.JsonlEncoder(out.append).feed
@@ -217,8 +216,8 @@ def jsonl_all(msgs: Sequence[bytes], generated: bool = True) -> Callable[[], obj
 
 
 def fused_all(msgs: Sequence[bytes]) -> Callable[[], object]:
-    from pgrecv.fastpath import FastRows
-    from pgrecv.jsonl import JsonlEncoder
+    from pgrecv.output.fastpath import FastRows
+    from pgrecv.output.jsonl import JsonlEncoder
 
     def run() -> None:
         out: list[bytes] = []
@@ -265,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         t_loop = best_of(args.runs, jsonl_all(msgs, generated=False))
         report("decode + JSONL, general loop only", rows, "rows", t_loop, t_copy)
         t_fused = best_of(args.runs, fused_all(msgs))
-        report("fused insert path (pgrecv.fastpath)", rows, "rows", t_fused, t_copy)
+        report("fused insert path (pgrecv.output.fastpath)", rows, "rows", t_fused, t_copy)
         print(f"generated row function: {t_loop / t_json:.2f}x faster; fused path: {t_json / t_fused:.2f}x faster")
 
     if golden:

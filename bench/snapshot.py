@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgrecv.server import TempServer, find_installations
+from pgrecv.pg.server import TempServer, find_installations
 
 TABLES = {
     "plain": (

@@ -34,7 +34,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pgrecv.server import TempServer, find_installation, find_installations  # noqa: E402
+from pgrecv.pg.server import TempServer, find_installation, find_installations  # noqa: E402
 
 TABLE = """CREATE TABLE bench (
     id bigint PRIMARY KEY, account int NOT NULL, amount numeric(12,2), note text,

@@ -25,7 +25,7 @@ from psycopg.conninfo import make_conninfo
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pgrecv.server import TempServer, find_installation, find_installations  # noqa: E402
+from pgrecv.pg.server import TempServer, find_installation, find_installations  # noqa: E402
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgrecv.server import TempServer, find_installation
+from pgrecv.pg.server import TempServer, find_installation
 
 
 def cpu_seconds(pid: int) -> float:

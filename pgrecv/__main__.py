@@ -1,3 +1,3 @@
-from pgrecv.cli import main
+from pgrecv.cli.main import main
 
 main()

@@ -1,16 +1,16 @@
 /* pgrecv's native encoders, one module with one boundary: pgrecv.native imports it (or not).
  *
  * The value encoders in the middle turn a value's text (or binary send form) into the JSON that
- * pgrecv.jsonl.JsonlEncoder writes for it, byte for byte, for each kind of pgrecv.jsonl_format:
+ * pgrecv.output.jsonl.JsonlEncoder writes for it, byte for byte, for each kind of pgrecv.output.format:
  * integers, quoted and escaped strings, booleans, floats, json/jsonb, bytea, arrays. A value an
  * encoder does not do exactly returns FALLBACK, and the reference's converter (a Python callable
- * of pgrecv.values) makes it; a row or block they cannot do is declined (None), and the caller
+ * of pgrecv.output.values) makes it; a row or block they cannot do is declined (None), and the caller
  * takes the reference path, which also reports every error. Tests prove all paths identical.
  *
  * Two users:
  *  - encode_row(): a pgoutput Insert/Update/Delete message straight to its JSONL line (the
- *    stream's hot path, pgrecv.fastpath), every length bounds-checked;
- *  - encode(): blocks of COPY text lines to snapshot JSON lines (pgrecv.snapshot_fast).
+ *    stream's hot path, pgrecv.output.fastpath), every length bounds-checked;
+ *  - encode(): blocks of COPY text lines to snapshot JSON lines (pgrecv.snapshot.fast).
  *
  * read(): libpq hands out COPY data one CopyData message, that is one row, per PQgetCopyData
  * call; from Python each call costs a tuple, a memoryview and a buffer object. read() makes those
@@ -151,7 +151,7 @@ read_copy(PyObject *Py_UNUSED(self), PyObject *args)
 
 /* ---- value encoders, shared by the snapshot's block encoder and the row encoder ------------- */
 
-/* Column kinds, as numbered in pgrecv.jsonl_format.Kind and BinaryKind. */
+/* Column kinds, as numbered in pgrecv.output.format.Kind and BinaryKind. */
 enum { RAW = 0, QUOTE = 1, BOOL = 2, TEXT = 3, OTHER = 4, FLOAT = 5, JSON = 6, BYTEA = 7, ARRAY = 8 };
 enum { B_PY = 0, B_INT2, B_INT4, B_INT8, B_UINT4, B_UINT8, B_BOOL, B_FLOAT8, B_UTF8, B_BYTEA, B_JSON, B_JSONB,
        B_UUID };
@@ -996,7 +996,7 @@ done:
 
 enum { F_NEW, F_UNCHANGED, F_JSON_NULLS, F_OLD, F_OLD_KIND, F_OLD_UNCHANGED, F_OLD_JSON_NULLS, N_FIELDS };
 
-/* What one relation needs per row, worked out once by pgrecv.fastpath (a capsule holds it). */
+/* What one relation needs per row, worked out once by pgrecv.output.fastpath (a capsule holds it). */
 typedef struct {
     Py_ssize_t n;
     char *kinds, *elems, *delims, *bkinds, *keyflags;
@@ -1424,7 +1424,7 @@ encode_message(const plan *pl, const unsigned char *d, Py_ssize_t end, uint64_t 
 /* encode_row(message, lsn, plan, heads) -> bytes or None
  *
  * The JSONL line of a pgoutput Insert, Update or Delete (not streamed: no xid prefix) of the
- * relation `plan` was made for, as pgrecv.jsonl.JsonlEncoder writes it; heads holds the record's
+ * relation `plan` was made for, as pgrecv.output.jsonl.JsonlEncoder writes it; heads holds the record's
  * bytes before and after its lsn for each of insert, update and delete. None: the message is not
  * one this encoder does exactly (malformed, a value a converter rejects...): the caller takes the
  * reference path, which also reports every error.

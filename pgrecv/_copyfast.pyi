@@ -1,5 +1,5 @@
-"""Types of the C module built from _copyfast.c (see there, pgrecv.native, pgrecv.fastpath and
-pgrecv.snapshot_fast)."""
+"""Types of the C module built from _copyfast.c (see there, pgrecv.native, pgrecv.output.fastpath and
+pgrecv.snapshot.fast)."""
 
 from collections.abc import Callable
 from typing import Any

@@ -16,11 +16,11 @@ from typing import TextIO, cast
 from rich.console import Console
 from rich.rule import Rule
 
-from pgrecv.conn import ConnOptions, connect, server_major
 from pgrecv.errors import ServerEnvError
 from pgrecv.lsn import lsn_str
-from pgrecv.peek import peek
-from pgrecv.slots import create_slot, drop_slot
+from pgrecv.pg.conn import ConnOptions, connect, server_major
+from pgrecv.pg.slots import create_slot, drop_slot
+from pgrecv.stream.peek import peek
 
 SLOT = "pgrecv_demo"
 LAKE_SLOT = "pgrecv_lake"  # keeps every change of the demo for the spark-apply step at the end
@@ -66,7 +66,7 @@ WORKLOAD = [
 
 
 def run_demo(bindir: str | None = None, console: Console | None = None) -> None:
-    from pgrecv.server import PgInstall, TempServer, find_installations
+    from pgrecv.pg.server import PgInstall, TempServer, find_installations
 
     console = console or Console()
     started = time.monotonic()
@@ -124,14 +124,14 @@ def run_demo(bindir: str | None = None, console: Console | None = None) -> None:
 
 
 def _show(opts: ConnOptions, console: Console) -> None:
-    from pgrecv.pretty import PrettyRenderer
+    from pgrecv.output.pretty import PrettyRenderer
 
     renderer = PrettyRenderer(console)
     peek(opts, SLOT, sink=renderer.feed, durable=renderer.close)
 
 
 def _jsonl(opts: ConnOptions, buf: io.BytesIO) -> None:
-    from pgrecv.jsonl import JsonlEncoder
+    from pgrecv.output.jsonl import JsonlEncoder
 
     def write(data: bytes) -> None:
         buf.write(data)
@@ -150,10 +150,10 @@ LIVE_WORKLOAD = [
 
 def _stream(opts: ConnOptions, console: Console) -> None:
     """`pgrecv start` for real, while another thread writes; stopped like SIGINT would."""
-    from pgrecv.plugins import PgOutputSettings, pgoutput_options
-    from pgrecv.pretty import PrettyRenderer
-    from pgrecv.sinks import StdoutSink
-    from pgrecv.streamer import SinkText, StartConfig, Streamer
+    from pgrecv.decode.plugins import PgOutputSettings, pgoutput_options
+    from pgrecv.output.pretty import PrettyRenderer
+    from pgrecv.output.sinks import StdoutSink
+    from pgrecv.stream.streamer import SinkText, StartConfig, Streamer
 
     with connect(opts) as conn:
         major = server_major(conn)
@@ -210,7 +210,7 @@ def _lake(opts: ConnOptions, console: Console) -> None:
             markup=False,
         )
         return
-    from pgrecv.jsonl import JsonlEncoder
+    from pgrecv.output.jsonl import JsonlEncoder
     from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
 
     with tempfile.TemporaryDirectory(prefix="pgrecv-demo-lake-") as tmp:

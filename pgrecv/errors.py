@@ -1,4 +1,4 @@
-"""One exception hierarchy: each class carries its exit code, which ``pgrecv.cli.main`` exits with.
+"""One exception hierarchy: each class carries its exit code, which ``pgrecv.cli.main.main`` exits with.
 
 Every error a user can meet is a :class:`PgrecvError` with a one-line message that says what is
 wrong and what to do. Anything else escaping to the CLI is a bug and is reported with a traceback.

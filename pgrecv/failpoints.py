@@ -6,7 +6,7 @@ unset (the normal case) it does nothing. None changes what pgrecv writes or conf
 ``PGRECV_SNAPSHOT_DELAY=SECONDS``
     Each ``pgrecv snapshot`` worker sleeps this long after importing the snapshot and after each
     file it copies: time for a test to interrupt the copy, kill the exporting connection, or look
-    at the temporary files (tests/test_snapshot.py, tests/test_output_tempfiles.py).
+    at the temporary files (tests/snapshot/test_snapshot.py, tests/output/test_output_tempfiles.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import psycopg
 import pytest
 
 from pgrecv.errors import ServerEnvError
-from pgrecv.server import TempServer, find_installations
+from pgrecv.pg.server import TempServer, find_installations
 
 
 def _versions() -> list[int]:

@@ -39,7 +39,7 @@ def check_lake(out: str) -> None:
 
 def test_demo_without_spark_extra() -> None:
     """Without pgrecv[spark] the demo says how to get the last step and still succeeds."""
-    code = "import sys; sys.modules['deltalake'] = None; from pgrecv.cli import main; main(['demo'])"
+    code = "import sys; sys.modules['deltalake'] = None; from pgrecv.cli.main import main; main(['demo'])"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pip install 'pgrecv[spark]' enables" in proc.stdout
@@ -64,15 +64,15 @@ def test_demo_as_normal_user(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import rich.console
 
-    import pgrecv.assemble
+    import pgrecv.decode.assemble
     import pgrecv.decode.pgoutput
     import pgrecv.demo
-    import pgrecv.jsonl
-    import pgrecv.pretty
-    import pgrecv.server
-    import pgrecv.sinks
-    import pgrecv.streamer
-    import pgrecv.values
+    import pgrecv.output.jsonl
+    import pgrecv.output.pretty
+    import pgrecv.output.sinks
+    import pgrecv.output.values
+    import pgrecv.pg.server
+    import pgrecv.stream.streamer
 
     # run it once here first, so that every module it imports lazily is loaded before the child
     # drops root (the interpreter and virtualenv may live where nobody cannot read). Without the lake

@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgrecv.conn import translate
 from pgrecv.errors import ExitCode, PublicationError, ServerConfigError, SlotError
-from pgrecv.server import TempServer, find_installations
+from pgrecv.pg.conn import translate
+from pgrecv.pg.server import TempServer, find_installations
 from tests.util import err, pgrecv, sql
 
 LOCALE = "de_DE.UTF-8"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgrecv.server import TempServer
+from pgrecv.pg.server import TempServer
 from tests.util import pgrecv
 
 SECRET = "Sekr1t"  # every shape below hides this in a secret-bearing part

@@ -3,7 +3,7 @@
 
     python tools/capture_golden.py [--versions 15,18] [--cases types,toast] [--out tests/golden]
 
-For every installed major version asked for, a throwaway server (pgrecv.server.TempServer) runs
+For every installed major version asked for, a throwaway server (pgrecv.pg.server.TempServer) runs
 each case below in its own database. Per case a pgoutput slot ``p`` and a test_decoding slot
 ``t`` are created after the schema and before the workload, so both plugins describe the same
 changes. The slots are then only peeked (never consumed), once per capture variant:
@@ -50,7 +50,7 @@ from psycopg.types.string import TextLoader
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pgrecv.server import PgInstall, TempServer, find_installations  # noqa: E402
+from pgrecv.pg.server import PgInstall, TempServer, find_installations  # noqa: E402
 
 SMALL_WORK_MEM = "64kB"  # the minimum: large transactions get streamed early
 

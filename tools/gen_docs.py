@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pgrecv import __version__  # noqa: E402
-from pgrecv.cli import cli  # noqa: E402
+from pgrecv.cli.main import cli  # noqa: E402
 from pgrecv.errors import ExitCode  # noqa: E402
 
 

@@ -49,9 +49,9 @@ assert copyfast is _copyfast, "PGRECV_NO_NATIVE is set: nothing native to test"
 print(f"sanitized build: {_copyfast.__file__}", flush=True)
 import pytest  # noqa: E402
 
-tests = ["tests/test_fastpath.py", "tests/test_snapshot_fast.py", "tests/test_jsonl_format.py"]
+tests = ["tests/output/test_fastpath.py", "tests/snapshot/test_snapshot_fast.py", "tests/output/test_jsonl_format.py"]
 # This one starts Pythons of its own, which would load the sanitized build without its runtime.
-tests += ["--deselect", "tests/test_fastpath.py::test_fallback_switch"]
+tests += ["--deselect", "tests/output/test_fastpath.py::test_fallback_switch"]
 # --capture=sys: a sanitizer report goes to the real stderr, not to a capture lost at the abort
 raise SystemExit(pytest.main(["-q", "-p", "no:cacheprovider", "--capture=sys", *tests, *sys.argv[2:]]))
 PY

@@ -1,7 +1,7 @@
 """pgoutput's message kinds: the first byte of every logical replication message, by name.
 
 As in PostgreSQL's "Logical Replication Message Formats"; the copy-both framing around them
-(XLogData, keepalive, status update) is in :mod:`pgrecv.wire`.
+(XLogData, keepalive, status update) is in :mod:`pgrecv.stream.wire`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Message types are decoded whatever ``proto_version`` says (a stage before the de
 synthesise Begin Prepare/Prepare for a streamed two-phase transaction on any protocol); the version
 only matters for the Stream Abort layout.
 
-Column type names (:attr:`Column.type_name`): :func:`pgrecv.pgtypes.type_name` for built-in
+Column type names (:attr:`Column.type_name`): :func:`pgrecv.pg.types.type_name` for built-in
 types, else ``namespace.name`` from the Type cache (just ``name`` in pg_catalog: pgoutput names a
 domain by its base type), else ``""`` - unknown, which the JSONL output shows as null. Looked up
 once per Relation message, never per row.
@@ -73,7 +73,7 @@ from pgrecv.events import (
     TypeInfo,
     Update,
 )
-from pgrecv.pgtypes import type_name as builtin_type_name
+from pgrecv.pg.types import type_name as builtin_type_name
 
 PROTO_VERSIONS: Final = (1, 2, 3, 4)
 

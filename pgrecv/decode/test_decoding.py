@@ -76,8 +76,8 @@ from pgrecv.events import (
     Update,
     Value,
 )
-from pgrecv.pgtypes import oid_for_name
-from pgrecv.values import days_from_civil
+from pgrecv.output.values import days_from_civil
+from pgrecv.pg.types import oid_for_name
 
 __all__ = ["TestDecodingParser", "parse_timestamptz"]
 

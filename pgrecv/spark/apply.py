@@ -162,7 +162,7 @@ def target_lock(target: Path) -> Iterator[None]:
     Holding it, the run also removes the staging directories of runs that were killed."""
     import shutil
 
-    from pgrecv.files import open_lock
+    from pgrecv.output.files import open_lock
 
     work = target / STATE_DIR
     work.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -651,7 +651,7 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
     import orjson
     from pyspark.sql import functions as F
 
-    from pgrecv.files import fsync_dir
+    from pgrecv.output.files import fsync_dir
 
     if pending is None:
         return 0, None

@@ -26,7 +26,7 @@ import orjson
 import pyarrow as pa
 
 from pgrecv.errors import OutputError
-from pgrecv.files import fsync_dir
+from pgrecv.output.files import fsync_dir
 from pgrecv.spark.source import file_url
 from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgrecv.errors import OutputError
-from pgrecv.files import fsync_dir
+from pgrecv.output.files import fsync_dir
 
 OP_COL = "_pgrecv_op"  # U upsert, D delete, C close (history), N new version (history)
 HISTORY_COLS: list[tuple[str, pa.DataType]] = [

@@ -11,7 +11,6 @@ import struct
 
 import pytest
 
-from pgrecv import pgtypes
 from pgrecv.decode.pgoutput import PgOutputDecoder, tuple_reader
 from pgrecv.errors import DecodeError, UsageError
 from pgrecv.events import (
@@ -38,6 +37,7 @@ from pgrecv.events import (
     Update,
     Value,
 )
+from pgrecv.pg import types as pgtypes
 
 # --- message builders (network byte order) ---------------------------------------------------
 

@@ -1,4 +1,4 @@
-// Runs Flink SQL for tests/test_flink.py on a local MiniCluster and prints what it gets as JSON lines.
+// Runs Flink SQL for tests/output/test_flink.py on a local MiniCluster and prints what it gets as JSON lines.
 // Input (a file): statements separated by lines holding only ";". A statement starting with
 // "-- query NAME" is a query: its rows are printed as {"query": NAME, "kind": "+I", "row": [...]}.
 // A failing query prints {"query": NAME, "error": "<messages of the cause chain>"} and the run goes on.

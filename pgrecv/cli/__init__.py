@@ -1,0 +1,1 @@
+"""The command line: Click commands that parse options and wire the stages together."""

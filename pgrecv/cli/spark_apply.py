@@ -1,0 +1,136 @@
+"""`pgrecv spark-apply`: the click command. Imports nothing heavy until it runs (`--help` stays fast)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pgrecv.cli.options import STATE, common_options
+from pgrecv.errors import UsageError
+
+
+def _conf(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--conf {item!r}: expected key=value, e.g. spark.executor.memory=4g")
+        out[key.strip()] = value
+    return out
+
+
+@click.command("spark-apply")
+@click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
+@click.option("--target", required=True, metavar="PATH", help="Directory holding one table per PostgreSQL table.")
+@click.option("--format", "fmt", type=click.Choice(["delta", "parquet"]), required=True, help="Table format.")
+@click.option("--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob).")
+@click.option("--master", metavar="URL", help="Spark master (default local[*], or spark-submit's).")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Spark configuration (repeatable).")
+@click.option(
+    "--mode",
+    type=click.Choice(["latest", "history"]),
+    default="latest",
+    show_default=True,
+    help="latest: the tables as they are; history: every version (SCD type 2).",
+)
+@click.option(
+    "--delta-engine",
+    type=click.Choice(["auto", "spark", "delta-rs"]),
+    default="auto",
+    show_default=True,
+    help="auto: delta-rs (with --replay driver: Delta's Spark connector when on the classpath).",
+)
+@click.option("--append-only", is_flag=True, help="Tables without any key: append their inserts.")
+@click.option(
+    "--replay",
+    type=click.Choice(["spark", "driver"]),
+    default="spark",
+    show_default=True,
+    help="Where the replay runs: spark (Spark tasks: the driver's memory does not grow with the input; "
+    "a table that cannot be applied is held back alone, exit 15) or driver (the older replay in this "
+    "process; needed for --delta-engine spark).",
+)
+@click.option(
+    "--bad-values",
+    type=click.Choice(["fail", "null", "text"]),
+    default="fail",
+    show_default=True,
+    help="Values the target type cannot hold (numeric NaN, dates past 9999, ...), --replay spark: "
+    "fail (hold the table back), null (store NULL), text (a new column becomes a string column "
+    "holding the value's text). Changed values are counted in the summary.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+@common_options
+def _spark_apply(
+    sources: tuple[str, ...],
+    target: str,
+    fmt: str,
+    tables: tuple[str, ...],
+    master: str | None,
+    confs: tuple[str, ...],
+    mode: str,
+    delta_engine: str,
+    append_only: bool,
+    replay: str,
+    bad_values: str,
+    as_json: bool,
+) -> None:
+    """Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.
+
+    SOURCE: files, globs or `pgrecv start --output-dir` directories (finalised files only).
+    Each table goes to PATH/SCHEMA.TABLE. Re-running on the same files changes nothing; a run
+    killed at any moment and run again ends with the exact tables. Exit codes: 0 done, 15 partly
+    applied (tables held back, each named; the others applied), 9 bad input (file:line named), 8
+    cannot write the target (or another run is applying to it).
+    """
+    from pgrecv.spark.apply import ApplyConfig, run_apply
+    from pgrecv.spark.ui import RichProgress, print_summary
+
+    target_path = Path(target)
+    if not target_path.parent.is_dir():  # a typo must not grow a new directory tree
+        raise UsageError(f"--target {target}: its parent directory does not exist: create it first")
+    if target_path.exists() and not target_path.is_dir():
+        raise UsageError(f"--target {target}: not a directory: give a directory (one table per subdirectory)")
+    config = ApplyConfig(
+        sources=sources,
+        target=target_path,
+        fmt=fmt,
+        tables=tables,
+        mode=mode,
+        engine=delta_engine,
+        master=master,
+        conf=_conf(confs),
+        append_only=append_only,
+        replay=replay,
+        bad_values=bad_values,
+    )
+    show = sys.stderr.isatty() and not STATE.quiet and not as_json
+    progress = RichProgress() if show else None
+    try:
+        summary = run_apply(config, progress=progress)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if as_json:
+        import orjson
+
+        data: dict[str, Any] = asdict(summary)
+        sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE))
+        sys.stdout.flush()
+    elif not STATE.quiet:
+        print_summary(summary)
+    held = [t for t in summary.tables if t.status == "held back"]
+    if held:
+        from pgrecv.errors import PartlyApplied
+
+        for t in held[1:]:
+            click.echo(f"pgrecv: error: {t.error}", err=True)
+        others = "the others are applied" if len(held) < len(summary.tables) else "no other table had changes"
+        raise PartlyApplied(f"{held[0].error} ({len(held)} of {len(summary.tables)} tables held back; {others})")
+
+
+spark_apply: click.Command = _spark_apply  # annotated: pgrecv.cli.main imports this module at its end

@@ -1,0 +1,1 @@
+"""Encoders and sinks: events to JSONL, Debezium or tables, and the files they land in."""

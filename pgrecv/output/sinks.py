@@ -1,0 +1,876 @@
+"""Long-running outputs of `pgrecv start`, and when what they hold counts as durable.
+
+The streamer calls, in stream order: :meth:`Sink.write` for each record, :meth:`Sink.boundary`
+after the last record of each unit (a transaction, a PREPARE, a COMMIT/ROLLBACK PREPARED, a
+non-transactional message), :meth:`Sink.durable` every ``--fsync-interval`` and at a clean stop,
+and :meth:`Sink.tick` on every loop wake-up. A position is confirmed to the server only once
+``durable()`` has returned it, so "durable" is the whole contract:
+
+* standard output (:class:`StdoutSink`): written to the pipe or terminal, like pg_recvlogical;
+* one file (:class:`FileSink`): fsync'd, then recorded in a state file beside it;
+* a directory (:class:`DirSink`): fsync'd, renamed to its final name, directory fsync'd.
+
+Where a run resumes (:class:`Resume`) comes from that same record: the state file for
+``--file``, the final file names and a state file for ``--output-dir``. Nothing is read back
+from the output itself, so raw and pretty output resume as well as JSONL.
+
+``write`` is the hot path. It is the bound ``write`` of an :class:`io.BufferedWriter` (C code, no
+Python frame), over a small raw layer of ours that turns ``OSError`` into :class:`OutputError`
+and whose descriptor can be swapped at a boundary, so that the runner may keep the bound method
+across rotations. No syscall happens per record; one does per buffer-full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import io
+import json
+import os
+import stat
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
+
+from pgrecv.errors import OutputError, UsageError
+from pgrecv.lsn import LSN, lsn_str
+from pgrecv.output.files import (
+    DIR_MODE,
+    FILE_MODE,
+    FINAL_RE,
+    LOCK_NAME,
+    LOOKS_FINAL_RE,
+    STATE_NAME,
+    TMP_PREFIX,
+    TMP_SUFFIX,
+    fsync_dir,
+    lock_fd,
+    open_lock,
+    output_error,
+    remove_leftovers,
+    temp_name_re,
+    write_atomic,
+)
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+BUFFER_SIZE = 1 << 17
+STATE_VERSION = 1
+# `-f`'s state file is one record padded to this size and rewritten in place (pwrite + fdatasync):
+# within one disk sector, as PostgreSQL's own pg_control is, so a crash leaves the old record or
+# the new one. Replacing the file by rename cost three fsyncs and a directory fsync per update.
+STATE_RECORD_SIZE = 512
+_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What the output already holds, as far as its durable record says.
+
+    ``last_commit_lsn``: transactions whose commit LSN is at or below it are in the output
+    (skip them: delivery is at-least-once). ``last_end_lsn``: the end LSN of that last unit,
+    when known (a directory whose state file lags its file names knows only the commit LSN).
+    """
+
+    last_commit_lsn: int | None = None
+    last_end_lsn: int | None = None
+    source: str | None = field(default=None, compare=False)  # the file that says so, for messages
+    # the claim comes from an output file that holds nothing (pgrecv never publishes one): trusted
+    # only where the slot has confirmed it already (see Streamer._check_positions)
+    empty_source: bool = field(default=False, compare=False)
+
+    @property
+    def furthest(self) -> int:
+        """The highest WAL position the output claims to hold (0: none)."""
+        return max(self.last_commit_lsn or 0, self.last_end_lsn or 0)
+
+    @property
+    def start_lsn(self) -> int:
+        """A START_REPLICATION position that misses nothing the output lacks: the server sends
+        every transaction whose commit record starts at or after it."""
+        if self.last_end_lsn is not None:
+            return self.last_end_lsn
+        if self.last_commit_lsn is not None:
+            return self.last_commit_lsn + 1
+        return 0
+
+
+# --- raw layers under the BufferedWriter ---------------------------------------------------
+
+
+class _Raw(io.RawIOBase):
+    """Base of our raw layers: tracks the position and remembers the first failure.
+
+    ``closed`` is a plain attribute: BufferedWriter checks ``raw.closed`` on every write, and
+    IOBase's property is a sizeable part of a write (bench/NOTES.md). After a failure has been raised once, writes
+    are dropped silently (so a later flush by the garbage collector prints nothing); the sink
+    re-raises ``failure`` wherever it would claim durability.
+    """
+
+    closed = False
+
+    def __init__(self, label: str) -> None:
+        super().__init__()
+        self.label = label
+        self.pos = 0
+        self.total = 0  # bytes handed to the kernel since the start, across files (for metrics)
+        self.failure: OutputError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.pos
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def fail(self, exc: OSError, doing: str) -> OutputError:
+        self.failure = output_error(exc, self.label, doing)
+        return self.failure
+
+
+class _FdRaw(_Raw):
+    """A file descriptor that can be swapped at a transaction boundary (rotation, SIGHUP)."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(label)
+        self.fd = -1
+
+    def attach(self, fd: int, pos: int, label: str) -> None:
+        self.fd, self.pos, self.label = fd, pos, label
+
+    def cut(self, offset: int) -> None:
+        """Drop what was written past ``offset`` (a unit cut short: it will come again whole)."""
+        if self.pos > offset:
+            try:
+                os.ftruncate(self.fd, offset)
+            except OSError as exc:
+                raise self.fail(exc, "truncate") from None
+            self.pos = offset
+
+    def close(self) -> None:
+        """Only ever called by the garbage collector (through the BufferedWriter): the sinks
+        close their descriptors themselves."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def write(self, b: ReadableBuffer) -> int:
+        if self.failure is not None:
+            return len(memoryview(b))
+        try:
+            n = os.write(self.fd, b)
+        except OSError as exc:
+            raise self.fail(exc, "write") from None
+        self.pos += n
+        self.total += n
+        return n
+
+
+class _StreamRaw(_Raw):
+    def __init__(self, stream: BinaryIO, label: str) -> None:
+        super().__init__(label)
+        self.stream = stream
+
+    def write(self, b: ReadableBuffer) -> int:
+        if self.failure is not None:
+            return len(memoryview(b))
+        try:
+            n = self.stream.write(b)
+        except OSError as exc:
+            raise self.fail(exc, "write") from None
+        n = len(memoryview(b)) if n is None else n
+        self.pos += n
+        self.total += n
+        return n
+
+
+# --- the interface --------------------------------------------------------------------------
+
+
+class Sink(ABC):
+    """Where `pgrecv start` writes records; see the module docstring for the call order.
+
+    ``file_started`` counts output files begun since :meth:`open` (rotation, SIGHUP onto a new
+    file); it stays 0 for standard output. Rotation happens only at a boundary, so a runner that
+    compares it with the value it last saw, before the first record of each unit, knows when to
+    repeat the relation records a self-describing file needs.
+
+    ``warning`` is set by :meth:`open` when the output may already repeat what is coming (a
+    file without pgrecv state), for the runner to print.
+    """
+
+    write: Callable[[bytes], None]
+    """Append one record (bytes or any buffer). Buffered: no syscall per call. (It is the
+    buffer's own ``write``, which returns a count; callers ignore it.)"""
+
+    def __init__(self) -> None:
+        self.file_started = 0
+        self.warning: str | None = None
+
+    @abstractmethod
+    def open(self) -> Resume:
+        """Prepare the output; say what it already holds."""
+
+    @abstractmethod
+    def boundary(self, commit_lsn: int, end_lsn: int) -> None:
+        """The records written since the previous boundary form one complete unit."""
+
+    @abstractmethod
+    def durable(self) -> int | None:
+        """Make everything up to the last boundary durable; the end LSN of the last unit written
+        *since open()* that now is (None: none yet). Never a position merely read back from an
+        earlier run's record: that one is what :class:`Resume` reports, for the runner to check."""
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes written out since :meth:`open`, across files (buffered ones not yet)."""
+        return 0
+
+    def tick(self, now: float) -> None:  # noqa: B027 - optional hook
+        """Periodic and cheap; ``now`` is ``time.monotonic()``."""
+
+    def reopen(self) -> None:  # noqa: B027 - optional hook
+        """SIGHUP."""
+
+    def discard_partial(self) -> None:  # noqa: B027 - optional hook
+        """Drop records written after the last boundary: their unit will be sent again in full."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Durable, then closed. Records after the last boundary are dropped."""
+
+
+class _BufferedSink(Sink):
+    def __init__(self, raw: _Raw) -> None:
+        super().__init__()
+        self._raw = raw
+        self._bw = io.BufferedWriter(raw, BUFFER_SIZE)
+        self.write = cast("Callable[[bytes], None]", self._bw.write)
+        self._tell = self._bw.tell
+
+    def _flush(self) -> None:
+        self._raw.check()
+        self._bw.flush()
+
+    @property
+    def bytes_written(self) -> int:
+        return self._raw.total
+
+    def _drain(self) -> None:
+        """Empty the buffer into nowhere (after the descriptor is gone or has failed)."""
+        failure = self._raw.failure
+        self._raw.failure = OutputError("output closed")
+        with contextlib.suppress(Exception):
+            self._bw.flush()
+        self._raw.failure = failure
+
+
+# --- standard output -------------------------------------------------------------------------
+
+
+class StdoutSink(_BufferedSink):
+    """A pipe or terminal: durable means written, as pg_recvlogical has it.
+
+    Nothing can be read back from a pipe, so :meth:`open` knows nothing (the runner de-duplicates
+    across reconnects within the process). :meth:`tick` flushes, so a terminal or a downstream
+    reader sees each transaction as soon as the loop has nothing more to read. A unit cut by a
+    lost connection has already gone out; it comes again in full after the reconnect.
+    """
+
+    def __init__(self, stream: BinaryIO | None = None) -> None:
+        self._stream = stream if stream is not None else sys.stdout.buffer
+        super().__init__(_StreamRaw(self._stream, "standard output"))
+        self._last_end: int | None = None
+        self._durable_end: int | None = None
+
+    def open(self) -> Resume:
+        return Resume()
+
+    def boundary(self, commit_lsn: int, end_lsn: int) -> None:
+        self._last_end = end_lsn
+
+    def _flush(self) -> None:
+        super()._flush()
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise self._raw.fail(exc, "write") from None
+
+    def durable(self) -> int | None:
+        self._flush()
+        self._durable_end = self._last_end
+        return self._durable_end
+
+    def tick(self, now: float) -> None:
+        self._flush()
+
+    def close(self) -> None:
+        try:
+            self._flush()
+        finally:
+            self._drain()
+
+
+# --- one file ------------------------------------------------------------------------------
+
+
+class FileSink(_BufferedSink):
+    """``-f FILE``: appended to (created 0600), fsync'd, with its position in a state file beside it.
+
+    The state file ``.FILE.pgrecv-state`` holds ``{"version": 1, "offset": N, "commit_lsn":
+    "X/X", "end_lsn": "X/X"}``: the file's first N bytes are whole units, the last of which
+    ended at ``end_lsn``. It is made whole once per open (temporary file, fsync, rename,
+    directory fsync) and then rewritten in place, one sector (:class:`_StateRecord`), and only
+    after the data's fdatasync, so it never claims more than the disk holds.
+    :meth:`open` truncates the file back to N: a unit half-written before a crash is cut off, and
+    comes again in full from the server. Writing the state at open means a crash before the first
+    fsync still leaves a record to truncate to.
+
+    SIGHUP (:meth:`reopen`) reopens the path, like pg_recvlogical, for rotation by rename; if a
+    unit is half-written it waits for that unit's boundary, so no unit is split across files.
+    An advisory lock on the file keeps a second pgrecv from appending to it.
+
+    A path that is not a regular file (``/dev/null``, a FIFO, ``/dev/stdout``) is treated like
+    standard output: durable means written; no state file, no fsync, no truncation.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        super().__init__(_FdRaw(str(self.path)))
+        self._fdraw: _FdRaw = self._raw  # type: ignore[assignment]
+        self.state_path = self.path.with_name(f".{self.path.name}.pgrecv-state")
+        self._b_off = 0  # file offset just after the last boundary
+        self._b_commit: int | None = None
+        self._b_end: int | None = None
+        self._dirty = False  # a boundary since the state was last written
+        self._durable_end: int | None = None
+        self._reopen_wanted = False
+        self._ident: tuple[int, int] | None = None
+        self._regular = True
+        self._state = _StateRecord(self.state_path)
+
+    def open(self) -> Resume:
+        existed = self.path.exists()
+        fd, size = self._open_file()
+        if not self._regular:
+            self._fdraw.attach(fd, 0, str(self.path))
+            return Resume()
+        with contextlib.suppress(OSError):  # a directory we may write in but not list: leftovers stay
+            remove_leftovers(self.path.parent, temp_name_re(self.state_path.name))
+        commit: int | None = None
+        end: int | None = None
+        try:
+            state = _read_state(self.state_path, what=self.path, has_offset=True)
+            if state is not None:
+                offset, commit, end = state["offset"], state["commit_lsn"], state["end_lsn"]
+                if not existed:
+                    offset = 0
+                    if end is not None:
+                        self.warning = (
+                            f"{self.path} is missing: starting it anew after {lsn_str(end)}, "
+                            f"where {self.state_path.name} says the old one ended"
+                        )
+                elif offset > size:
+                    raise OutputError(
+                        f"{self.path} has {size} bytes but {self.state_path.name} says {offset} were written: "
+                        f"it was truncated or replaced; restore it, or delete {self.state_path} to append "
+                        "without resuming (transactions may then repeat)"
+                    )
+                elif offset < size:
+                    os.ftruncate(fd, offset)  # a unit cut short by a crash: it will come again whole
+            else:
+                offset = size
+                if size:
+                    self.warning = (
+                        f"{self.path} has no pgrecv state: appending; transactions already in it may be repeated"
+                    )
+        except OSError as exc:
+            os.close(fd)
+            raise output_error(exc, self.path, "truncate") from None
+        except OutputError:
+            os.close(fd)
+            raise
+        self._fdraw.attach(fd, offset, str(self.path))
+        self._b_off, self._b_commit, self._b_end = offset, commit, end
+        self._write_state()
+        self._durable_end = None  # nothing of this run yet: the old end is the runner's to check
+        return Resume(commit, end, str(self.state_path))
+
+    def _open_file(self) -> tuple[int, int]:
+        try:
+            fd = os.open(self.path, _OPEN_FLAGS, FILE_MODE)
+        except OSError as exc:
+            raise output_error(exc, self.path, "open") from None
+        try:
+            st = os.fstat(fd)
+            self._regular = stat.S_ISREG(st.st_mode)
+            if self._regular:
+                lock_fd(fd, self.path, busy=_busy(self.path))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._ident = (st.st_dev, st.st_ino)
+        return fd, st.st_size if self._regular else 0
+
+    def _write_state(self) -> None:
+        doc = {
+            "version": STATE_VERSION,
+            "offset": self._b_off,
+            "commit_lsn": None if self._b_commit is None else lsn_str(self._b_commit),
+            "end_lsn": None if self._b_end is None else lsn_str(self._b_end),
+        }
+        self._state.write(doc)
+        self._dirty = False
+
+    def boundary(self, commit_lsn: int, end_lsn: int) -> None:
+        self._b_off = self._tell()
+        self._b_commit = commit_lsn
+        self._b_end = end_lsn
+        self._dirty = True
+        if self._reopen_wanted:
+            self._reopen_now()
+
+    def durable(self) -> int | None:
+        self._raw.check()
+        if not self._regular:
+            self._flush()
+            self._durable_end = self._b_end
+        elif self._dirty:
+            self._flush()
+            try:
+                os.fdatasync(self._fdraw.fd)  # the data and the file's size: what a reader needs
+            except OSError as exc:
+                raise self._raw.fail(exc, "fsync") from None
+            self._write_state()
+            self._durable_end = self._b_end
+        return self._durable_end
+
+    def tick(self, now: float) -> None:
+        """Hand buffered records to the kernel, so that `tail -f` shows them (no fsync)."""
+        self._bw.flush()
+
+    def discard_partial(self) -> None:
+        self._flush()
+        if self._regular:
+            self._fdraw.cut(self._b_off)
+
+    def reopen(self) -> None:
+        if self._tell() == self._b_off:
+            self._reopen_now()
+        else:
+            self._reopen_wanted = True  # at the boundary of the unit being written
+
+    def _reopen_now(self) -> None:
+        self._reopen_wanted = False
+        self.durable()
+        old = self._ident
+        self._close_fd()
+        fd, size = self._open_file()
+        self._fdraw.attach(fd, size, str(self.path))
+        self._b_off = size
+        if self._regular:
+            self._write_state()  # now about the new file: a crash must not truncate it to the old offset
+        if self._ident != old:
+            self.file_started += 1
+
+    def _close_fd(self) -> None:
+        fd = self._fdraw.fd
+        if fd >= 0:
+            self._fdraw.fd = -1
+            os.close(fd)
+
+    def close(self) -> None:
+        if self._fdraw.fd < 0:
+            return
+        try:
+            self.discard_partial()
+            self.durable()
+        finally:
+            self._close_fd()
+            self._state.close()
+            self._drain()
+
+
+# --- a directory of rotated files ----------------------------------------------------------
+
+
+class DirSink(_BufferedSink):
+    """``--output-dir DIR``: files that appear complete or not at all, named to sort by LSN.
+
+    Records go to a hidden temporary file (``.tmp-XXXXXXXX.part``, from mkstemp: O_EXCL, O_NOFOLLOW,
+    an unpredictable name, as the directory may be shared). A file is finished only at a
+    unit boundary: flushed, fsync'd, renamed to ``FIRST-LAST.jsonl`` and the directory fsync'd;
+    FIRST and LAST are commit LSNs as 16 upper-case hex digits (the file's first unit and the
+    highest in it), so names sort lexically in stream order. A reader listing DIR never sees a
+    partial file under a final name, and never an empty one.
+
+    A file is finished at the first boundary at which it has reached ``rotate_size`` bytes or
+    is ``rotate_interval`` seconds old (counted from its first unit), and also on every
+    :meth:`durable` call, i.e. every ``--fsync-interval``. That last choice bounds what the slot
+    keeps: nothing in an open file may be confirmed to the server (a crash deletes it), so
+    keeping a file open across fsync intervals would make the server retain WAL for as long as
+    the file stays open; with only ``--rotate-size`` on a quiet stream, without limit. Files are
+    therefore at most one fsync interval old; for fewer, larger files raise ``--fsync-interval``
+    too, and accept that the slot holds that much more WAL. When :meth:`durable` (or
+    :meth:`tick`, or SIGHUP) finds a unit half-written, the file is finished at that unit's
+    boundary instead, never split.
+
+    Resume: the greatest LAST among final names, and the state file ``DIR/.pgrecv-state`` (the
+    last finished file's commit and end LSN, replaced after the rename is durable), whichever is
+    further: consumers may take files away, the state stays. A final name must parse, and no two
+    files' LSN ranges may overlap: anything else is an error naming the file, since resuming after
+    a stray or hand-edited name would skip data. Temporary files left by a crash are deleted at
+    :meth:`open` (only names pgrecv makes, only regular files of ours); what they held was never
+    confirmed. An advisory lock on
+    ``DIR/.pgrecv.lock`` keeps a second pgrecv out.
+    """
+
+    STATE_NAME = STATE_NAME
+    LOCK_NAME = LOCK_NAME
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        rotate_size: int | None = None,
+        rotate_interval: float | None = None,
+        suffix: str = ".jsonl",
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = Path(directory)
+        super().__init__(_FdRaw(str(self.directory)))
+        self._fdraw: _FdRaw = self._raw  # type: ignore[assignment]
+        self.rotate_size = rotate_size
+        self.rotate_interval = rotate_interval
+        self.suffix = suffix
+        self._clock = clock
+        self._lock_fd = -1
+        self._tmp: Path | None = None
+        self._state = _StateRecord(self.directory / self.STATE_NAME)
+        # the file being written
+        self._b_off = 0
+        self._first: int | None = None  # commit part of the name; None: no complete unit yet
+        self._started = 0.0
+        self._last_end: int | None = None
+        self._want_rotate = False
+        # the stream so far
+        self._max_commit = -1  # running maximum, so that names never go backwards
+        self._final_commit: int | None = None  # LAST of the newest final file (or resumed)
+        self._final_end: int | None = None
+        self._final_name: str | None = None
+        self._state_end: int | None = None  # end LSN last written to the state file
+        self._run_end: int | None = None  # end LSN of the last unit this run made final
+
+    # opening
+
+    def open(self) -> Resume:
+        d = self.directory
+        try:
+            if not d.is_dir():
+                d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                fsync_dir(d.parent)
+        except OSError as exc:
+            raise output_error(exc, d, "create the output directory") from None
+        self._lock_fd = open_lock(d / self.LOCK_NAME, busy=_busy(d))
+        try:
+            resume = self._recover()
+            self._new_file()
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise
+        return resume
+
+    def _recover(self) -> Resume:
+        d = self.directory
+        try:
+            remove_leftovers(d)  # a crash's (this sink's or pgrecv snapshot's), never confirmed
+            ranges = _final_ranges(d)
+        except OSError as exc:
+            raise output_error(exc, d, "read the output directory") from None
+        newest = max(ranges, default=None, key=lambda r: r[1])
+        state_path = d / self.STATE_NAME
+        state = _read_state(state_path, what=d, has_offset=False)
+        commit: int | None = None
+        end: int | None = None
+        source: str | None = None
+        if state is not None and state["commit_lsn"] is not None:
+            commit, end, source = state["commit_lsn"], state["end_lsn"], str(state_path)
+            self._final_name = state.get("file")
+        empty = False
+        if newest is not None and (commit is None or newest[1] > commit):
+            commit, end = newest[1], None  # finished after the state was last written: end unknown
+            self._final_name, source = newest[2], str(d / newest[2])
+            try:
+                empty = (d / newest[2]).stat().st_size == 0
+            except OSError as exc:
+                raise output_error(exc, d / newest[2], "read") from None
+        self._final_commit, self._final_end, self._state_end = commit, end, end
+        if commit is not None:
+            self._max_commit = commit
+        return Resume(commit, end, source, empty_source=empty)
+
+    def _new_file(self) -> None:
+        try:
+            fd, name = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=TMP_SUFFIX, dir=self.directory)
+            # appends: a write after discard_partial's ftruncate lands at the new end, not past a hole
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        except OSError as exc:
+            raise self._raw.fail(exc, "create") from None
+        tmp = Path(name)
+        self._tmp = tmp
+        self._fdraw.attach(fd, 0, str(self.directory))
+        self._b_off = 0
+        self._first = None
+        self._last_end = None
+
+    # streaming
+
+    def boundary(self, commit_lsn: int, end_lsn: int) -> None:
+        self._b_off = self._tell()
+        if commit_lsn > self._max_commit:
+            self._max_commit = commit_lsn
+        if self._first is None:
+            self._first = self._max_commit
+            self._started = self._clock()
+        self._last_end = end_lsn
+        if (
+            self._want_rotate
+            or (self.rotate_size is not None and self._b_off >= self.rotate_size)
+            or (self.rotate_interval is not None and self._clock() - self._started >= self.rotate_interval)
+        ):
+            self._finish_file()
+
+    def tick(self, now: float) -> None:
+        if (
+            self.rotate_interval is not None
+            and self._first is not None
+            and not self._want_rotate
+            and now - self._started >= self.rotate_interval
+        ):
+            self._rotate_soon()
+
+    def durable(self) -> int | None:
+        self._raw.check()
+        if self._first is not None:
+            self._rotate_soon()
+        if self._final_end is not None and self._final_end != self._state_end:
+            doc: dict[str, Any] = {
+                "version": STATE_VERSION,
+                "commit_lsn": lsn_str(self._final_commit or 0),
+                "end_lsn": lsn_str(self._final_end),
+                "file": self._final_name,
+            }
+            self._state.write(doc)
+            self._state_end = self._final_end
+        return self._run_end
+
+    def reopen(self) -> None:
+        """SIGHUP: finish the current file (at once, or at the boundary of the unit being written)."""
+        if self._first is not None:
+            self._rotate_soon()
+
+    def discard_partial(self) -> None:
+        self._flush()
+        self._fdraw.cut(self._b_off)
+
+    def _rotate_soon(self) -> None:
+        if self._tell() == self._b_off:
+            self._finish_file()
+        else:
+            self._want_rotate = True
+
+    def _finish_file(self, *, last: bool = False) -> None:
+        """Publish the current file (no partial unit in it) and start the next."""
+        self._want_rotate = False
+        first = self._first
+        if first is None:
+            return
+        if self._final_commit is not None and self._max_commit <= self._final_commit:
+            return  # nothing with a newer commit LSN (a lone ROLLBACK PREPARED): its name would clash
+        if self._b_off == 0:  # complete units that wrote nothing: the position moves, no file
+            self._final_commit, self._final_end = self._max_commit, self._last_end
+            self._run_end = self._last_end
+            self._first = None
+            return
+        name = f"{first:016X}-{self._max_commit:016X}{self.suffix}"
+        final = self.directory / name
+        tmp = self._tmp
+        assert tmp is not None
+        self._flush()
+        try:
+            os.fsync(self._fdraw.fd)
+            fd, self._fdraw.fd = self._fdraw.fd, -1
+            os.close(fd)
+            if final.exists():
+                raise OutputError(
+                    f"cannot publish {final}: it already exists; is another program writing {self.directory}?"
+                )
+            os.rename(tmp, final)
+            self._tmp = None
+            fsync_dir(self.directory)
+        except OSError as exc:
+            raise self._raw.fail(exc, "publish") from None
+        self._final_commit, self._final_end, self._final_name = self._max_commit, self._last_end, name
+        self._run_end = self._last_end
+        self._first = None
+        if not last:
+            self._new_file()
+            self.file_started += 1
+
+    def close(self) -> None:
+        if self._lock_fd < 0:
+            return
+        try:
+            self.discard_partial()
+            self._finish_file(last=True)
+            self.durable()
+        finally:
+            if self._fdraw.fd >= 0:
+                os.close(self._fdraw.fd)
+                self._fdraw.fd = -1
+            if self._tmp is not None:
+                with contextlib.suppress(OSError):
+                    self._tmp.unlink()  # no complete unit, or one not to be published
+                self._tmp = None
+            self._drain()
+            self._state.close()
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+# --- factory and helpers -------------------------------------------------------------------
+
+
+def make_sink(
+    target: str | None,
+    output_dir: str | None,
+    rotate_size: int | None = None,
+    rotate_interval: float | None = None,
+    suffix: str = ".jsonl",
+) -> Sink:
+    """The sink for ``-f``/``--output-dir``: ``-`` or nothing is standard output."""
+    if output_dir is not None:
+        if target is not None:
+            raise UsageError("--file and --output-dir exclude each other: pick one")
+        if rotate_size is not None and rotate_size <= 0:
+            raise UsageError("--rotate-size must be positive")
+        if rotate_interval is not None and rotate_interval <= 0:
+            raise UsageError("--rotate-interval must be positive")
+        return DirSink(output_dir, rotate_size, rotate_interval, suffix)
+    if rotate_size is not None or rotate_interval is not None:
+        raise UsageError("--rotate-size and --rotate-interval need --output-dir")
+    if target is None or target == "-":
+        return StdoutSink(sys.stdout.buffer)
+    return FileSink(target)
+
+
+def _busy(path: Path) -> str:
+    return f"{path} is in use by another process (it holds the lock): stop it, or choose another output"
+
+
+def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:
+    """(FIRST, LAST, name) of the final files, checked: names parse, ranges do not overlap."""
+    ranges: list[tuple[int, int, str]] = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            m = FINAL_RE.fullmatch(entry.name)
+            if m is None:
+                if LOOKS_FINAL_RE.fullmatch(entry.name) is not None:
+                    raise OutputError(
+                        f"cannot resume from {directory}: {entry.name} looks like an output file but does not "
+                        "parse (FIRST-LAST, 16 upper-case hexadecimal digits each, then a suffix of letters, "
+                        "digits, '.', '_' or '-'): rename or move it out of the directory"
+                    )
+                continue
+            first, last = int(m.group(1), 16), int(m.group(2), 16)
+            if first > last:
+                raise OutputError(
+                    f"cannot resume from {directory}: {entry.name} starts after it ends; "
+                    "it is not pgrecv's: move it out of the directory"
+                )
+            ranges.append((first, last, entry.name))
+    ranges.sort()
+    top: tuple[int, int, str] | None = None  # the range reaching furthest so far
+    for r in ranges:
+        if top is not None and r[0] < top[1] and r[:2] != top[:2]:  # an identical range is a copy
+            raise OutputError(
+                f"cannot resume from {directory}: the LSN ranges of {top[2]} and {r[2]} overlap, so one "
+                "of them is not from this stream: move it out of the directory"
+            )
+        if top is None or r[1] > top[1]:
+            top = r
+    return ranges
+
+
+class _StateRecord:
+    """A state file made whole once (temporary name, fsync, rename, directory fsync) and then
+    rewritten in place: the JSON padded to :data:`STATE_RECORD_SIZE` bytes, one pwrite at offset 0
+    and an fdatasync, on the descriptor mkstemp gave (no later path lookup can be redirected)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+
+    def write(self, doc: dict[str, Any]) -> None:
+        data = json.dumps(doc).encode()
+        data += b" " * (STATE_RECORD_SIZE - 1 - len(data)) + b"\n"  # JSON allows the padding
+        assert len(data) == STATE_RECORD_SIZE
+        if self.fd < 0:
+            self.fd = write_atomic(self.path, data, what="the state file", keep_open=True)
+            return
+        try:
+            if os.pwrite(self.fd, data, 0) != len(data):
+                raise OSError(errno.EIO, "short write")
+            os.fdatasync(self.fd)
+        except OSError as exc:
+            raise output_error(exc, self.path, "write the state file") from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] | None:
+    """The state file, LSNs parsed to ints; None when there is none."""
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise output_error(exc, path, "read") from None
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+            raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else '?'} is not 1")
+        for key in ("commit_lsn", "end_lsn"):
+            value = doc.get(key)
+            doc[key] = None if value is None else int(LSN.parse(value))
+        if (doc["commit_lsn"] is None) != (doc["end_lsn"] is None):
+            raise ValueError("commit_lsn and end_lsn go together")
+        if doc["commit_lsn"] is not None and doc["commit_lsn"] > doc["end_lsn"]:
+            raise ValueError(f"commit_lsn {lsn_str(doc['commit_lsn'])} is after end_lsn {lsn_str(doc['end_lsn'])}")
+        if has_offset:
+            offset = doc.get("offset")
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise ValueError(f"bad offset {offset!r}")
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise OutputError(
+            f"cannot use {path}: {exc}; it records where {what} ends: restore it, or delete it to start "
+            "without resuming (transactions may then repeat)"
+        ) from None
+    return doc

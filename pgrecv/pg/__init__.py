@@ -1,0 +1,1 @@
+"""PostgreSQL itself: connections, slots and publications, type OIDs, throwaway servers."""

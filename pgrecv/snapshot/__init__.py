@@ -1,0 +1,1 @@
+"""`pgrecv snapshot`: the initial copy of a slot's exported snapshot."""

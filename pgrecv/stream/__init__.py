@@ -1,0 +1,1 @@
+"""Streaming: the replication connection, the pipeline stage, and the loop that runs them."""

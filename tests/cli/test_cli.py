@@ -1,0 +1,148 @@
+"""The command tree: every command has help, generated docs are current, errors map to exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from pgrecv.cli.main import cli, main
+from pgrecv.errors import ExitCode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def all_commands() -> list[str]:
+    assert isinstance(cli, click.Group)
+    return sorted(cli.commands)
+
+
+@pytest.mark.parametrize("name", all_commands())
+def test_every_command_has_help(name: str) -> None:
+    result = CliRunner().invoke(cli, [name, "--help"])
+    assert result.exit_code == 0, result.output
+    command = cli.commands[name]  # type: ignore[attr-defined]
+    assert command.help and command.help.strip(), f"{name} has no help text"
+    for param in command.params:
+        if isinstance(param, click.Option):
+            assert param.help, f"{name} {param.opts} has no help text"
+
+
+def test_generated_docs_are_current() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_docs.py"), "--check"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_man_page_lists_every_command_and_exit_code() -> None:
+    text = (ROOT / "man" / "pgrecv.1").read_text()
+    for name in all_commands():
+        assert f"pgrecv {name}".replace("-", "\\-") in text  # roff escapes hyphens
+    for code in ExitCode:
+        assert f"\\fB{int(code)}\\fR" in text
+
+
+def _readme_exit_codes() -> dict[int, str]:
+    """The README's exit-code table, code -> meaning (cells unescaped)."""
+    section = (ROOT / "README.md").read_text().split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| code ")]
+    table = {}
+    for row in rows:
+        code, meaning = row.removeprefix("| ").removesuffix(" |").split(" | ", 1)
+        table[int(code)] = meaning.replace("\\|", "|")
+    return table
+
+
+def _man_exit_codes() -> dict[int, str]:
+    """The man page's EXIT STATUS entries, code -> text with roff's bold and escapes removed."""
+    text = (ROOT / "man" / "pgrecv.1").read_text()
+    section = text.split(".SH EXIT STATUS\n", 1)[1].split("\n.SH ", 1)[0]
+    entries = {}
+    for item in section.split(".TP\n")[1:]:
+        tag, body = item.rstrip("\n").split("\n", 1)
+        code = int(tag.removeprefix("\\fB").removesuffix("\\fR"))
+        entries[code] = body.replace("\\fB", "`").replace("\\fR", "`").replace("\\-", "-").replace("\\e", "\\")
+    return entries
+
+
+def test_exit_codes_agree_in_enum_readme_and_man_page() -> None:
+    """ExitCode's descriptions are the only source: the README table and the man page say the same."""
+    assert _readme_exit_codes() == {int(code): code.description for code in ExitCode}
+    assert _man_exit_codes() == {int(code): f"{code.name}: {code.description}." for code in ExitCode}
+    assert all(code.description for code in ExitCode)
+
+
+def test_bash_completion_is_valid_and_completes(tmp_path: Path) -> None:
+    script = ROOT / "completions" / "pgrecv.bash"
+    probe = (
+        f"source {script}; COMP_WORDS=(pgrecv pe); COMP_CWORD=1; _pgrecv; echo ${{COMPREPLY[@]}};"
+        " COMP_WORDS=(pgrecv peek --format ''); COMP_CWORD=3; _pgrecv; echo ${COMPREPLY[@]}"
+    )
+    proc = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
+    out = proc.stdout.splitlines()
+    assert out[0] == "peek"
+    assert out[1].split() == ["auto", "jsonl", "pretty", "raw", "debezium", "debezium-schema"]
+
+
+def test_help_does_not_import_pyspark() -> None:
+    code = "import sys; from pgrecv.cli.main import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\n"
+    code += "assert 'pyspark' not in sys.modules, sorted(sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pgrecv", *args], capture_output=True, text=True)
+
+
+def test_usage_error_exit_code() -> None:
+    proc = run("peek")
+    assert proc.returncode == ExitCode.USAGE
+    assert "--slot" in proc.stderr
+
+
+def test_version() -> None:
+    from pgrecv import __version__
+
+    proc = run("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"pgrecv {__version__}"
+
+
+def test_contradicting_password_flags() -> None:
+    proc = run("slots", "-w", "-W")
+    assert proc.returncode == ExitCode.USAGE
+    assert proc.stderr.count("\n") == 1 and "contradict" in proc.stderr
+
+
+def test_connection_refused_is_one_line_without_password() -> None:
+    proc = run("slots", "-d", "postgresql://alice:s3cr3t-pw@127.0.0.1:1/db", "-w", "-vv")
+    assert proc.returncode == ExitCode.CONNECTION, proc.stderr
+    assert "s3cr3t-pw" not in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("pgrecv: error:")]
+    assert len(errors) == 1 and errors[0].startswith("pgrecv: error: cannot connect")
+
+
+def test_bad_conninfo_is_a_usage_error_without_password() -> None:
+    proc = run("slots", "-d", "host=x password=hunter2 nonsense")
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert "hunter2" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_bad_lsn_option() -> None:
+    proc = run("peek", "--slot", "s", "--upto-lsn", "12")
+    assert proc.returncode == ExitCode.USAGE
+    assert "invalid LSN" in proc.stderr
+
+
+def test_main_maps_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["drop"])
+    assert exc.value.code == ExitCode.USAGE
