@@ -58,6 +58,16 @@ LEFTOVER_RE: Final = re.compile(
 )
 
 
+# a snapshot file (its FIRST-LAST prefix names its manifest: prefix + MANIFEST_SUFFIX)
+SNAPSHOT_FILE_RE: Final = re.compile(r"(?P<prefix>[0-9A-F]{16}-[0-9A-F]{16})\.snapshot-\d+\.jsonl")
+MANIFEST_SUFFIX: Final = ".snapshot.manifest.json"
+
+
+def is_record_file(name: str) -> bool:
+    """A finished file of records that a reader of a directory takes: a change or snapshot file."""
+    return name.endswith(".jsonl") and FINAL_RE.fullmatch(name) is not None
+
+
 def snapshot_file_name(cp: int, seq: int) -> str:
     return f"{0:016X}-{max(cp - 1, 0):016X}.snapshot-{seq:04d}.jsonl"
 
@@ -68,7 +78,7 @@ def snapshot_part_name(token: str, seq: int) -> str:
 
 
 def manifest_name(cp: int) -> str:
-    return f"{0:016X}-{max(cp - 1, 0):016X}.snapshot.manifest.json"
+    return f"{0:016X}-{max(cp - 1, 0):016X}{MANIFEST_SUFFIX}"
 
 
 # --- errors --------------------------------------------------------------------------------

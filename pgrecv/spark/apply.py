@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from pgrecv.errors import InputError, UsageError
 from pgrecv.spark import reduce as rd
-from pgrecv.spark.read import Reader, ReadResult, TableInput, check_snapshots, expand_sources, table_matcher
+from pgrecv.spark.read import Reader, ReadResult, TableInput, check_snapshots, expand_sources
 from pgrecv.spark.types import ColumnType, column_type, convert_value, fast_column, same_type
 from pgrecv.spark.writers import (
     HISTORY_COLS,
@@ -34,6 +34,7 @@ from pgrecv.spark.writers import (
     Target,
     hashable,
 )
+from pgrecv.stream.pipeline import table_filter
 
 STATE_DIR = "_pgrecv"
 
@@ -214,7 +215,7 @@ def _run_apply(
     carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
 
     with no_gc():
-        reader = Reader(table_matcher(config.tables))
+        reader = Reader(table_filter(config.tables, ()))
         progress.files(len(files) + len(carried))
         for path in carried:
             reader.feed_file(path)

@@ -43,7 +43,8 @@ def run_frames(
 
     from pgrecv.spark.apply import Summary, TableResult, _lsn_text, table_dir_name
     from pgrecv.spark.lake import FrameDeltaRsTarget, FrameParquetTarget
-    from pgrecv.spark.read import parse_lsn, table_matcher
+    from pgrecv.spark.read import parse_lsn
+    from pgrecv.stream.pipeline import table_filter
 
     started = time.monotonic()
     carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
@@ -65,7 +66,7 @@ def run_frames(
         check_input(records)
         st = rp.structure(df)
         summary.transactions, summary.incomplete, summary.rolled_back = st.transactions, st.incomplete, st.rolled_back
-        match = table_matcher(config.tables)
+        match = table_filter(config.tables, ())
         snap: list[tuple[str, str, int]] = []
         for mpath, manifest in manifests.items():
             try:
@@ -90,7 +91,7 @@ def run_frames(
         changes = changes.where("op <> 'truncate'").unionByName(trunc.select(*changes.columns))
         # every table's changes follow its relation record (pgoutput and pgrecv's test_decoding reader)
         names = sorted({k for k in st.relations} | {(s, t) for s, t, _ in snap})
-        wanted = [n for n in names if match(*n)]
+        wanted = [n for n in names if match is None or match(*n)]
         # The committed changes of the wanted tables, staged once more, partitioned by table: each
         # table's passes then read its own rows only, instead of every table's jobs reading the
         # whole input and joining it to its commits again.

@@ -18,10 +18,8 @@ integers: LSNs are parsed from ``X/X`` to 64-bit ints and never compared as text
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import os
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +28,8 @@ from typing import Any, NamedTuple
 import orjson
 
 from pgrecv.errors import InputError
+from pgrecv.output.files import MANIFEST_SUFFIX, SNAPSHOT_FILE_RE, TMP_PREFIX, is_record_file
 
-_CHANGE_FILE = re.compile(r"[0-9A-F]{16}-[0-9A-F]{16}(?:\.[\w.-]*)?\.jsonl")
-_SNAPSHOT_FILE = re.compile(r"(?P<prefix>[0-9A-F]{16}-[0-9A-F]{16})\.snapshot-\d+\.jsonl")
-_MANIFEST_SUFFIX = ".snapshot.manifest.json"
 ROW_OPS = frozenset({"insert", "update", "delete"})
 TableId = tuple[str, str]
 
@@ -124,7 +120,7 @@ def expand_sources(sources: Iterable[str]) -> list[Path]:
         if path.is_dir():
             names = sorted(e.name for e in os.scandir(path) if e.is_file() and not e.name.startswith("."))
             for name in names:
-                if _CHANGE_FILE.fullmatch(name) or _SNAPSHOT_FILE.fullmatch(name):
+                if is_record_file(name):
                     add(path / name)
         elif path.is_file():
             add(path)
@@ -134,7 +130,7 @@ def expand_sources(sources: Iterable[str]) -> list[Path]:
                 raise InputError(f"{source}: no such file, directory or matching glob: check the SOURCE arguments")
             for match in matches:
                 mp = Path(match)
-                if mp.is_file() and not mp.name.startswith(".tmp-"):
+                if mp.is_file() and not mp.name.startswith(TMP_PREFIX):
                     add(mp)
     return out
 
@@ -143,10 +139,10 @@ def check_snapshots(files: list[Path]) -> dict[Path, dict[str, Any]]:
     """Snapshot files must be listed in their manifest (written last): else they are incomplete."""
     manifests: dict[Path, dict[str, Any]] = {}
     for path in files:
-        m = _SNAPSHOT_FILE.fullmatch(path.name)
+        m = SNAPSHOT_FILE_RE.fullmatch(path.name)
         if m is None:
             continue
-        mpath = path.with_name(m.group("prefix") + _MANIFEST_SUFFIX)
+        mpath = path.with_name(m.group("prefix") + MANIFEST_SUFFIX)
         if mpath not in manifests:
             try:
                 manifest = orjson.loads(mpath.read_bytes())
@@ -169,18 +165,6 @@ def check_snapshots(files: list[Path]) -> dict[Path, dict[str, Any]]:
                 "re-run `pgrecv snapshot`"
             )
     return manifests
-
-
-def table_matcher(patterns: tuple[str, ...]) -> Any:
-    """``--table`` globs on ``schema.table``; a pattern without a dot matches the table name."""
-    if not patterns:
-        return lambda schema, table: True
-
-    def match(schema: str, table: str) -> bool:
-        qualified = f"{schema}.{table}"
-        return any(fnmatch.fnmatchcase(qualified if "." in p else table, p) for p in patterns)
-
-    return match
 
 
 # --- the reader --------------------------------------------------------------------------------
