@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from pgrecv.errors import InputError, UsageError
+from pgrecv.output.format import FORMAT_VERSION
 from pgrecv.spark import replay as rp
 from pgrecv.spark.source import check_input, file_url, find_line, read_records
 from pgrecv.spark.types import ColumnType, column_type, same_type
@@ -661,7 +662,7 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
         return 0, None
     tables = {(r["schema"], r["table"]) for r in pending.select("schema", "table").distinct().collect()}
     rel_lines = [
-        orjson.dumps({"v": 1, "op": "relation", **rel}).decode()
+        orjson.dumps({"v": FORMAT_VERSION, "op": "relation", **rel}).decode()
         for k in sorted(tables)
         for rel in st.relations.get(k, [])[-1:]
     ]

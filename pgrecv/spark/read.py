@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -394,14 +394,3 @@ class Reader:
             t.changes.sort()
         return self.res
 
-
-def iter_lines(data: bytes) -> Iterator[bytes]:
-    """Split on ``\\n`` only, keeping it (a missing final newline stays visible)."""
-    start = 0
-    while start < len(data):
-        end = data.find(b"\n", start)
-        if end < 0:
-            yield data[start:]
-            return
-        yield data[start : end + 1]
-        start = end + 1

@@ -23,7 +23,6 @@ from pgrecv.spark.read import Change
 
 Key = Hashable  # the key value (int/str), a tuple of them, or the canonical JSON of the key values
 _EMPTY: frozenset[str] = frozenset()
-_SORTED = orjson.OPT_SORT_KEYS
 
 
 @dataclass(slots=True)
