@@ -9,6 +9,7 @@ file:line, column and value, and the other tables are applied (exit code 15, par
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -61,6 +62,7 @@ def run_frames(
     work = state.parent  # made 0700 by run_apply's target lock
     stage = work / f"stage-{uuid.uuid4().hex}"
     by_table = stage.with_name(f"{stage.name}-changes")
+    restore = _size_shuffles(spark, config, [*files, *carried])
     try:
         records = read_records(spark, files, carried, stage)
         df = records.frame
@@ -204,9 +206,34 @@ def run_frames(
         summary.seconds = time.monotonic() - started
         return summary
     finally:
+        restore()
         spark.catalog.clearCache()  # the run's persisted frames (changes, final events)
         shutil.rmtree(stage, ignore_errors=True)
         shutil.rmtree(by_table, ignore_errors=True)
+
+
+SHUFFLE_INPUT_BYTES = 64 << 20  # of JSONL input per shuffle partition
+
+
+def _size_shuffles(spark: Any, config: Any, files: list[Path]) -> Callable[[], None]:
+    """Sets this run's shuffle partitions from the input's size; returns what restores the old value.
+
+    A fixed count makes each partition grow with the input: at 10M distinct keys (2.4 GB of
+    JSONL) four partitions made tasks that sort and cache ~600 MB each, and local[2] with Spark's
+    default 1 GB heap died of OutOfMemoryError. One partition per 64 MB of input (at least one per
+    core) keeps a task's share constant; adaptive execution still merges the small ones. A
+    ``--conf spark.sql.shuffle.partitions`` of the user's wins."""
+    key = "spark.sql.shuffle.partitions"
+    if key in config.conf:
+        return lambda: None
+    size = 0
+    for f in files:
+        with contextlib.suppress(OSError):
+            size += f.stat().st_size
+    old = spark.conf.get(key)
+    wanted = max(int(old), spark.sparkContext.defaultParallelism, -(-size // SHUFFLE_INPUT_BYTES))
+    spark.conf.set(key, str(wanted))
+    return lambda: spark.conf.set(key, old)
 
 
 def _table_facts(
