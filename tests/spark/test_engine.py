@@ -209,3 +209,31 @@ def test_every_name_postgresql_allows(tmp_path: Path, spark: Any, fmt: str) -> N
 
             got = pq.read_table(path / "current").to_pylist()
         assert got == [{"id": i}]
+
+
+def test_shuffle_partitions_follow_the_input_size(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One shuffle partition per SHUFFLE_INPUT_BYTES of input while the run lasts (a fixed count
+    ran out of heap at 10M keys), the session's own value afterwards, and the user's --conf wins."""
+    from pgrecv.spark import engine
+
+    lines = [orjson.dumps(_rel("s", [("id", "integer"), ("v", "text")])).decode()]
+    rows = [_insert("s", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"{"x" * 50}"}}') for i in range(40)]
+    src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
+    monkeypatch.setattr(engine, "SHUFFLE_INPUT_BYTES", 100)
+    key = "spark.sql.shuffle.partitions"
+    old = spark.conf.get(key)
+    spark.conf.set(key, "3")
+    try:
+        seen: list[str] = []
+
+        def during(_table: str) -> None:
+            seen.append(spark.conf.get(key))
+
+        run_apply(ApplyConfig((str(src),), tmp_path / "a", fmt="parquet"), spark=spark, after_table=during)
+        assert seen == [str(-(-src.stat().st_size // 100))] and int(seen[0]) > 30
+        assert spark.conf.get(key) == "3"
+        user = ApplyConfig((str(src),), tmp_path / "b", fmt="parquet", conf={key: "3"})
+        run_apply(user, spark=spark, after_table=during)
+        assert seen[1:] == ["3"]
+    finally:
+        spark.conf.set(key, old)
