@@ -102,9 +102,12 @@ def run_frames(
             [(s, t, i) for i, (s, t) in enumerate(wanted)] or [("", "", -1)], "schema string, `table` string, _tid int"
         )
         changes = changes.join(F.broadcast(ids), ["schema", "table"])
-        shape = changes.schema
-        changes.write.partitionBy("_tid").parquet(file_url(by_table))
-        changes = spark.read.schema(shape).parquet(file_url(by_table))
+        if len(wanted) > 1 or st.chunked or st.prepared:
+            shape = changes.schema
+            changes.write.partitionBy("_tid").parquet(file_url(by_table))
+            changes = spark.read.schema(shape).parquet(file_url(by_table))
+        # else one table of plain transactions: its few passes each redo a cheap semi-join to the
+        # commits over the staged input, less work than writing every change once more
         summary.lines = st.lines
         summary.pending_prepared, carry_file = _carry_pending(pending, st, state, spark)
 
@@ -266,9 +269,8 @@ def _table_facts(
             )
         ).alias("truncates"),
         F.array_distinct(
-            F.flatten(
-                F.collect_set(F.when(live, F.coalesce(F.col("unchanged_toast"), F.array().cast("array<string>"))))
-            )
+            # only the non-empty lists: a set of every row's empty list costs a hash per row
+            F.flatten(F.collect_set(F.when(live & (F.size("unchanged_toast") > 0), F.col("unchanged_toast"))))
         ).alias("toast"),
         F.sum(
             F.when(
@@ -382,10 +384,9 @@ def _batch(
         ev, plan = _apply_policy(_typed(ev, plan), plan, target, config, result)
         schema = pa.schema([(n, plan.columns[n].arrow) for n in names])
         return FrameBatch(schema, [], False, truncate, ev.select("tv.*"), None, facts["position"], append_only=True)
-    events = rp.table_changes(changes, plan, target.applied, facts["truncate_at"])
-    final = rp.final_changes(
-        events, plan, [c for c in facts["toast"] if c in plan.columns], moves=bool(facts["moves"])
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    toast = [c for c in facts["toast"] if c in plan.columns]
+    events = rp.table_changes(changes, plan, target.applied, facts["truncate_at"], dedupe=bool(toast))
+    final = rp.final_changes(events, plan, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
     final = _typed(final, plan)
     # one pass for the three things that stop the table or need more work
     upserts = final.where("kind = 'U'")
@@ -482,7 +483,7 @@ def _history_batch(
         types = {f.name: f.dataType for f in spark_schema(pa.schema([(n, plan.columns[n].arrow) for n in names]))}
         marks = F.array(*[rp.order_lit(t[0]) for t in truncs])
         seg = F.size(F.filter(marks, lambda x: x < rp.order_col()))
-        last = Window.partitionBy("key", "_seg").orderBy(*[F.col(c).desc() for c in rp.ORDER])
+        last = Window.partitionBy(*rp.by_key(), "_seg").orderBy(*[F.col(c).desc() for c in rp.ORDER])
         live = (
             events.select("key", "kind", *rp.ORDER, seg.alias("_seg"))
             .withColumn("_n", F.row_number().over(last))
@@ -504,7 +505,7 @@ def _history_batch(
         )
         rows = rows.unionByName(tomb)
     x = {c: F.col(f"{EXTRA}.{c}") for c in ("kind", "key", *rp.ORDER, "commit_time")}
-    w = Window.partitionBy(x["key"]).orderBy(*[x[c] for c in rp.ORDER])
+    w = Window.partitionBy(*rp.by_key(x["key"])).orderBy(*[x[c] for c in rp.ORDER])
     start_time = x["commit_time"].cast("timestamp")
     versions = rows.select(
         *[F.col(f"`{n}`") for n in names],
