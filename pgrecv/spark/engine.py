@@ -62,9 +62,10 @@ def run_frames(
     work = state.parent  # made 0700 by run_apply's target lock
     stage = work / f"stage-{uuid.uuid4().hex}"
     by_table = stage.with_name(f"{stage.name}-changes")
-    restore = _size_shuffles(spark, config, [*files, *carried])
+    restores = [_size_shuffles(spark, config, [*files, *carried])]  # the session's conf, given back
     try:
         records = read_records(spark, files, carried, stage)
+        restores.append(_size_staged_reads(spark, config, stage))
         df = records.frame
         check_input(records)
         st = rp.structure(df)
@@ -209,7 +210,8 @@ def run_frames(
         summary.seconds = time.monotonic() - started
         return summary
     finally:
-        restore()
+        for restore in reversed(restores):
+            restore()
         spark.catalog.clearCache()  # the run's persisted frames (changes, final events)
         shutil.rmtree(stage, ignore_errors=True)
         shutil.rmtree(by_table, ignore_errors=True)
@@ -234,8 +236,39 @@ def _size_shuffles(spark: Any, config: Any, files: list[Path]) -> Callable[[], N
         with contextlib.suppress(OSError):
             size += f.stat().st_size
     old = spark.conf.get(key)
-    wanted = max(int(old), spark.sparkContext.defaultParallelism, -(-size // SHUFFLE_INPUT_BYTES))
+    wanted = max(_int_conf(spark, key), spark.sparkContext.defaultParallelism, -(-size // SHUFFLE_INPUT_BYTES))
     spark.conf.set(key, str(wanted))
+    return lambda: spark.conf.set(key, old)
+
+
+def _int_conf(spark: Any, key: str) -> int:
+    """A count from the session's conf; a value that is not a plain integer (some platforms
+    accept ``auto``) counts as one partition per core."""
+    try:
+        return int(spark.conf.get(key))
+    except (TypeError, ValueError):
+        return int(spark.sparkContext.defaultParallelism)
+
+
+def _size_staged_reads(spark: Any, config: Any, stage: Path) -> Callable[[], None]:
+    """Reads of the staged copy split into as many partitions as the shuffles have; returns what
+    restores the old split size.
+
+    The staged Parquet is about 8x smaller than its JSONL, so Spark's default 128 MB splits put
+    millions of rows in one task. A task that sorts its rows before the shuffle (the partial
+    window of the last change per key) then needs more than local[2]'s default heap: 2M distinct
+    keys under a 512 MB heap killed the JVM. A ``--conf spark.sql.files.maxPartitionBytes`` of the
+    user's wins."""
+    key = "spark.sql.files.maxPartitionBytes"
+    if key in config.conf:
+        return lambda: None
+    size = 0
+    for f in stage.rglob("*.parquet"):
+        with contextlib.suppress(OSError):
+            size += f.stat().st_size
+    parts = _int_conf(spark, "spark.sql.shuffle.partitions")
+    old = spark.conf.get(key)
+    spark.conf.set(key, str(max(1 << 20, -(-size // max(1, parts)))))
     return lambda: spark.conf.set(key, old)
 
 

@@ -237,3 +237,26 @@ def test_shuffle_partitions_follow_the_input_size(tmp_path: Path, spark: Any, mo
         assert seen[1:] == ["3"]
     finally:
         spark.conf.set(key, old)
+
+
+def test_staged_reads_split_like_the_shuffles(tmp_path: Path, spark: Any) -> None:
+    """While the run lasts, reads of the staged copy split into about as many partitions as the
+    shuffles have (Spark's 128 MB default put millions of rows in one task, and the sort before
+    the window ran out of heap); the session's value afterwards; the user's --conf wins."""
+    lines = [orjson.dumps(_rel("s", [("id", "integer"), ("v", "text")])).decode()]
+    rows = [_insert("s", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"{"x" * 50}"}}') for i in range(40)]
+    src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
+    key = "spark.sql.files.maxPartitionBytes"
+    old = spark.conf.get(key)
+    seen: list[str] = []
+
+    def during(_table: str) -> None:
+        seen.append(spark.conf.get(key))
+
+    run_apply(ApplyConfig((str(src),), tmp_path / "a", fmt="parquet"), spark=spark, after_table=during)
+    assert seen == [str(1 << 20)]  # a tiny staged copy: the 1 MB lower bound
+    assert spark.conf.get(key) == old
+    user = ApplyConfig((str(src),), tmp_path / "b", fmt="parquet", conf={key: "2097152"})
+    run_apply(user, spark=spark, after_table=during)
+    assert seen[1:] == [old]  # not changed by the run (--conf is applied when the session starts)
+    assert spark.conf.get(key) == old
