@@ -226,28 +226,10 @@ def _size_shuffles(spark: Any, config: Any, files: list[Path]) -> Callable[[], N
     A fixed count makes each partition grow with the input: at 10M distinct keys (2.4 GB of
     JSONL) four partitions made tasks that sort and cache ~600 MB each, and local[2] with Spark's
     default 1 GB heap died of OutOfMemoryError. One partition per 64 MB of input (at least one per
-    core) keeps a task's share constant; adaptive execution still merges the small ones. A
-    ``--conf spark.sql.shuffle.partitions`` of the user's wins."""
+    core) keeps a task's share constant; adaptive execution still merges the small ones."""
     key = "spark.sql.shuffle.partitions"
-    if key in config.conf:
-        return lambda: None
-    size = 0
-    for f in files:
-        with contextlib.suppress(OSError):
-            size += f.stat().st_size
-    old = spark.conf.get(key)
-    wanted = max(_int_conf(spark, key), spark.sparkContext.defaultParallelism, -(-size // SHUFFLE_INPUT_BYTES))
-    spark.conf.set(key, str(wanted))
-    return lambda: spark.conf.set(key, old)
-
-
-def _int_conf(spark: Any, key: str) -> int:
-    """A count from the session's conf; a value that is not a plain integer (some platforms
-    accept ``auto``) counts as one partition per core."""
-    try:
-        return int(spark.conf.get(key))
-    except (TypeError, ValueError):
-        return int(spark.sparkContext.defaultParallelism)
+    parallel = spark.sparkContext.defaultParallelism
+    return _for_run(spark, config, key, max(_int_conf(spark, key), parallel, -(-_bytes(files) // SHUFFLE_INPUT_BYTES)))
 
 
 def _size_staged_reads(spark: Any, config: Any, stage: Path) -> Callable[[], None]:
@@ -257,19 +239,37 @@ def _size_staged_reads(spark: Any, config: Any, stage: Path) -> Callable[[], Non
     The staged Parquet is about 8x smaller than its JSONL, so Spark's default 128 MB splits put
     millions of rows in one task. A task that sorts its rows before the shuffle (the partial
     window of the last change per key) then needs more than local[2]'s default heap: 2M distinct
-    keys under a 512 MB heap killed the JVM. A ``--conf spark.sql.files.maxPartitionBytes`` of the
-    user's wins."""
-    key = "spark.sql.files.maxPartitionBytes"
+    keys under a 512 MB heap killed the JVM."""
+    parts = max(1, _int_conf(spark, "spark.sql.shuffle.partitions"))
+    size = _bytes(list(stage.rglob("*.parquet")))
+    return _for_run(spark, config, "spark.sql.files.maxPartitionBytes", max(1 << 20, -(-size // parts)))
+
+
+def _for_run(spark: Any, config: Any, key: str, value: int) -> Callable[[], None]:
+    """Sets a session conf for this run unless the user gave it (``--conf`` wins); returns what
+    restores the session's value."""
     if key in config.conf:
         return lambda: None
+    old = spark.conf.get(key)
+    spark.conf.set(key, str(value))
+    return lambda: spark.conf.set(key, old)
+
+
+def _bytes(files: list[Path]) -> int:
     size = 0
-    for f in stage.rglob("*.parquet"):
+    for f in files:
         with contextlib.suppress(OSError):
             size += f.stat().st_size
-    parts = _int_conf(spark, "spark.sql.shuffle.partitions")
-    old = spark.conf.get(key)
-    spark.conf.set(key, str(max(1 << 20, -(-size // max(1, parts)))))
-    return lambda: spark.conf.set(key, old)
+    return size
+
+
+def _int_conf(spark: Any, key: str) -> int:
+    """A count from the session's conf; a value that is not a plain integer (some platforms
+    accept ``auto``) counts as one partition per core."""
+    try:
+        return int(spark.conf.get(key))
+    except (TypeError, ValueError):
+        return int(spark.sparkContext.defaultParallelism)
 
 
 def _table_facts(
