@@ -62,9 +62,10 @@ def run_frames(
     work = state.parent  # made 0700 by run_apply's target lock
     stage = work / f"stage-{uuid.uuid4().hex}"
     by_table = stage.with_name(f"{stage.name}-changes")
+    links = stage.with_name(f"{stage.name}-inputs")  # links to inputs Spark cannot name (source._urls)
     restores = [_size_shuffles(spark, config, [*files, *carried])]  # the session's conf, given back
     try:
-        records = read_records(spark, files, carried, stage)
+        records = read_records(spark, files, carried, stage, links)
         restores.append(_size_staged_reads(spark, config, stage))
         df = records.frame
         check_input(records)
@@ -215,6 +216,7 @@ def run_frames(
         spark.catalog.clearCache()  # the run's persisted frames (changes, final events)
         shutil.rmtree(stage, ignore_errors=True)
         shutil.rmtree(by_table, ignore_errors=True)
+        shutil.rmtree(links, ignore_errors=True)
 
 
 SHUFFLE_INPUT_BYTES = 64 << 20  # of JSONL input per shuffle partition

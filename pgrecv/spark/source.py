@@ -67,22 +67,50 @@ class Records:
     files: list[Path]
 
 
-def read_records(spark: Any, files: list[Path], carried: list[Path], stage: Path | None = None) -> Records:
+# Link -> the file it stands for, for every message that names a file (see _urls).
+_REAL_NAMES: dict[str, str] = {}
+
+
+def _urls(paths: list[Path], links: Path | None) -> list[str]:
+    """What Spark is given to read each of ``paths``: its ``file:`` URL, or for a file whose name
+    holds ':' the URL of a symbolic link to it in ``links`` (made 0700 here). Hadoop's local file
+    system builds a checksum file's path from the name (``.a:b.jsonl.crc``) and cannot parse that
+    back ("Relative path in absolute URI"); a ':' in a directory is no trouble."""
+    urls = []
+    for i, p in enumerate(paths):
+        if ":" not in p.name:
+            urls.append(file_url(p))
+            continue
+        if links is None:
+            raise InputError(f"{p}: Spark cannot read a file whose name holds ':': rename it")
+        links.mkdir(mode=0o700, exist_ok=True)
+        link = links.resolve() / f"{i:06d}.jsonl"  # the link itself, not resolved through it
+        link.symlink_to(p.resolve())
+        _REAL_NAMES[str(link)] = str(p.resolve())
+        urls.append("file://" + str(link))
+    return urls
+
+
+def read_records(
+    spark: Any, files: list[Path], carried: list[Path], stage: Path | None = None, links: Path | None = None
+) -> Records:
     """Carried-over prepared transactions first (negative ranks), then the input in name order.
 
     With ``stage``, the parsed records are written there once as Parquet (by Spark tasks, in one
     pass over the input) and the frame reads that copy: every later pass reads only the columns
-    it needs, and each line's place in the input (``_blk``, ``_mid``) is fixed once."""
+    it needs, and each line's place in the input (``_blk``, ``_mid``) is fixed once. ``links``:
+    a directory for links to files whose names Spark cannot read (the caller removes it)."""
     from pyspark.sql import functions as F
 
     ordered = [*carried, *files]
     if not ordered:
         return Records(None, files)
+    urls = _urls(ordered, links)
     df = (
         spark.read.schema(ENVELOPE)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt")
-        .json([file_url(p) for p in ordered])  # file: paths, whatever fs.defaultFS says
+        .json(urls)  # file: paths, whatever fs.defaultFS says
         .select(
             "*",
             F.col("_metadata.file_path").alias("_path"),
@@ -94,7 +122,7 @@ def read_records(spark: Any, files: list[Path], carried: list[Path], stage: Path
     # and '#' percent-encoded, non-ASCII kept), which the JVM computes here for each listed file.
     # A row whose file is not matched keeps a NULL rank, which check_input reports.
     ranks = spark.createDataFrame(
-        [(spark_spelling(spark, p), i - len(carried)) for i, p in enumerate(ordered)], "_path string, _rank int"
+        [(_spelling(spark, url), i - len(carried)) for i, url in enumerate(urls)], "_path string, _rank int"
     )
     df = df.join(F.broadcast(ranks), "_path", "left")
     lsns = [lsn_expr(F.col(n)).alias(f"{n}_i") for n in LSN_FIELDS]
@@ -115,9 +143,8 @@ def file_url(path: Path) -> str:
     return "file://" + str(path.resolve())
 
 
-def spark_spelling(spark: Any, path: Path) -> str:
-    """How Spark's ``_metadata.file_path`` spells a local file: ``file:`` and the URI's raw path."""
-    uri = spark._jvm.org.apache.hadoop.fs.Path(file_url(path)).toUri()
+def _spelling(spark: Any, url: str) -> str:
+    uri = spark._jvm.org.apache.hadoop.fs.Path(url).toUri()
     return "file:" + str(uri.getRawPath())
 
 
@@ -128,7 +155,8 @@ def local_path(uri: str) -> str:
     path = uri[5:] if uri.startswith("file:") else uri
     while path.startswith("//"):
         path = path[1:]
-    return unquote(path)
+    path = unquote(path)
+    return _REAL_NAMES.get(path, path)
 
 
 def find_line(path_uri: str, needle: dict[str, Any]) -> str:

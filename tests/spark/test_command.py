@@ -141,6 +141,26 @@ def test_corrupt_line_is_named_and_nothing_applied(tmp_path: Path) -> None:
     assert (_rows(target, "t"), _rows(target, "u")) == before
 
 
+def test_colons_in_file_directory_and_table_names(tmp_path: Path) -> None:
+    """Hadoop cannot read a file whose name holds ':' (its checksum file's name does not parse as
+    a URI): such inputs are read through a link, and messages still name the real file."""
+    src = tmp_path / "in:put"
+    src.mkdir()
+    rows = [_rel("a:b"), *_txn("0/100", _row("insert", "a:b", "0/100", "0/10", 1, "x"))]
+    first = _write(src / "ch:anges.jsonl", rows)
+    target = tmp_path / "la:ke"
+    proc = _apply(str(first), "--target", str(target), "--json")
+    assert proc.returncode == 0, err(proc)
+    assert orjson.loads(proc.stdout)["tables"][0]["table"] == "s.a:b"
+    assert _rows(target, "a:b") == [{"id": 1, "x": "x"}]
+    records = [_rel("a:b"), *_txn("0/200", _row("insert", "a:b", "0/200", "0/150", 2, "y"))]
+    bad = _write(src / "more:changes.jsonl", records, raw={2: b'{"v":1,"op":"insert","sch\n'})
+    proc = _apply(str(bad), "--target", str(target))
+    assert proc.returncode == 9, err(proc)
+    assert f"error: {bad}:3: not a valid JSON record" in err(proc) and len(err(proc).splitlines()) == 1
+    assert not list((target / "_pgrecv").glob("*-inputs"))  # the links are gone with the run
+
+
 def _bad_value_run(tmp_path: Path, value: object) -> tuple[Any, Path, Path]:
     target = tmp_path / "lake"
     assert _apply(str(_first(tmp_path)), "--target", str(target)).returncode == 0
