@@ -144,6 +144,7 @@ def file_url(path: Path) -> str:
 
 
 def _spelling(spark: Any, url: str) -> str:
+    """How Spark's ``_metadata.file_path`` spells the file at ``url``: ``file:`` and the URI's raw path."""
     uri = spark._jvm.org.apache.hadoop.fs.Path(url).toUri()
     return "file:" + str(uri.getRawPath())
 
