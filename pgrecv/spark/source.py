@@ -77,13 +77,16 @@ def _urls(paths: list[Path], links: Path | None) -> list[str]:
     system builds a checksum file's path from the name (``.a:b.jsonl.crc``) and cannot parse that
     back ("Relative path in absolute URI"); a ':' in a directory is no trouble."""
     urls = []
+    made = False
     for i, p in enumerate(paths):
         if ":" not in p.name:
             urls.append(file_url(p))
             continue
         if links is None:
             raise InputError(f"{p}: Spark cannot read a file whose name holds ':': rename it")
-        links.mkdir(mode=0o700, exist_ok=True)
+        if not made:  # a fresh name in the run's private directory: fails if it exists
+            links.mkdir(mode=0o700)
+            made = True
         link = links.resolve() / f"{i:06d}.jsonl"  # the link itself, not resolved through it
         link.symlink_to(p.resolve())
         _REAL_NAMES[str(link)] = str(p.resolve())
