@@ -77,19 +77,18 @@ def _urls(paths: list[Path], links: Path | None) -> list[str]:
     system builds a checksum file's path from the name (``.a:b.jsonl.crc``) and cannot parse that
     back ("Relative path in absolute URI"); a ':' in a directory is no trouble."""
     urls = []
-    made = False
     for i, p in enumerate(paths):
-        if ":" not in p.name:
+        real = p.resolve()  # what file_url gives Spark: a link given to us counts by its target's name
+        if ":" not in real.name:
             urls.append(file_url(p))
             continue
         if links is None:
             raise InputError(f"{p}: Spark cannot read a file whose name holds ':': rename it")
-        if not made:  # a fresh name in the run's private directory: fails if it exists
+        if not links.exists():  # a fresh name in the run's private directory
             links.mkdir(mode=0o700)
-            made = True
         link = links.resolve() / f"{i:06d}.jsonl"  # the link itself, not resolved through it
-        link.symlink_to(p.resolve())
-        _REAL_NAMES[str(link)] = str(p.resolve())
+        link.symlink_to(real)  # fails if the name exists
+        _REAL_NAMES[str(link)] = str(real)
         urls.append("file://" + str(link))
     return urls
 
