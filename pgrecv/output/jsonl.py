@@ -18,14 +18,14 @@ from __future__ import annotations
 import base64
 import struct
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import orjson
 
 from pgrecv import events as ev
 from pgrecv.errors import DecodeError
 from pgrecv.events import UNCHANGED, pg_time_iso
-from pgrecv.lsn import lsn_str
+from pgrecv.lsn import LSN, lsn_str
 from pgrecv.output.format import FORMAT_VERSION, image_splice, row_record, snapshot_record
 from pgrecv.output.values import JSON_NULL, binary_converter, text_converter
 
@@ -639,3 +639,56 @@ _PASS_THROUGH: Final[frozenset[type]] = frozenset(
         ev.StreamPrepare,
     }
 )
+
+
+# --- reading whole units back (FileSink's restart after a lagging state record) ---------------
+
+# op -> the fields holding the (commit LSN, end LSN) that the streamer gives Sink.boundary for it
+_UNIT_ENDS: Final[dict[str, tuple[str, str]]] = {
+    "commit": ("commit_lsn", "end_lsn"),
+    "prepare": ("prepare_lsn", "end_lsn"),
+    "commit_prepared": ("commit_lsn", "end_lsn"),
+    "rollback_prepared": ("prepare_end_lsn", "rollback_end_lsn"),
+}
+
+
+def last_unit_end(lines: BinaryIO) -> tuple[int, int, int] | None:
+    """(bytes read up to the end of the last whole unit, its commit LSN, its end LSN), or None.
+
+    The lines are this encoder's, as :meth:`Sink.boundary` saw them: a unit ends with a commit,
+    prepare, commit/rollback prepared record, or is one non-transactional message outside a
+    transaction. Reading stops at the first line that is cut short or not a JSON object (what a
+    crash leaves of a write the disk did not finish). A missing end LSN (test_decoding) is taken
+    as the commit LSN: resuming there repeats at most that transaction, which the resume skips.
+    """
+    read = 0
+    found: tuple[int, int, int] | None = None
+    in_txn = False
+    for line in lines:
+        if not line.endswith(b"\n"):
+            break
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            break
+        if not isinstance(rec, dict):
+            break
+        read += len(line)
+        op = rec.get("op")
+        if op in ("begin", "begin_prepare"):
+            in_txn = True
+            continue
+        fields = _UNIT_ENDS.get(op) if isinstance(op, str) else None
+        if fields is not None:
+            in_txn = False
+        elif op == "message" and rec.get("transactional") is False and not in_txn:
+            fields = ("lsn", "lsn")
+        else:
+            continue
+        try:
+            commit = int(LSN.parse(rec[fields[0]]))
+            end = rec.get(fields[1])
+            found = (read, commit, commit if end is None else int(LSN.parse(end)))
+        except (KeyError, TypeError, ValueError):
+            break
+    return found

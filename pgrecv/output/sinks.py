@@ -7,12 +7,14 @@ and :meth:`Sink.tick` on every loop wake-up. A position is confirmed to the serv
 ``durable()`` has returned it, so "durable" is the whole contract:
 
 * standard output (:class:`StdoutSink`): written to the pipe or terminal, like pg_recvlogical;
-* one file (:class:`FileSink`): fsync'd, then recorded in a state file beside it;
+* one file (:class:`FileSink`): fsync'd, then recorded in a state file beside it (JSONL at every
+  boundary: one fsync, the record left to writeback, see :class:`FileSink`);
 * a directory (:class:`DirSink`): fsync'd, renamed to its final name, directory fsync'd.
 
 Where a run resumes (:class:`Resume`) comes from that same record: the state file for
 ``--file``, the final file names and a state file for ``--output-dir``. Nothing is read back
-from the output itself, so raw and pretty output resume as well as JSONL.
+from the output itself, so raw and pretty output resume as well as JSONL; the one exception is
+``-f`` JSONL made durable at every boundary, whose record may lag the lines it is followed by.
 
 ``write`` is the hot path. It is the bound ``write`` of an :class:`io.BufferedWriter` (C code, no
 Python frame), over a small raw layer of ours that turns ``OSError`` into :class:`OutputError`
@@ -67,6 +69,10 @@ STATE_VERSION = 1
 # within one disk sector, as PostgreSQL's own pg_control is, so a crash leaves the old record or
 # the new one. Replacing the file by rename cost three fsyncs and a directory fsync per update.
 STATE_RECORD_SIZE = 512
+# A record left to writeback (``"tail"``) is synced when it is this old (seconds): it bounds the
+# lines that a restart after a machine crash scans.
+STATE_SYNC_AGE = 1.0
+TAILS = ("jsonl",)  # output formats whose whole units a restart can find by reading the lines
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -345,9 +351,20 @@ class FileSink(_BufferedSink):
 
     A path that is not a regular file (``/dev/null``, a FIFO, ``/dev/stdout``) is treated like
     standard output: durable means written; no state file, no fsync, no truncation.
+
+    ``tail="jsonl"`` (``--synchronous`` or ``-F 0`` into JSONL) halves the fsyncs per boundary:
+    the record is rewritten after the data's fdatasync but left to writeback (synced when
+    :data:`STATE_SYNC_AGE` old, at SIGHUP and at close), and says ``"tail": "jsonl"``. After a
+    machine crash it may lag what the disk holds and what the server was told; :meth:`open` then
+    reads the lines past its offset and keeps every whole unit they hold
+    (:func:`pgrecv.output.jsonl.last_unit_end`), so nothing confirmed is cut. A record is
+    written only after the data it describes is durable, so it never points past the disk.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], tail: str | None = None) -> None:
+        if tail is not None and tail not in TAILS:
+            raise ValueError(f"tail {tail!r}")
+        self._tail = tail
         self.path = Path(path)
         super().__init__(_FdRaw(str(self.path)))
         self._fdraw: _FdRaw = self._raw  # type: ignore[assignment]
@@ -390,7 +407,10 @@ class FileSink(_BufferedSink):
                         "without resuming (transactions may then repeat)"
                     )
                 elif offset < size:
-                    os.ftruncate(fd, offset)  # a unit cut short by a crash: it will come again whole
+                    if state.get("tail") is not None:
+                        offset, commit, end = self._scan_tail(fd, offset, commit, end)
+                    if offset < size:
+                        os.ftruncate(fd, offset)  # a unit cut short by a crash: it will come again whole
             else:
                 offset = size
                 if size:
@@ -409,6 +429,25 @@ class FileSink(_BufferedSink):
         self._durable_end = None  # nothing of this run yet: the old end is the runner's to check
         return Resume(commit, end, str(self.state_path))
 
+    def _scan_tail(
+        self, fd: int, offset: int, commit: int | None, end: int | None
+    ) -> tuple[int, int | None, int | None]:
+        """Whole units past a record that may lag them (see the class docstring)."""
+        from pgrecv.output.jsonl import last_unit_end
+
+        # our descriptor is write-only: read through the path, checked to be the file we locked
+        rfd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        with open(rfd, "rb") as f:
+            mine, theirs = os.fstat(fd), os.fstat(rfd)
+            if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+                raise OSError(errno.ESTALE, "the file was replaced while being opened")
+            f.seek(offset)
+            found = last_unit_end(f)
+        if found is None:
+            return offset, commit, end
+        size, commit, end = found
+        return offset + size, commit, end
+
     def _open_file(self) -> tuple[int, int]:
         try:
             fd = os.open(self.path, _OPEN_FLAGS, FILE_MODE)
@@ -425,14 +464,16 @@ class FileSink(_BufferedSink):
         self._ident = (st.st_dev, st.st_ino)
         return fd, st.st_size if self._regular else 0
 
-    def _write_state(self) -> None:
-        doc = {
+    def _write_state(self, sync: bool = True) -> None:
+        doc: dict[str, Any] = {
             "version": STATE_VERSION,
             "offset": self._b_off,
             "commit_lsn": None if self._b_commit is None else lsn_str(self._b_commit),
             "end_lsn": None if self._b_end is None else lsn_str(self._b_end),
         }
-        self._state.write(doc)
+        if self._tail is not None:
+            doc["tail"] = self._tail
+        self._state.write(doc, sync=sync)
         self._dirty = False
 
     def boundary(self, commit_lsn: int, end_lsn: int) -> None:
@@ -454,13 +495,17 @@ class FileSink(_BufferedSink):
                 os.fdatasync(self._fdraw.fd)  # the data and the file's size: what a reader needs
             except OSError as exc:
                 raise self._raw.fail(exc, "fsync") from None
-            self._write_state()
+            self._write_state(sync=self._tail is None)
             self._durable_end = self._b_end
         return self._durable_end
 
     def tick(self, now: float) -> None:
-        """Hand buffered records to the kernel, so that `tail -f` shows them (no fsync)."""
+        """Hand buffered records to the kernel, so that `tail -f` shows them (no fsync); sync a
+        state record left to writeback once it is :data:`STATE_SYNC_AGE` old."""
         self._bw.flush()
+        since = self._state.unsynced_since
+        if since is not None and now - since >= STATE_SYNC_AGE:
+            self._state.sync()
 
     def discard_partial(self) -> None:
         self._flush()
@@ -476,6 +521,7 @@ class FileSink(_BufferedSink):
     def _reopen_now(self) -> None:
         self._reopen_wanted = False
         self.durable()
+        self._state.sync()  # about the old file: the next record, about the new one, must not be trusted alone
         old = self._ident
         self._close_fd()
         fd, size = self._open_file()
@@ -498,6 +544,7 @@ class FileSink(_BufferedSink):
         try:
             self.discard_partial()
             self.durable()
+            self._state.sync()
         finally:
             self._close_fd()
             self._state.close()
@@ -761,8 +808,10 @@ def make_sink(
     rotate_size: int | None = None,
     rotate_interval: float | None = None,
     suffix: str = ".jsonl",
+    tail: str | None = None,
 ) -> Sink:
-    """The sink for ``-f``/``--output-dir``: ``-`` or nothing is standard output."""
+    """The sink for ``-f``/``--output-dir``: ``-`` or nothing is standard output. ``tail``: see
+    :class:`FileSink` (only ``-f`` uses it)."""
     if output_dir is not None:
         if target is not None:
             raise UsageError("--file and --output-dir exclude each other: pick one")
@@ -775,7 +824,7 @@ def make_sink(
         raise UsageError("--rotate-size and --rotate-interval need --output-dir")
     if target is None or target == "-":
         return StdoutSink(sys.stdout.buffer)
-    return FileSink(target)
+    return FileSink(target, tail)
 
 
 def _busy(path: Path) -> str:
@@ -824,20 +873,36 @@ class _StateRecord:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fd = -1
+        self.unsynced_since: float | None = None  # monotonic time of the oldest record not yet synced
 
-    def write(self, doc: dict[str, Any]) -> None:
+    def write(self, doc: dict[str, Any], *, sync: bool = True) -> None:
+        """``sync=False`` leaves the record to the kernel's writeback (or :meth:`sync`): only for
+        a record whose output can be scanned past it (``"tail"``), so a stale one loses nothing."""
         data = json.dumps(doc).encode()
         data += b" " * (STATE_RECORD_SIZE - 1 - len(data)) + b"\n"  # JSON allows the padding
         assert len(data) == STATE_RECORD_SIZE
         if self.fd < 0:
             self.fd = write_atomic(self.path, data, what="the state file", keep_open=True)
+            self.unsynced_since = None
             return
         try:
             if os.pwrite(self.fd, data, 0) != len(data):
                 raise OSError(errno.EIO, "short write")
+        except OSError as exc:
+            raise output_error(exc, self.path, "write the state file") from None
+        if sync:
+            self.sync()
+        elif self.unsynced_since is None:
+            self.unsynced_since = time.monotonic()
+
+    def sync(self) -> None:
+        if self.fd < 0:
+            return
+        try:
             os.fdatasync(self.fd)
         except OSError as exc:
             raise output_error(exc, self.path, "write the state file") from None
+        self.unsynced_since = None
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -864,6 +929,8 @@ def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] |
             raise ValueError("commit_lsn and end_lsn go together")
         if doc["commit_lsn"] is not None and doc["commit_lsn"] > doc["end_lsn"]:
             raise ValueError(f"commit_lsn {lsn_str(doc['commit_lsn'])} is after end_lsn {lsn_str(doc['end_lsn'])}")
+        if doc.get("tail") not in (None, *TAILS):
+            raise ValueError(f"unknown tail {doc.get('tail')!r}")
         if has_offset:
             offset = doc.get("offset")
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:

@@ -1174,3 +1174,123 @@ def test_durable_reports_only_what_this_run_wrote(tmp_path: Path, kind: str) -> 
     feed(again, 2)
     assert again.durable() == lsns(2)[1]
     again.close()
+
+
+# --- -f JSONL at every boundary: one fsync, the state record left to writeback ------------------
+
+
+def _jsonl_units() -> list[tuple[list[Any], int, int]]:
+    """Units as the streamer sees them: (events, the commit and end LSNs it gives boundary())."""
+    from pgrecv import events as ev
+
+    rel = ev.Relation(16384, "public", "t", "d", (ev.Column("id", 23, -1, "integer", True),))
+    row = ev.Insert(rel, ("1",), 7)
+    return [
+        ([ev.Begin(0x1100, 1, 7), rel, row, ev.Commit(0, 0x1100, 0x1130, 1, 7)], 0x1100, 0x1130),
+        ([ev.Message(False, 0x1200, "p", b"hello")], 0x1200, 0x1200),
+        # a non-transactional message inside a transaction is no boundary of its own
+        (
+            [ev.Begin(0x1300, 1, 8), ev.Message(False, 0x1280, "p", b"x"), ev.Commit(0, 0x1300, 0x1330, 1, 8)],
+            0x1300,
+            0x1330,
+        ),
+        ([ev.BeginPrepare(0x1400, 0x1430, 1, 9, "g"), row, ev.Prepare(0, 0x1400, 0x1430, 1, 9, "g")], 0x1400, 0x1430),
+        ([ev.CommitPrepared(0, 0x1500, 0x1530, 2, 9, "g")], 0x1500, 0x1530),
+        ([ev.RollbackPrepared(0, 0x1430, 0x1630, 1, 2, 9, "g")], 0x1430, 0x1630),
+        ([ev.Begin(0x1700, 1, 10), row, ev.Commit(0, 0x1700, 0x1730, 1, 10)], 0x1700, 0x1730),
+    ]
+
+
+def _write_units(sink: FileSink, units: list[tuple[list[Any], int, int]]) -> list[tuple[int, int, int]]:
+    from pgrecv.output.jsonl import JsonlEncoder
+
+    enc = JsonlEncoder(sink.write)
+    ends = []
+    for events, commit, end in units:
+        for e in events:
+            enc.feed(e)
+        sink.boundary(commit, end)
+        assert sink.durable() == end
+        ends.append((sink.path.stat().st_size, commit, end))
+    return ends
+
+
+@pytest.mark.parametrize("cut", range(7))
+def test_lagging_state_record_keeps_every_whole_unit(tmp_path: Path, cut: int) -> None:
+    """A machine crash can leave the record of the first unit while the disk holds more units
+    (each made durable, and so confirmed, before the crash) and half of the next: the restart
+    keeps every whole unit and cuts the half one, whatever kind of unit ended last."""
+    out = tmp_path / "out.jsonl"
+    sink = FileSink(out, tail="jsonl")
+    sink.open()
+    units = _jsonl_units()
+    ends = _write_units(sink, units[: cut + 1])
+    sink.close()
+    state = out.with_name(".out.jsonl.pgrecv-state")
+    stale = {"version": 1, "offset": ends[0][0], "commit_lsn": lsn_str(ends[0][1]), "end_lsn": lsn_str(ends[0][2])}
+    stale["tail"] = "jsonl"
+    data = json.dumps(stale).encode()
+    state.write_bytes(data + b" " * (511 - len(data)) + b"\n")
+    whole = out.read_bytes()
+    with out.open("ab") as f:
+        f.write(b'{"v":1,"op":"begin","xid":11,"commit_lsn":"0/1800"}\n{"v":1,"op":"insert","xid":1')
+    sink = FileSink(out, tail="jsonl")
+    resume = sink.open()
+    sink.close()
+    assert out.read_bytes() == whole
+    assert (resume.last_commit_lsn, resume.last_end_lsn) == ends[cut][1:]
+
+
+def test_garbage_after_the_record_is_cut(tmp_path: Path) -> None:
+    """What a crash leaves of writes the disk never finished (zeros) is no unit."""
+    out = tmp_path / "out.jsonl"
+    sink = FileSink(out, tail="jsonl")
+    sink.open()
+    ends = _write_units(sink, _jsonl_units()[:2])
+    sink.close()
+    with out.open("ab") as f:
+        f.write(b"\0" * 5000 + b"\n" + b'{"v":1,"op":"commit","commit_lsn":"0/9000","end_lsn":"0/9030"}\n')
+    sink = FileSink(out, tail="jsonl")
+    resume = sink.open()
+    sink.close()
+    assert out.stat().st_size == ends[-1][0]
+    assert resume.last_end_lsn == ends[-1][2]
+
+
+def test_a_record_without_tail_is_not_scanned(tmp_path: Path) -> None:
+    """Outside JSONL at every boundary the record is synced with the data: what follows its
+    offset was never confirmed and is cut, even whole units (they come again)."""
+    out = tmp_path / "out.jsonl"
+    sink = FileSink(out)
+    sink.open()
+    ends = _write_units(sink, _jsonl_units()[:1])
+    sink.close()
+    with out.open("ab") as f:
+        f.write(b'{"v":1,"op":"message","transactional":false,"prefix":"p","content":"x","lsn":"0/2000"}\n')
+    resume = FileSink(out).open()
+    assert out.stat().st_size == ends[0][0]
+    assert resume.last_end_lsn == ends[0][2]
+
+
+@pytest.mark.parametrize("tail", [None, "jsonl"])
+def test_fsyncs_per_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tail: str | None) -> None:
+    """The cost that --synchronous pays per commit: one fdatasync for JSONL (the record is left to
+    writeback and synced once it is a second old), two otherwise."""
+    import pgrecv.output.sinks as sinks_mod
+
+    sink = FileSink(tmp_path / "out.jsonl", tail=tail)
+    sink.open()
+    calls: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(sinks_mod.os, "fdatasync", lambda fd: (calls.append(fd), real(fd))[1])
+    sink.write(b'{"v":1,"op":"message","transactional":false,"prefix":"p","content":"x","lsn":"0/2000"}\n')
+    sink.boundary(0x2000, 0x2000)
+    sink.durable()
+    assert len(calls) == (1 if tail else 2)
+    sink.tick(time.monotonic())
+    assert len(calls) == (1 if tail else 2)  # not yet a second old
+    sink.tick(time.monotonic() + 1.5)
+    assert len(calls) == 2
+    sink.close()
+    state = json.loads((tmp_path / ".out.jsonl.pgrecv-state").read_bytes())
+    assert state.get("tail") == tail and state["end_lsn"] == "0/2000"

@@ -200,6 +200,52 @@ def test_commits_that_arrive_together_share_a_sync_point(server: TempServer, tmp
     assert len(groups) < writers * each and max(groups) >= 2, f"no commits shared a sync point: {groups}"
 
 
+def test_a_state_record_lagging_after_a_crash_loses_nothing(server: TempServer, tmp_path: Path) -> None:
+    """--synchronous into JSONL syncs the data only; the state record goes to the disk later. A
+    machine crash can then leave a record of the first transaction only, while the slot was told
+    of all ten and the disk holds them and half of an eleventh. The restart must keep the ten
+    (the server will not send them again) and cut the half one; each row exactly once."""
+    dsn = server.dsn()
+    _setup(dsn)
+    out, log = tmp_path / "o.jsonl", tmp_path / "e"
+    args = ("start", "-d", dsn, "--slot", "s", "--synchronous", "-f", str(out))
+    proc = _spawn(*args, stderr=log)
+    try:
+        _wait(lambda: _active(dsn), "streaming")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(1, 11):
+                conn.execute("INSERT INTO t VALUES (%s, 'x')", (i,))
+            last = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+        confirmed = f"SELECT confirmed_flush_lsn >= '{last}' FROM pg_replication_slots WHERE slot_name = 's'"
+        _wait(lambda: sql(dsn, confirmed)[0][0], "the slot to confirm all ten")
+    finally:
+        proc.terminate()
+        code = proc.wait(30)
+    assert code == 0, log.read_text()
+    lines = out.read_bytes().splitlines(keepends=True)
+    first_commit = next(n for n, line in enumerate(lines) if json.loads(line)["op"] == "commit")
+    rec = json.loads(lines[first_commit])
+    stale = {"version": 1, "offset": len(b"".join(lines[: first_commit + 1])), "commit_lsn": rec["commit_lsn"],
+             "end_lsn": rec["end_lsn"], "tail": "jsonl"}  # fmt: skip
+    data = json.dumps(stale).encode()
+    (tmp_path / ".o.jsonl.pgrecv-state").write_bytes(data + b" " * (511 - len(data)) + b"\n")
+    with out.open("ab") as f:
+        f.write(b'{"v":1,"op":"begin","xid":999,"commit_lsn":"F/0"}\n{"v":1,"op":"insert","xid":999,"new":{"id":')
+    proc = _spawn(*args, stderr=log)
+    try:
+        _wait(lambda: _active(dsn), "streaming again")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(11, 16):
+                conn.execute("INSERT INTO t VALUES (%s, 'x')", (i,))
+        _wait(lambda: _ids(out) >= set(range(1, 16)), "rows 11 to 15")
+    finally:
+        proc.terminate()
+        code = proc.wait(30)
+    assert code == 0, log.read_text()
+    inserted = [json.loads(line)["new"]["id"] for line in out.read_bytes().splitlines() if b'"op":"insert"' in line]
+    assert inserted == list(range(1, 16))
+
+
 def test_docs_cover_the_synchronous_standby() -> None:
     """README and man page: how to name pgrecv, what it promises, the logical decoding chapter's
     caveats (one database, a server-wide setting; a catalog lock can deadlock)."""
