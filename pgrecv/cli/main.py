@@ -510,7 +510,9 @@ def start(
     decodes one database, so commits in every database wait for it (pgrecv answers those at once,
     but they stop while pgrecv is down); and a transaction holding an exclusive lock on a catalog
     table (LOCK pg_class, CLUSTER pg_class) can deadlock against a synchronous logical receiver,
-    which needs the catalogs to decode. pgrecv slots shows the walsender's sync_state and lag.
+    which needs the catalogs to decode. pgrecv slots shows the walsender's sync_state and lag. Into
+    a JSONL --file (with --synchronous or -F 0) each sync point is one fsync: the state file follows
+    the data without one of its own, and a restart after a crash reads the lines past it.
     """
     from pgrecv.decode.plugins import PgOutputSettings, parse_options
     from pgrecv.output.sinks import make_sink
