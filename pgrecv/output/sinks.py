@@ -354,11 +354,11 @@ class FileSink(_BufferedSink):
 
     ``tail="jsonl"`` (``--synchronous`` or ``-F 0`` into JSONL) halves the fsyncs per boundary:
     the record is rewritten after the data's fdatasync but left to writeback (synced when
-    :data:`STATE_SYNC_AGE` old, at SIGHUP and at close), and says ``"tail": "jsonl"``. After a
-    machine crash it may lag what the disk holds and what the server was told; :meth:`open` then
-    reads the lines past its offset and keeps every whole unit they hold
-    (:func:`pgrecv.output.jsonl.last_unit_end`), so nothing confirmed is cut. A record is
-    written only after the data it describes is durable, so it never points past the disk.
+    :data:`STATE_SYNC_AGE` old and at close; the one about a new file after SIGHUP at once), and
+    says ``"tail": "jsonl"``. After a machine crash it may lag what the disk holds and what the
+    server was told; :meth:`open` then reads the lines past its offset and keeps every whole unit
+    they hold (:func:`pgrecv.output.jsonl.last_unit_end`), so nothing confirmed is cut. A record
+    is written only after the data it describes is durable, so it never points past the disk.
     """
 
     def __init__(self, path: str | os.PathLike[str], tail: str | None = None) -> None:
@@ -521,7 +521,6 @@ class FileSink(_BufferedSink):
     def _reopen_now(self) -> None:
         self._reopen_wanted = False
         self.durable()
-        self._state.sync()  # about the old file: the next record, about the new one, must not be trusted alone
         old = self._ident
         self._close_fd()
         fd, size = self._open_file()
