@@ -216,19 +216,7 @@ def test_a_state_record_lagging_after_a_crash_loses_nothing(server: TempServer, 
         assert proc.returncode == 0, err(proc)
     out, log = tmp_path / "o.jsonl", tmp_path / "e"
     args = ("start", "-d", dsn, "--slot", "s", "--synchronous", "-f", str(out))
-    proc = _spawn(*args, stderr=log)
-    try:
-        _wait(lambda: _active(dsn), "streaming")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for i in range(1, 11):
-                conn.execute("INSERT INTO t VALUES (%s, 'x')", (i,))
-            last = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
-        confirmed = f"SELECT confirmed_flush_lsn >= '{last}' FROM pg_replication_slots WHERE slot_name = 's'"
-        _wait(lambda: sql(dsn, confirmed)[0][0], "the slot to confirm all ten")
-    finally:
-        proc.terminate()
-        code = proc.wait(30)
-    assert code == 0, log.read_text()
+    _stream_while_inserting(dsn, args, log, range(1, 11))
     lines = out.read_bytes().splitlines(keepends=True)
     first_commit = next(n for n, line in enumerate(lines) if json.loads(line)["op"] == "commit")
     rec = json.loads(lines[first_commit])
@@ -238,19 +226,26 @@ def test_a_state_record_lagging_after_a_crash_loses_nothing(server: TempServer, 
     (tmp_path / ".o.jsonl.pgrecv-state").write_bytes(data + b" " * (511 - len(data)) + b"\n")
     with out.open("ab") as f:
         f.write(b'{"v":1,"op":"begin","xid":999,"commit_lsn":"F/0"}\n{"v":1,"op":"insert","xid":999,"new":{"id":')
+    _stream_while_inserting(dsn, args, log, range(11, 16))
+    inserted = [json.loads(line)["new"]["id"] for line in out.read_bytes().splitlines() if b'"op":"insert"' in line]
+    assert inserted == list(range(1, 16))
+
+
+def _stream_while_inserting(dsn: str, args: tuple[str, ...], log: Path, ids: range) -> None:
+    """Run pgrecv, insert ``ids`` one commit each, stop it cleanly once the slot confirms them all."""
     proc = _spawn(*args, stderr=log)
     try:
-        _wait(lambda: _active(dsn), "streaming again")
+        _wait(lambda: _active(dsn), "streaming")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for i in range(11, 16):
+            for i in ids:
                 conn.execute("INSERT INTO t VALUES (%s, 'x')", (i,))
-        _wait(lambda: _ids(out) >= set(range(1, 16)), "rows 11 to 15")
+            last = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+        confirmed = f"SELECT confirmed_flush_lsn >= '{last}' FROM pg_replication_slots WHERE slot_name = 's'"
+        _wait(lambda: sql(dsn, confirmed)[0][0], f"the slot to confirm rows {ids.start} to {ids.stop - 1}")
     finally:
         proc.terminate()
         code = proc.wait(30)
     assert code == 0, log.read_text()
-    inserted = [json.loads(line)["new"]["id"] for line in out.read_bytes().splitlines() if b'"op":"insert"' in line]
-    assert inserted == list(range(1, 16))
 
 
 def test_docs_cover_the_synchronous_standby() -> None:
