@@ -597,8 +597,7 @@ def start(
 
         suffix, make_formatter = SUFFIX, debezium_factory(opts, fmt, slot)
     # durable at every boundary into JSONL: one fsync each, the state record left to writeback
-    every_boundary = synchronous or fsync_interval <= 0
-    tail = "jsonl" if fmt == "jsonl" and every_boundary else None
+    tail = "jsonl" if fmt == "jsonl" and config.durable_at_every_boundary else None
     sink = make_sink(file, output_dir, rotate_size, rotate_interval, suffix, tail)
     status = None
     if fmt == "pretty" and to_terminal and sys.stderr.isatty() and not STATE.quiet:

@@ -353,8 +353,8 @@ class FileSink(_BufferedSink):
     standard output: durable means written; no state file, no fsync, no truncation.
 
     ``tail="jsonl"`` (``--synchronous`` or ``-F 0`` into JSONL) halves the fsyncs per boundary:
-    the record is rewritten after the data's fdatasync but left to writeback (synced when
-    :data:`STATE_SYNC_AGE` old and at close; the one about a new file after SIGHUP at once), and
+    the record is rewritten after the data's fdatasync but left to writeback (synced at the first
+    :meth:`tick` once :data:`STATE_SYNC_AGE` old, and at close; one about a new file at once), and
     says ``"tail": "jsonl"``. After a machine crash it may lag what the disk holds and what the
     server was told; :meth:`open` then reads the lines past its offset and keeps every whole unit
     they hold (:func:`pgrecv.output.jsonl.last_unit_end`), so nothing confirmed is cut. A record

@@ -88,6 +88,12 @@ class StartConfig:
     assemble: bool = False  # pgoutput streaming is on: make streamed transactions whole
     memory_limit: int = 64 << 20
 
+    @property
+    def durable_at_every_boundary(self) -> bool:
+        """-F 0 and --synchronous: the output is made durable at every transaction boundary (the
+        streamer's sync points; the CLI picks the -f state record's mode by it)."""
+        return self.synchronous or self.fsync_interval <= 0
+
 
 @dataclass
 class RunStats(Counts):  # rows, heartbeats and last_commit_time: counted by the pipeline
@@ -160,7 +166,7 @@ class Streamer:
         # -F 0 and --synchronous: durable at every transaction boundary, once the socket has
         # nothing more buffered, so commits that arrive together share one fsync (group commit);
         # -s 0 and --synchronous: reported as soon as it is durable. No timer runs at 0.
-        self._durable_at_drain = config.synchronous or config.fsync_interval <= 0
+        self._durable_at_drain = config.durable_at_every_boundary
         self._report_at_durable = config.synchronous or config.status_interval <= 0
         self._synced_transactions = 0  # stats.transactions at the last sync point (-vvv reports groups)
         self._metrics_path = Path(config.metrics_file) if config.metrics_file else None

@@ -1294,3 +1294,19 @@ def test_fsyncs_per_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ta
     sink.close()
     state = json.loads((tmp_path / ".out.jsonl.pgrecv-state").read_bytes())
     assert state.get("tail") == tail and state["end_lsn"] == "0/2000"
+
+
+def test_sighup_with_tail_syncs_the_record_about_the_new_file(tmp_path: Path) -> None:
+    """After SIGHUP the record describes a new file: a lagging one would describe the old file
+    (renamed away) and make a restart scan or cut the new file at the old file's offset."""
+    out = tmp_path / "out.jsonl"
+    sink = FileSink(out, tail="jsonl")
+    sink.open()
+    _write_units(sink, _jsonl_units()[:2])
+    assert sink._state.unsynced_since is not None  # each boundary's record left to writeback
+    out.rename(tmp_path / "out.jsonl.1")
+    sink.reopen()
+    assert sink._state.unsynced_since is None
+    state = json.loads((tmp_path / ".out.jsonl.pgrecv-state").read_bytes())
+    assert (state["offset"], state["tail"]) == (0, "jsonl")
+    sink.close()
