@@ -137,12 +137,9 @@ def test_engine_equals_the_truth(
     for t in gen.tables:
         want = _expected(t, truth[(t.schema, t.name)])
         assert _got(t, target, fmt) == want, f"{t.schema}.{t.name} ({t.kind}), seed {seed}, cut {cut}"
-    # the oracle agrees with the truth too, except that it re-encodes json numbers through floats.
-    # KNOWN BUG, open: on the explicit example the old replay (still the default, --replay driver)
-    # finds no value for an unchanged TOAST column after a key change ("cannot fill a TOAST value
-    # from nothing", table "s p.t1", key (a, 28) from (ü, 14)); the Spark replay above gets it right.
-    if (seed, cut) == (22, 22):
-        return
+    # the oracle agrees with the truth too, except that it re-encodes json numbers through floats
+    # (on the explicit example it once found no value for an unchanged TOAST column: the second
+    # copy of a redelivered key change met the first one's delete)
     for t in gen.tables:
         if t.json_cols:
             continue
@@ -176,13 +173,14 @@ def _version_set(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
     max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate)
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000))
+# the old replay once failed here ("unchanged TOAST column(s) big of table public.t3, but the
+# target has no row"): a redelivered key change met its first copy's delete (6 of seeds 0-39)
+@example(seed=15, cut=105)
 def test_history_equals_the_truth(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, fmt: str, seed: int, cut: int
 ) -> None:
     """--mode history on the Spark replay: the live versions are the true tables, every key's
-    versions form one chain, and the old replay (where it can run) has the same versions."""
-    from pgrecv.errors import InputError
-
+    versions form one chain, and the old replay has the same versions."""
     where = tmp_path_factory.mktemp("hist") / "a dir ü"
     where.mkdir()
     gen = Gen(seed)
@@ -190,15 +188,10 @@ def test_history_equals_the_truth(
     targets = {}
     for replay in ("spark", "driver"):
         target = where / f"lake-{replay}"
-        try:
-            for fs in ([files[0]], files):
-                srcs = tuple(map(str, fs))
-                cfg = ApplyConfig(srcs, target, fmt=fmt, engine="delta-rs", mode="history", replay=replay)
-                assert not run_apply(cfg, spark=spark).warnings
-        except InputError:
-            # the old replay cannot fill an unchanged TOAST value after some key changes (known bug)
-            assert replay == "driver"
-            continue
+        for fs in ([files[0]], files):
+            srcs = tuple(map(str, fs))
+            cfg = ApplyConfig(srcs, target, fmt=fmt, engine="delta-rs", mode="history", replay=replay)
+            assert not run_apply(cfg, spark=spark).warnings
         targets[replay] = target
     truth = gen.truth()
     for t in gen.tables:
@@ -222,5 +215,4 @@ def test_history_equals_the_truth(
                     b["_start_time"],
                 ), name
             assert versions[-1]["_end_lsn"] is None, name
-        if "driver" in targets:
-            assert _version_set(t, got) == _version_set(t, _versions(t, targets["driver"], fmt)), name
+        assert _version_set(t, got) == _version_set(t, _versions(t, targets["driver"], fmt)), name

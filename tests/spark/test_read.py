@@ -134,6 +134,46 @@ def test_bad_line_names_file_and_line(line: bytes, what: str) -> None:
         r.feed_lines([*_lines(REL, {"op": "message"}), line], "f")
 
 
+@pytest.mark.parametrize("lsn", ["-1/-5", "0/0x10", "0/1_0", "0/+5", "1/", "/1", "123456789/0"])
+@pytest.mark.parametrize("field", ["commit_lsn", "lsn"])
+def test_malformed_lsns_are_refused(field: str, lsn: str) -> None:
+    """int(x, 16) alone reads "-5", "0x10" and "1_0": each half must be plain hex digits."""
+    ins = {**_ins(1, "0/10", "0/2"), field: lsn}
+    r = Reader()
+    line = 2 if field == "commit_lsn" else 3  # the begin holds the commit LSN too
+    with pytest.raises(InputError, match=rf"^f:{line}: .*invalid LSN"):
+        r.feed_lines(_lines(REL, {"op": "begin", "commit_lsn": ins["commit_lsn"]}, ins), "f")
+
+
+def test_a_redelivered_key_change_keeps_its_toast_value() -> None:
+    """The copies of an at-least-once delivery collapse: the second copy of a key change that
+    kept an unchanged TOAST value would otherwise meet its first copy's delete, and the row would
+    lose the value."""
+    rel = {**REL, "columns": [*REL["columns"], {"name": "big", "type": "text", "typmod": -1, "key": False}]}
+    txn = [
+        {"op": "begin", "commit_lsn": "0/10"},
+        {**_ins(1, "0/10", "0/2"), "new": {"id": 1, "big": "B" * 10}},
+        {
+            "op": "update",
+            "schema": "s",
+            "table": "t",
+            "commit_lsn": "0/10",
+            "lsn": "0/3",
+            "new": {"id": 2},
+            "unchanged_toast": ["big"],
+            "old": {"id": 1},
+            "old_kind": "key",
+        },
+        {"op": "commit", "commit_lsn": "0/10"},
+    ]
+    r = Reader()
+    r.feed_lines(_lines(rel, *txn, *txn), "f")
+    t = r.result().tables[("s", "t")]
+    red = reduce_changes(t.changes, ["id"], full=False, history=False)
+    assert [(row.values, set(row.missing)) for row in red.upserts.values()] == [({"id": 2, "big": "B" * 10}, set())]
+    assert list(red.deletes) == [1]
+
+
 def test_snapshot_without_manifest_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "0000000000000000-0000000001000000.snapshot-0001.jsonl"
     f.write_bytes(b"")
