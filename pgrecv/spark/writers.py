@@ -110,13 +110,35 @@ class Target(ABC):
         return out
 
 
-def _key_filter(key_cols: list[str], keys: list[tuple[Any, ...]]) -> Any:
+def _scan(
+    ds: Any, columns: list[str], key_cols: list[str], keys: list[tuple[Any, ...]] | None, current: bool
+) -> pa.Table:
+    """``columns`` of the rows whose key may be in ``keys`` (the caller matches them exactly), the
+    key filter pushed down to the files where Arrow can. delta-rs gives file statistics typed
+    ``string_view`` for ``string`` columns, which Arrow cannot compare with the filter's values
+    ("no kernel matching input types (string, string_view)"): then the rows are filtered after
+    the read."""
+    cur = pc.field("_current") == True if current else None  # noqa: E712 - an Arrow expression
+    filt = _key_filter(key_cols, keys, ds.schema) if keys is not None else None
+    if filt is None:
+        return ds.to_table(columns=columns, filter=cur)
+    try:
+        return ds.to_table(columns=columns, filter=filt if cur is None else filt & cur)
+    except pa.ArrowNotImplementedError:
+        table = ds.to_table(columns=list(dict.fromkeys([*columns, key_cols[0]])), filter=cur)
+        return table.filter(filt).select(columns)
+
+
+def _key_filter(key_cols: list[str], keys: list[tuple[Any, ...]], schema: pa.Schema) -> Any:
+    """The rows whose first key column is among ``keys``' (a filter the scan can push down), or
+    None. The value set takes the column's type as the dataset has it: delta-rs reads strings as
+    ``string_view``, which Arrow does not compare with a plain ``string`` set."""
     first = [k[0] for k in keys if k[0] is not None]
     if not first or len(first) != len(keys):
         return None
     try:
-        return pc.field(key_cols[0]).isin(first)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return pc.field(key_cols[0]).isin(pa.array(first, type=schema.field(key_cols[0]).type))
+    except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
 
 
@@ -139,11 +161,7 @@ class DeltaRsTarget(Target):
         from deltalake import DeltaTable
 
         ds = DeltaTable(str(self.path)).to_pyarrow_dataset()
-        filt = _key_filter(key_cols, keys) if keys is not None else None
-        if current:
-            cur = pc.field("_current") == True  # noqa: E712 - an Arrow expression
-            filt = cur if filt is None else filt & cur
-        return ds.to_table(columns=columns, filter=filt)
+        return _scan(ds, columns, key_cols, keys, current)
 
     def write(self, batch: Batch) -> None:
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -354,11 +372,7 @@ class ParquetTarget(Target):
 
         assert self.version is not None
         ds = pads.dataset(str(self._dir(self.version)), format="parquet", schema=self.schema)
-        filt = _key_filter(key_cols, keys) if keys is not None else None
-        if current:
-            cur = pc.field("_current") == True  # noqa: E712
-            filt = cur if filt is None else filt & cur
-        return ds.to_table(columns=columns, filter=filt)
+        return _scan(ds, columns, key_cols, keys, current)
 
     def write(self, batch: Batch) -> None:
         import pyarrow.parquet as pq
