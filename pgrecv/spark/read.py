@@ -407,15 +407,17 @@ def _once(changes: list[Change]) -> list[Change]:
     after a restart, a prepared one both carried over and in the input again): the same commit
     LSN, change LSN and op. A copy left in breaks a key change that keeps an unchanged TOAST
     value: the second copy of the move finds the first one's delete. test_decoding's changes
-    have no LSN (0); their copies replay identically in input order and stay."""
+    have no LSN (0); their copies replay identically in input order and stay. Sorted, a change's
+    copies are in one run of the same commit and change LSN: only that run's ops are kept."""
     out: list[Change] = []
-    seen: set[tuple[int, int, str]] = set()
+    run: tuple[int, int] | None = None
+    ops: set[str] = set()
     for ch in changes:
         if ch[1] > 0:
-            k = (ch[0], ch[1], ch[3])
-            if k in seen:
+            if (ch[0], ch[1]) != run:
+                run, ops = (ch[0], ch[1]), set()
+            elif ch[3] in ops:
                 continue
-            seen.add(k)
+            ops.add(ch[3])
         out.append(ch)
     return out
-
