@@ -114,12 +114,12 @@ def _scan(
     ds: Any, columns: list[str], key_cols: list[str], keys: list[tuple[Any, ...]] | None, current: bool
 ) -> pa.Table:
     """``columns`` of the rows whose key may be in ``keys`` (the caller matches them exactly), the
-    key filter pushed down to the files where Arrow can. delta-rs gives file statistics typed
-    ``string_view`` for ``string`` columns, which Arrow cannot compare with the filter's values
-    ("no kernel matching input types (string, string_view)"): then the rows are filtered after
+    key filter pushed down to the files where Arrow can. Arrow cannot always compare the filter
+    with the file statistics of a delta-rs table (seen on a string key: "Function 'greater_equal'
+    has no kernel matching input types (string, string_view)"): then the rows are filtered after
     the read."""
     cur = pc.field("_current") == True if current else None  # noqa: E712 - an Arrow expression
-    filt = _key_filter(key_cols, keys, ds.schema) if keys is not None else None
+    filt = _key_filter(key_cols, keys) if keys is not None else None
     if filt is None:
         return ds.to_table(columns=columns, filter=cur)
     try:
@@ -129,16 +129,13 @@ def _scan(
         return table.filter(filt).select(columns)
 
 
-def _key_filter(key_cols: list[str], keys: list[tuple[Any, ...]], schema: pa.Schema) -> Any:
-    """The rows whose first key column is among ``keys``' (a filter the scan can push down), or
-    None. The value set takes the column's type as the dataset has it: delta-rs reads strings as
-    ``string_view``, which Arrow does not compare with a plain ``string`` set."""
+def _key_filter(key_cols: list[str], keys: list[tuple[Any, ...]]) -> Any:
     first = [k[0] for k in keys if k[0] is not None]
     if not first or len(first) != len(keys):
         return None
     try:
-        return pc.field(key_cols[0]).isin(pa.array(first, type=schema.field(key_cols[0]).type))
-    except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return pc.field(key_cols[0]).isin(first)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
 
 
