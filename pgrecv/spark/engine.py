@@ -291,7 +291,7 @@ def _table_facts(
     has_toast = live & (F.size("unchanged_toast") > 0)
     # counts and positions only: a hash aggregate. The lists (TRUNCATEs, unchanged-TOAST columns)
     # need an aggregate that sorts its input; it runs only if some table has such rows, over those
-    # rows alone (measured at 1M events: 1.5 s for one aggregate of everything, 0.7 s for counts).
+    # rows alone (1M events, warm: 1.49 s as one aggregate of everything, 1.24-1.32 s as the counts).
     agg = every.groupBy("schema", "table").agg(
         F.count(F.lit(1)).alias("n_all"),
         F.sum(F.when(live, 1).otherwise(0)).alias("n"),
