@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -103,6 +104,34 @@ def write_input(path: Path, events: int, keys: int) -> None:
             txn(batch)
 
 
+FLOOR_SCHEMA = "op string, commit_lsn string, lsn string, new struct<id:int, v:string, n:string>, old struct<id:int>"
+
+
+def lsn_int(c: str) -> Any:
+    """An ``X/Y`` LSN column as a 64-bit integer, in Spark."""
+    from pyspark.sql import functions as F
+
+    hi = F.conv(F.substring_index(c, "/", 1), 16, 10).cast("bigint")
+    return hi * 4294967296 + F.conv(F.substring_index(c, "/", -1), 16, 10).cast("bigint")
+
+
+def floor_job(spark: Any, source: str, out: str) -> None:
+    """The issue's plain Spark job: read with a schema, the last change per key by LSN (as 64-bit
+    integers), write the final table once."""
+    from pyspark.sql import functions as F
+
+    (
+        spark.read.schema(FLOOR_SCHEMA)
+        .json(source)
+        .where("op IN ('insert', 'update', 'delete')")
+        .groupBy(F.coalesce("new.id", "old.id").alias("id"))
+        .agg(F.max_by(F.struct("op", "new"), F.struct(lsn_int("commit_lsn"), lsn_int("lsn"))).alias("last"))
+        .where("last.op <> 'delete'")
+        .select("last.new.*")
+        .write.parquet(out)
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -125,29 +154,11 @@ def main() -> None:
             run_apply(config((str(base_in),), fmt), spark=spark)
 
         def floor_run(n: int, grouped: bool = True) -> float:
-            """The issue's plain Spark job: read with a schema, the last change per key by LSN
-            (as 64-bit integers), write the final table once."""
-            from pyspark.sql import functions as F
-
-            def as_int(c: str) -> object:
-                hi = F.conv(F.substring_index(c, "/", 1), 16, 10).cast("bigint")
-                return hi * 4294967296 + F.conv(F.substring_index(c, "/", -1), 16, 10).cast("bigint")
-
             t0 = time.monotonic()
-            read = spark.read.schema(
-                "op string, commit_lsn string, lsn string, new struct<id:int, v:string, n:string>, old struct<id:int>"
-            ).json(str(changes))
-            if not grouped:  # the floor of earlier figures: every event written, no grouping
-                read.write.parquet(str(base / f"events{n}"))
-                return time.monotonic() - t0
-            (
-                read.where("op IN ('insert', 'update', 'delete')")
-                .groupBy(F.coalesce("new.id", "old.id").alias("id"))
-                .agg(F.max_by(F.struct("op", "new"), F.struct(as_int("commit_lsn"), as_int("lsn"))).alias("last"))
-                .where("last.op <> 'delete'")
-                .select("last.new.*")
-                .write.parquet(str(base / f"floor{n}"))
-            )
+            if grouped:
+                floor_job(spark, str(changes), str(base / f"floor{n}"))
+            else:  # the floor of earlier figures: every event written, no grouping
+                spark.read.schema(FLOOR_SCHEMA).json(str(changes)).write.parquet(str(base / f"events{n}"))
             return time.monotonic() - t0
 
         floor = min(floor_run(1), floor_run(2))

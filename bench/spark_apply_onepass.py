@@ -26,12 +26,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spark_apply import write_input  # the same generator and input
+from spark_apply import floor_job, lsn_int, write_input  # the same input and floor
 
 from pgrecv.spark.sparkops import start_session
 
@@ -47,10 +46,6 @@ def main() -> None:
     args = ap.parse_args()
     spark = start_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
 
-    def as_int(c: str) -> Any:
-        hi = F.conv(F.substring_index(c, "/", 1), 16, 10).cast("bigint")
-        return hi * 4294967296 + F.conv(F.substring_index(c, "/", -1), 16, 10).cast("bigint")
-
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         changes = base / "changes.jsonl"
@@ -65,17 +60,7 @@ def main() -> None:
 
         def floor(n: int) -> float:
             t0 = time.monotonic()
-            read = spark.read.schema(
-                "op string, commit_lsn string, lsn string, new struct<id:int, v:string, n:string>, old struct<id:int>"
-            ).json(url)
-            (
-                read.where("op IN ('insert', 'update', 'delete')")
-                .groupBy(F.coalesce("new.id", "old.id").alias("id"))
-                .agg(F.max_by(F.struct("op", "new"), F.struct(as_int("commit_lsn"), as_int("lsn"))).alias("last"))
-                .where("last.op <> 'delete'")
-                .select("last.new.*")
-                .write.parquet("file://" + str(base / f"floor{n}"))
-            )
+            floor_job(spark, url, "file://" + str(base / f"floor{n}"))
             return time.monotonic() - t0
 
         def onepass(n: int) -> tuple[float, float]:
@@ -88,7 +73,7 @@ def main() -> None:
             )
             relations = st.where("op = 'relation'").collect()
             assert relations, "the input has no relation record"
-            commits = st.where("op = 'commit'").select(as_int("commit_lsn").alias("c")).distinct()
+            commits = st.where("op = 'commit'").select(lsn_int("commit_lsn").alias("c")).distinct()
             t1 = time.monotonic()
             image = "struct<id:string, v:string, n:string>"
             read = spark.read.schema(
@@ -96,7 +81,7 @@ def main() -> None:
                 "unchanged_toast array<string>"
             ).json(url)
             ch = read.where("op IN ('insert', 'update', 'delete')").select(
-                "*", as_int("commit_lsn").alias("c"), as_int("lsn").alias("l")
+                "*", lsn_int("commit_lsn").alias("c"), lsn_int("lsn").alias("l")
             )
             ch = ch.join(F.broadcast(commits), "c", "left_semi")
             new_key, old_key = F.col("new.id").cast("int"), F.col("old.id").cast("int")
