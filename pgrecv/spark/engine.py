@@ -126,7 +126,8 @@ def run_frames(
             if path.exists():
                 target.open()
             targets[(s, t)] = target
-        facts = _table_facts(changes, {k: v.applied for k, v in targets.items()}, spark)
+        history = config.mode == "history"
+        facts = _table_facts(changes, {k: v.applied for k, v in targets.items()}, spark, history)
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
         progress.tables(len(todo))
         failures: list[str] = []
@@ -156,7 +157,6 @@ def run_frames(
             # each thread's jobs are its own group in Spark's UI (and its description in logs)
             spark.sparkContext.setJobDescription(f"pgrecv spark-apply {s}.{t}")
             try:
-                history = config.mode == "history"
                 if target.schema is not None and ("_current" in target.schema.names) != history:
                     raise UsageError(
                         f"{target.path} is a {'latest' if history else 'history'}-mode table: "
@@ -275,11 +275,14 @@ def _int_conf(spark: Any, key: str) -> int:
 
 
 def _table_facts(
-    changes: Any, applied: dict[tuple[str, str], int | None], spark: Any
+    changes: Any, applied: dict[tuple[str, str], int | None], spark: Any, history: bool = False
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Per table: counts by op past its applied position, the position, the last TRUNCATE, and
     the columns with unchanged TOAST values (a small aggregate for all tables, and a second over
-    the rows with TRUNCATEs or unchanged TOAST values if there are any)."""
+    the rows with TRUNCATEs or unchanged TOAST values if there are any).
+
+    What reaches the driver is bounded by the number of tables and columns, except in
+    ``history`` mode: its tombstones need every TRUNCATE of the batch (one small record each)."""
     from pyspark.sql import functions as F
 
     pos = spark.createDataFrame(
@@ -309,17 +312,16 @@ def _table_facts(
         out[(r["schema"], r["table"])] = d
     if any(d["truncate"] or d["n_toast"] for d in out.values()):
         order = rp.order_col()
+        # history mode: every TRUNCATE, in order, with what its tombstones show
+        truncate = F.struct(order.alias("o"), "commit_time", "_path", "lsn")
+        every_truncate = F.sort_array(F.collect_list(F.when(F.col("op") == "truncate", truncate)))
+        tombstones = every_truncate if history else F.lit(None)
         lists = (
             every.where(live & ((F.col("op") == "truncate") | (F.size("unchanged_toast") > 0)))
             .groupBy("schema", "table")
             .agg(
                 F.max(F.when(F.col("op") == "truncate", order)).alias("truncate_at"),
-                # history mode: every TRUNCATE, in order (few), with what its tombstones show
-                F.sort_array(
-                    F.collect_list(
-                        F.when(F.col("op") == "truncate", F.struct(order.alias("o"), "commit_time", "_path", "lsn"))
-                    )
-                ).alias("truncates"),
+                tombstones.alias("truncates"),
                 F.array_distinct(F.flatten(F.collect_set(F.col("unchanged_toast")))).alias("toast"),
                 # updates with an old image and unchanged TOAST values: maybe key changes to follow
                 F.count(F.when((F.col("op") == "update") & F.col("old").isNotNull(), 1)).alias("moves"),

@@ -260,3 +260,34 @@ def test_staged_reads_split_like_the_shuffles(tmp_path: Path, spark: Any) -> Non
     run_apply(user, spark=spark, after_table=during)
     assert seen[1:] == [old]  # not changed by the run (--conf is applied when the session starts)
     assert spark.conf.get(key) == old
+
+
+def test_table_facts_bring_every_truncate_to_the_driver_only_in_history_mode(spark: Any) -> None:
+    """The facts the driver collects stay bounded by tables and columns in latest mode: the list
+    of every TRUNCATE (one entry each, so it grows with the input) is built for history mode only;
+    latest mode needs only the last one. Unchanged-TOAST columns and key changes are found in both."""
+    from pgrecv.spark.engine import _table_facts
+
+    rows = [  # c, l, op, unchanged_toast, old
+        (10, 1, "insert", [], None),
+        (20, 2, "truncate", None, None),
+        (30, 3, "update", ["big"], '{"id":1}'),
+        (40, 4, "truncate", None, None),
+        (50, 5, "insert", [], None),
+    ]
+    changes = spark.createDataFrame(
+        [
+            ("public", "t", c, lsn, op, toast, old, 0, 0, i, None, "file:/in.jsonl", f"0/{lsn:X}")
+            for i, (c, lsn, op, toast, old) in enumerate(rows)
+        ],
+        "schema string, `table` string, c bigint, l bigint, op string, unchanged_toast array<string>, old string, "
+        "_rank int, _blk bigint, _mid bigint, commit_time string, _path string, lsn string",
+    )
+    latest = _table_facts(changes, {("public", "t"): 15}, spark)[("public", "t")]
+    history = _table_facts(changes, {("public", "t"): 15}, spark, history=True)[("public", "t")]
+    for f in (latest, history):
+        assert (f["n_all"], f["n"], f["truncate"], f["position"]) == (5, 4, 2, 50)
+        assert f["truncate_at"] == (40, 4, 0, 0, 3)
+        assert (f["toast"], f["moves"]) == (["big"], 1)
+    assert latest["truncates"] == []
+    assert [t[0] for t in history["truncates"]] == [(20, 2, 0, 0, 1), (40, 4, 0, 0, 3)]
