@@ -6,7 +6,8 @@ slot backlog, in the same run.
 Each reads the backlog from its own slot, created before the workload, up to the same end
 position; the server's decoding is ``count(*)`` over ``pg_logical_slot_peek_binary_changes`` on a
 slot of its own (the limit a client could reach: the server decodes, nobody writes). Prints the
-wall times, the ratios and pgrecv's CPU (user + system) per row change. With ``--repeat N`` each
+wall times, the ratios, pgrecv's CPU (user + system) per row change, and each client's walsender's
+CPU (how a client reads changes the server's work: see pgrecv/stream/pacing.py). With ``--repeat N`` each
 is measured N times, interleaved, and the best of each is kept (the machine may be shared).
 
 Workloads:
@@ -76,6 +77,15 @@ def run(cmd: list[str], **kw: object) -> float:
 CPU: list[float] = []
 
 
+def server_cpu(server: TempServer) -> float:
+    """CPU seconds of the server's ended processes (the postmaster's reaped children: a client's
+    walsender once the client has gone)."""
+    time.sleep(0.3)  # the postmaster reaps the walsender just after the client disconnects
+    pid = int((server.data_dir / "postmaster.pid").read_text().split()[0])
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime + cstime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--workload", choices=("inserts", "mixed"), default="inserts")
@@ -132,6 +142,7 @@ def main() -> int:
                 ).fetchone()[0]  # type: ignore[index]
                 server_times.append(time.perf_counter() - started)
             raw = Path(tmp) / f"ref{r}.raw"
+            cpu0 = server_cpu(server)
             ref_times.append(
                 run([
                     str(install.bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", f"ref{r}", "--start",
@@ -139,6 +150,7 @@ def main() -> int:
                     "-o", "proto_version=1", "-o", "publication_names=pub",
                 ])
             )  # fmt: skip
+            cpu1 = server_cpu(server)
             out = Path(tmp) / f"pgrecv{r}.jsonl"
             our_times.append(
                 run([
@@ -147,11 +159,13 @@ def main() -> int:
                 ])
             )  # fmt: skip
             our_cpu.append(CPU[-1])
+            cpu2 = server_cpu(server)
             lines = sum(1 for _ in out.open("rb"))
             print(
                 f"run {r + 1}: server decoding {server_times[-1]:.2f} s ({decoded:,} messages), "
-                f"pg_recvlogical {ref_times[-1]:.2f} s (CPU {CPU[-2]:.2f} s, {raw.stat().st_size / 1e6:.0f} MB raw), "
-                f"pgrecv {our_times[-1]:.2f} s (CPU {CPU[-1]:.2f} s, {out.stat().st_size / 1e6:.0f} MB, "
+                f"pg_recvlogical {ref_times[-1]:.2f} s (CPU {CPU[-2]:.2f} s, walsender {cpu1 - cpu0:.2f} s, "
+                f"{raw.stat().st_size / 1e6:.0f} MB raw), pgrecv {our_times[-1]:.2f} s (CPU {CPU[-1]:.2f} s, "
+                f"walsender {cpu2 - cpu1:.2f} s, {out.stat().st_size / 1e6:.0f} MB, "
                 f"{lines:,} JSONL lines)",
                 flush=True,
             )
