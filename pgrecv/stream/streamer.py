@@ -54,6 +54,7 @@ from pgrecv.pg.slots import logical_slot
 from pgrecv.stream.connection import ReplicationConnection, StreamConnection, StreamEnded
 from pgrecv.stream.feedback import Feedback
 from pgrecv.stream.heartbeat import Heartbeat
+from pgrecv.stream.pacing import PAUSE, READ_ON, Pacing, pause
 from pgrecv.stream.pipeline import Counts, Pipeline
 from pgrecv.stream.wire import HEADER_SIZE, KEEPALIVE_KIND, XLOGDATA_KIND, parse_xlogdata_header
 
@@ -365,6 +366,7 @@ class Streamer:
         stats = self.stats
         feed = assembler.feed if assembler is not None else None
         countdown = 256
+        pacing = Pacing()
         while True:
             n, buf = read()
             if n > 0:
@@ -403,7 +405,16 @@ class Streamer:
             if n == 0:
                 if self._durable_at_drain and feedback.written > feedback.flushed:
                     self._sync_point(rc)
+                step = pacing.step(stats.messages)
+                if step == READ_ON:
+                    rc.wait(0)  # read what the socket holds, without polling
+                    continue
+                # the socket ran dry
                 self._periodic(rc)
+                if step == PAUSE:  # a burst: let the next messages gather (see stream/pacing.py)
+                    pause()
+                    rc.wait(0)
+                    continue
                 # at most 1 s (rotation by age, the terminal's status line); the timers shorten
                 # the wait only when they have work: a boundary not yet durable, a position not
                 # yet reported. So an idle pgrecv sleeps whatever -F and -s say (1 ms used to

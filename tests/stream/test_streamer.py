@@ -384,3 +384,33 @@ def test_pipeline_alone_filters_and_reports_units() -> None:
     assert got == ["Relation", "Relation", "Begin", "Delete", "Commit"]
     assert units == [(1100, 1108, True)]
     assert pipe.counts.rows == 1 and not pipe.in_txn
+
+
+# --- pacing (stream/pacing.py) -------------------------------------------------------------------
+
+
+def test_a_burst_then_a_dry_socket_pauses_once_and_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgrecv.stream import streamer as streamer_module
+
+    pauses: list[int] = []
+    monkeypatch.setattr(streamer_module, "pause", lambda: pauses.append(1))
+    burst = frames([(1000, REL_MSG), *txn(10, 1100, *[insert(OID, row(i)) for i in range(100)])])
+    after = frames(txn(11, 1300, insert(OID, row(100))))
+    # the burst's last read brings messages (read on), the next finds the socket dry (pause)
+    _, sink, _ = run([[*burst, DRAINED, DRAINED, *after]])
+    assert len(pauses) == 1
+    assert [r["new"]["id"] for r in sink.records() if r["op"] == "insert"] == list(range(101))
+    assert sink.boundaries == [(1100, 1108), (1300, 1308)]
+
+
+def test_a_trickle_of_small_transactions_never_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgrecv.stream import streamer as streamer_module
+
+    pauses: list[int] = []
+    monkeypatch.setattr(streamer_module, "pause", lambda: pauses.append(1))
+    script: list[Item] = [*frames([(1000, REL_MSG)])]
+    for i in range(50):
+        script += [*frames(txn(10 + i, 2000 + 100 * i, insert(OID, row(i)))), DRAINED, DRAINED]
+    _, sink, _ = run([script])
+    assert pauses == []
+    assert len(sink.boundaries) == 50

@@ -1,0 +1,100 @@
+"""The receive loop's pacing: read on while reads bring messages, pause once after a burst, never
+for a trickle (pure); and the loop with pacing against a real server: a backlog arrives whole, a
+single small transaction never pauses. (Whether a real backlog pauses depends on which side is
+faster at each moment; the loop's reaction to a burst is in tests/stream/test_streamer.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pgrecv.lsn import LSN
+from pgrecv.pg.conn import ConnOptions
+from pgrecv.stream import streamer as streamer_module
+from pgrecv.stream.pacing import BURST, PAUSE, READ_ON, WAIT, Pacing
+from pgrecv.stream.streamer import StartConfig, Streamer
+from tests.util import sql
+
+
+def test_reads_on_while_reads_bring_messages() -> None:
+    p = Pacing()
+    assert p.step(10) == READ_ON
+    assert p.step(30) == READ_ON
+
+
+def test_pauses_once_when_the_socket_runs_dry_after_a_burst() -> None:
+    p = Pacing()
+    assert p.step(BURST - 1) == READ_ON
+    assert p.step(BURST) == READ_ON  # BURST messages since the socket was last dry
+    assert p.step(BURST) == PAUSE
+    assert p.step(BURST) == WAIT  # still nothing after the pause: an idle stream waits
+
+
+def test_a_trickle_never_pauses() -> None:
+    p = Pacing()
+    seen = 0
+    for _ in range(100):
+        seen += 3  # a small transaction, then nothing
+        assert p.step(seen) == READ_ON
+        assert p.step(seen) == WAIT
+
+
+def test_the_burst_counts_from_the_last_dry_socket() -> None:
+    p = Pacing()
+    assert p.step(BURST - 1) == READ_ON
+    assert p.step(BURST - 1) == WAIT
+    assert p.step(BURST) == READ_ON  # one message: not a burst, whatever came before
+    assert p.step(BURST) == WAIT
+
+
+def _stream(dsn: str, slot: str, endpos: str, path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """``pgrecv start``'s streamer in this process, to ``endpos``; returns how often it paused."""
+    from pgrecv.output.jsonl import JsonlEncoder
+    from pgrecv.output.sinks import FileSink
+
+    pauses = []
+    real = streamer_module.pause
+    monkeypatch.setattr(streamer_module, "pause", lambda: (pauses.append(1), real()))
+    cfg = StartConfig(
+        slot=slot,
+        fmt="jsonl",
+        options=[("proto_version", "1"), ("publication_names", "pacing_pub")],
+        plugin="pgoutput",
+        endpos=int(LSN.parse(endpos)),
+        no_loop=True,
+    )
+    sink = FileSink(str(path))
+    Streamer(ConnOptions(dbname=dsn), cfg, sink, JsonlEncoder, lambda *a, **k: None).run()
+    return len(pauses)
+
+
+def test_a_backlog_arrives_whole(db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = 20_000
+    sql(db_dsn, "CREATE TABLE pacing (id int PRIMARY KEY, v text)")
+    sql(db_dsn, "CREATE PUBLICATION pacing_pub FOR TABLE pacing")
+    sql(db_dsn, "SELECT pg_create_logical_replication_slot('pacing_backlog', 'pgoutput')")
+    sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 50) FROM generate_series(1, %s) g", (rows,))
+    endpos = sql(db_dsn, "SELECT pg_current_wal_insert_lsn()::text")[0][0]
+    out = tmp_path / "out.jsonl"
+    _stream(db_dsn, "pacing_backlog", endpos, out, monkeypatch)
+    recs = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [r["new"]["id"] for r in recs if r["op"] == "insert"] == list(range(1, rows + 1))
+    assert recs[-1]["op"] == "commit"
+
+
+def test_single_small_transactions_never_pause(db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sql(db_dsn, "CREATE TABLE pacing (id int PRIMARY KEY, v text)")
+    sql(db_dsn, "CREATE PUBLICATION pacing_pub FOR TABLE pacing")
+    sql(db_dsn, "SELECT pg_create_logical_replication_slot('pacing_trickle', 'pgoutput')")
+    sql(db_dsn, "INSERT INTO pacing VALUES (1, 'a')")
+    endpos = sql(db_dsn, "SELECT pg_current_wal_insert_lsn()::text")[0][0]
+    out = tmp_path / "out.jsonl"
+    assert _stream(db_dsn, "pacing_trickle", endpos, out, monkeypatch) == 0
+    assert [orjson.loads(line)["op"] for line in out.read_bytes().splitlines()] == [
+        "begin",
+        "relation",
+        "insert",
+        "commit",
+    ]
