@@ -16,7 +16,11 @@ Workloads:
            text, float8, boolean with REPLICA IDENTITY FULL; half of them updated (old and new
            images), a fifth deleted
 
+Both clients connect over TCP to 127.0.0.1, or with ``--transport unix`` over the server's
+Unix-domain socket (where a send costs the walsender much less, so the client's own CPU decides).
+
     python bench/stream.py [--workload inserts|mixed] [--rows N] [--txns 10] [--version 15] [--repeat 1] [--python]
+                           [--transport tcp|unix]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -96,6 +101,12 @@ def main() -> int:
     ap.add_argument(
         "--python", action="store_true", help="also run pgrecv with PGRECV_NO_NATIVE=1 (its pure-Python encoders)"
     )
+    ap.add_argument(
+        "--transport",
+        choices=("tcp", "unix"),
+        default="tcp",
+        help="how both clients connect: TCP on 127.0.0.1 (default) or the server's Unix-domain socket",
+    )
     ap.add_argument("--streaming", default="off", help="pgrecv --streaming (off: like pg_recvlogical here)")
     args = ap.parse_args()
     mixed = args.workload == "mixed"
@@ -103,6 +114,8 @@ def main() -> int:
     install = find_installation(args.version) or max(find_installations(), key=lambda i: i.version)
     with TempServer(install, settings={"max_wal_size": "4GB"}) as server, tempfile.TemporaryDirectory() as tmp:
         dsn = server.dsn()
+        if args.transport == "unix":
+            dsn = make_conninfo(dsn, host=str(server.socket_dir))
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(MIXED_TABLE if mixed else TABLE)
             conn.execute("CREATE PUBLICATION pub FOR TABLE bench")
@@ -184,7 +197,8 @@ def main() -> int:
         startup = min(run([sys.executable, "-m", "pgrecv", "--version"], stdout=subprocess.DEVNULL) for _ in range(3))
         ref, ours, server = min(ref_times), min(our_times), min(server_times)
         print(
-            f"{args.workload}, PostgreSQL {install.version}, best of {args.repeat}: server decoding {server:.2f} s  "
+            f"{args.workload}, PostgreSQL {install.version}, {args.transport}, best of {args.repeat}: "
+            f"server decoding {server:.2f} s  "
             f"pg_recvlogical {ref:.2f} s  pgrecv {ours:.2f} s  ratio to pg_recvlogical {ours / ref:.2f}  "
             f"ratio to the server's decoding {ours / server:.2f}  ({changes:,} row changes, {changes / ours:,.0f}/s; "
             f"pgrecv CPU {min(our_cpu) / changes * 1e6:.2f} µs per row change)"

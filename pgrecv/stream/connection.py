@@ -9,7 +9,9 @@ Blocking in C would leave signals unhandled and status updates unsent, so every 
 from __future__ import annotations
 
 import functools
+import os
 import selectors
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -21,6 +23,7 @@ from pgrecv.errors import ConnectionFailed
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.pg.conn import ConnOptions, connect, server_message, translate
 from pgrecv.stream.feedback import Feedback
+from pgrecv.stream.pacing import GATHER_BYTES
 from pgrecv.stream.wire import Keepalive, parse_keepalive
 
 
@@ -40,6 +43,7 @@ class StreamConnection(Protocol):
     def slot_confirmed(self, slot: str) -> LSN | None: ...
     def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None: ...
     def wait(self, timeout: float) -> None: ...
+    def gather(self, timeout: float) -> None: ...
     def keepalive(self, buf: Any, *, idle: bool) -> tuple[Keepalive, bool]: ...
     def report(self, now: float | None = None) -> None: ...
     def end_of_copy(self) -> str: ...
@@ -62,6 +66,7 @@ class ReplicationConnection:
         if wakeup_fd is not None:
             self._selector.register(wakeup_fd, selectors.EVENT_READ)
         self._wakeup_fd = wakeup_fd
+        self._socket: socket.socket | None = None  # for SO_RCVLOWAT (gather): a duplicate of libpq's
         self.streaming = False
 
     def identify_system(self) -> LSN:
@@ -121,6 +126,24 @@ class ReplicationConnection:
             self.pgconn.consume_input()
         except psycopg.OperationalError as exc:
             raise StreamEnded(f"connection lost: {server_message(exc)}") from None
+
+    def gather(self, timeout: float) -> None:
+        """Wait until GATHER_BYTES are buffered in the socket (or the timeout passed, or a signal
+        woke us), then read: the pause of :mod:`pgrecv.stream.pacing`. The socket's low-water
+        mark is raised for this wait only, so that the kernel does not wake us for each message
+        the walsender sends meanwhile; every other wait wakes for a single byte."""
+        if self._socket is None:
+            self._socket = socket.socket(fileno=os.dup(self.pgconn.socket))
+        try:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, GATHER_BYTES)
+        except OSError:  # no low-water mark here: a plain pause instead
+            time.sleep(timeout)
+            self.wait(0)
+            return
+        try:
+            self.wait(timeout)
+        finally:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
     def keepalive(self, buf: Any, *, idle: bool) -> tuple[Keepalive, bool]:
         """A primary keepalive, recorded in the feedback (see :meth:`Feedback.on_keepalive`): it,
@@ -201,6 +224,8 @@ class ReplicationConnection:
 
     def close(self) -> None:
         self._selector.close()
+        if self._socket is not None:
+            self._socket.close()
         self.conn.close()
 
 

@@ -54,7 +54,7 @@ from pgrecv.pg.slots import logical_slot
 from pgrecv.stream.connection import ReplicationConnection, StreamConnection, StreamEnded
 from pgrecv.stream.feedback import Feedback
 from pgrecv.stream.heartbeat import Heartbeat
-from pgrecv.stream.pacing import PAUSE, READ_ON, Pacing, pause
+from pgrecv.stream.pacing import PAUSE, PAUSE_SECONDS, READ_ON, Pacing
 from pgrecv.stream.pipeline import Counts, Pipeline
 from pgrecv.stream.wire import HEADER_SIZE, KEEPALIVE_KIND, XLOGDATA_KIND, parse_xlogdata_header
 
@@ -412,8 +412,7 @@ class Streamer:
                 # the socket ran dry
                 self._periodic(rc)
                 if step == PAUSE:  # a burst: let the next messages gather (see stream/pacing.py)
-                    pause()
-                    rc.wait(0)
+                    rc.gather(PAUSE_SECONDS)
                     continue
                 # at most 1 s (rotation by age, the terminal's status line); the timers shorten
                 # the wait only when they have work: a boundary not yet durable, a position not

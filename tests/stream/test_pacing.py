@@ -12,8 +12,8 @@ import pytest
 
 from pgrecv.lsn import LSN
 from pgrecv.pg.conn import ConnOptions
-from pgrecv.stream import streamer as streamer_module
-from pgrecv.stream.pacing import BURST, PAUSE, READ_ON, WAIT, Pacing
+from pgrecv.stream.connection import ReplicationConnection
+from pgrecv.stream.pacing import BURST, GATHER_BYTES, PAUSE, READ_ON, WAIT, Pacing
 from pgrecv.stream.streamer import StartConfig, Streamer
 from tests.util import sql
 
@@ -50,13 +50,19 @@ def test_the_burst_counts_from_the_last_dry_socket() -> None:
 
 
 def _stream(dsn: str, slot: str, endpos: str, path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
-    """``pgrecv start``'s streamer in this process, to ``endpos``; returns how often it paused."""
+    """``pgrecv start``'s streamer in this process, to ``endpos``; returns how often it paused
+    (the real connection's ``gather``, counted)."""
     from pgrecv.output.jsonl import JsonlEncoder
     from pgrecv.output.sinks import FileSink
 
     pauses = []
-    real = streamer_module.pause
-    monkeypatch.setattr(streamer_module, "pause", lambda: (pauses.append(1), real()))
+    real = ReplicationConnection.gather
+
+    def gather(self: ReplicationConnection, timeout: float) -> None:
+        pauses.append(timeout)
+        real(self, timeout)
+
+    monkeypatch.setattr(ReplicationConnection, "gather", gather)
     cfg = StartConfig(
         slot=slot,
         fmt="jsonl",
@@ -98,3 +104,33 @@ def test_single_small_transactions_never_pause(db_dsn: str, tmp_path: Path, monk
         "insert",
         "commit",
     ]
+
+
+def test_gather_waits_for_its_bytes_then_every_wait_wakes_for_one_byte(db_dsn: str) -> None:
+    import socket
+    import time
+
+    sql(db_dsn, "CREATE TABLE pacing (id int PRIMARY KEY, v text)")
+    sql(db_dsn, "CREATE PUBLICATION pacing_pub FOR TABLE pacing")
+    sql(db_dsn, "SELECT pg_create_logical_replication_slot('pacing_gather', 'pgoutput')")
+    rc = ReplicationConnection(ConnOptions(dbname=db_dsn))
+    try:
+        rc.start("pacing_gather", 0, [("proto_version", "1"), ("publication_names", "pacing_pub")])
+        sql(db_dsn, "INSERT INTO pacing VALUES (1, 'a')")  # a few hundred bytes: below GATHER_BYTES
+        time.sleep(0.5)  # sent by now
+        started = time.monotonic()
+        rc.gather(0.3)
+        assert time.monotonic() - started >= 0.25  # fewer bytes than the mark: the whole pause
+        assert rc._socket is not None
+        assert rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        kinds = []
+        while (item := rc.read())[0] > 0:
+            kinds.append(bytes(item[1][:1]))
+        assert b"w" in kinds  # what was buffered was read
+        sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(2, 2000) g")
+        started = time.monotonic()
+        rc.gather(5.0)
+        assert time.monotonic() - started < 4  # GATHER_BYTES arrived long before the timeout
+    finally:
+        rc.close()
+    assert GATHER_BYTES > 1000
