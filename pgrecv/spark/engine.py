@@ -127,7 +127,7 @@ def run_frames(
                 target.open()
             targets[(s, t)] = target
         history = config.mode == "history"
-        facts = _table_facts(changes, {k: v.applied for k, v in targets.items()}, spark, history)
+        facts = _table_facts(changes, {k: v.applied for k, v in targets.items()}, spark)
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
         progress.tables(len(todo))
         failures: list[str] = []
@@ -275,14 +275,15 @@ def _int_conf(spark: Any, key: str) -> int:
 
 
 def _table_facts(
-    changes: Any, applied: dict[tuple[str, str], int | None], spark: Any, history: bool = False
+    changes: Any, applied: dict[tuple[str, str], int | None], spark: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Per table: counts by op past its applied position, the position, the last TRUNCATE, and
     the columns with unchanged TOAST values (a small aggregate for all tables, and a second over
     the rows with TRUNCATEs or unchanged TOAST values if there are any).
 
-    What reaches the driver is bounded by the number of tables and columns, except in
-    ``history`` mode: its tombstones need every TRUNCATE of the batch (one small record each)."""
+    What reaches the driver is bounded by the number of tables and columns, whatever the input
+    size: one row per table, lists of column names only. (History mode's list of every TRUNCATE
+    stays in Spark: see _history_batch.)"""
     from pyspark.sql import functions as F
 
     pos = spark.createDataFrame(
@@ -308,20 +309,15 @@ def _table_facts(
     out = {}
     for r in agg.collect():  # one row per table
         d = r.asDict()
-        d.update(truncate_at=None, truncates=[], toast=[], moves=0)
+        d.update(truncate_at=None, toast=[], moves=0)
         out[(r["schema"], r["table"])] = d
     if any(d["truncate"] or d["n_toast"] for d in out.values()):
         order = rp.order_col()
-        # history mode: every TRUNCATE, in order, with what its tombstones show
-        truncate = F.struct(order.alias("o"), "commit_time", "_path", "lsn")
-        every_truncate = F.sort_array(F.collect_list(F.when(F.col("op") == "truncate", truncate)))
-        tombstones = every_truncate if history else F.lit(None)
         lists = (
             every.where(live & ((F.col("op") == "truncate") | (F.size("unchanged_toast") > 0)))
             .groupBy("schema", "table")
             .agg(
                 F.max(F.when(F.col("op") == "truncate", order)).alias("truncate_at"),
-                tombstones.alias("truncates"),
                 F.array_distinct(F.flatten(F.collect_set(F.col("unchanged_toast")))).alias("toast"),
                 # updates with an old image and unchanged TOAST values: maybe key changes to follow
                 F.count(F.when((F.col("op") == "update") & F.col("old").isNotNull(), 1)).alias("moves"),
@@ -333,7 +329,6 @@ def _table_facts(
             d["truncate_at"] = tuple(ta) if ta is not None else None
             d["toast"] = sorted(r["toast"] or [])
             d["moves"] = r["moves"]
-            d["truncates"] = [(tuple(x["o"]), x["commit_time"], x["_path"], x["lsn"]) for x in r["truncates"] or []]
     return out
 
 
@@ -523,29 +518,36 @@ def _history_batch(
     e = F.struct("kind", "key", *rp.ORDER, "commit_time").alias(EXTRA)
     rows = ev.select("tv.*", F.col("need").alias(NEED), F.col("root").alias(ROOT), e)
     rows = _fill_from_target(rows, plan, cur) if probe["need"] else rows.drop(NEED, ROOT)
-    truncs = facts["truncates"]
-    if truncs:
+    n_truncates = facts["truncate"]
+    if n_truncates:
         # the keys live at each TRUNCATE get a deleted version there: those whose last event since
         # the TRUNCATE before it is an upsert (and, at the first, the target's live keys untouched
         # before it). Its row holds the key only, as the driver-side replay's does.
         types = {f.name: f.dataType for f in spark_schema(pa.schema([(n, plan.columns[n].arrow) for n in names]))}
-        marks = F.array(*[rp.order_lit(t[0]) for t in truncs])
-        seg = F.size(F.filter(marks, lambda x: x < rp.order_col()))
+        # Every TRUNCATE of the batch, in order, as one row that stays in Spark (broadcast to the
+        # tasks): the driver never holds the list, which grows with the input.
+        truncates = changes.where(
+            (F.col("schema") == plan.schema) & (F.col("table") == plan.table) & (F.col("op") == "truncate")
+        )
+        if target.applied is not None:
+            truncates = truncates.where(F.col("c") > target.applied)
+        mark = F.struct(rp.order_col().alias("o"), "commit_time")
+        marks = F.broadcast(truncates.agg(F.sort_array(F.collect_list(mark)).alias("_marks")))
+        seg = F.size(F.filter(F.col("_marks"), lambda x: x["o"] < rp.order_col()))
+        segs = events.crossJoin(marks).select("key", "kind", *rp.ORDER, seg.alias("_seg"))
         last = Window.partitionBy(*rp.by_key(), "_seg").orderBy(*[F.col(c).desc() for c in rp.ORDER])
         live = (
-            events.select("key", "kind", *rp.ORDER, seg.alias("_seg"))
-            .withColumn("_n", F.row_number().over(last))
-            .where(f"_n = 1 AND kind = 'U' AND _seg < {len(truncs)}")
+            segs.withColumn("_n", F.row_number().over(last))
+            .where(f"_n = 1 AND kind = 'U' AND _seg < {int(n_truncates)}")
             .select("key", "_seg")
         )
         if cur is not None:
-            first = events.select("key", seg.alias("_seg")).where("_seg = 0").select(F.col("key").alias("_k"))
+            first = segs.where("_seg = 0").select(F.col("key").alias("_k"))
             tk = cur.where("NOT _deleted").select(F.struct(*[F.col(f"`{k}`").alias(k) for k in keys]).alias("key"))
             untouched = tk.join(first, F.col("key").eqNullSafe(F.col("_k")), "left_anti")
             live = live.unionByName(untouched.select("key", F.lit(0).alias("_seg")))
-        at = spark.createDataFrame(
-            [(i, *t[0], t[1]) for i, t in enumerate(truncs)],
-            "_seg int, c bigint, l bigint, _rank int, _blk bigint, _mid bigint, commit_time string",
+        at = marks.select(F.posexplode("_marks").alias("_seg", "_t")).select(
+            "_seg", *[F.col(f"_t.o.{c}").alias(c) for c in rp.ORDER], F.col("_t.commit_time").alias("commit_time")
         )
         tomb = live.join(F.broadcast(at), "_seg").select(
             *[F.col(f"key.`{n}`").alias(n) if n in keys else F.lit(None).cast(types[n]).alias(n) for n in names],

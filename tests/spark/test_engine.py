@@ -262,19 +262,14 @@ def test_staged_reads_split_like_the_shuffles(tmp_path: Path, spark: Any) -> Non
     assert spark.conf.get(key) == old
 
 
-def test_table_facts_bring_every_truncate_to_the_driver_only_in_history_mode(spark: Any) -> None:
-    """The facts the driver collects stay bounded by tables and columns in latest mode: the list
-    of every TRUNCATE (one entry each, so it grows with the input) is built for history mode only;
-    latest mode needs only the last one. Unchanged-TOAST columns and key changes are found in both."""
+def test_table_facts_stay_bounded_by_tables_and_columns(spark: Any) -> None:
+    """What the driver collects about a table does not grow with the input: counts, positions, the
+    last TRUNCATE and lists of column names, however many TRUNCATEs the batch holds (history
+    mode's list of them stays in Spark). Unchanged-TOAST columns and key changes are found."""
     from pgrecv.spark.engine import _table_facts
 
-    rows = [  # c, l, op, unchanged_toast, old
-        (10, 1, "insert", [], None),
-        (20, 2, "truncate", None, None),
-        (30, 3, "update", ["big"], '{"id":1}'),
-        (40, 4, "truncate", None, None),
-        (50, 5, "insert", [], None),
-    ]
+    rows = [(10, 1, "insert", [], None), (30, 3, "update", ["big"], '{"id":1}'), (50, 5, "insert", [], None)]
+    rows += [(100 + i, 100 + i, "truncate", None, None) for i in range(40)]
     changes = spark.createDataFrame(
         [
             ("public", "t", c, lsn, op, toast, old, 0, 0, i, None, "file:/in.jsonl", f"0/{lsn:X}")
@@ -283,11 +278,55 @@ def test_table_facts_bring_every_truncate_to_the_driver_only_in_history_mode(spa
         "schema string, `table` string, c bigint, l bigint, op string, unchanged_toast array<string>, old string, "
         "_rank int, _blk bigint, _mid bigint, commit_time string, _path string, lsn string",
     )
-    latest = _table_facts(changes, {("public", "t"): 15}, spark)[("public", "t")]
-    history = _table_facts(changes, {("public", "t"): 15}, spark, history=True)[("public", "t")]
-    for f in (latest, history):
-        assert (f["n_all"], f["n"], f["truncate"], f["position"]) == (5, 4, 2, 50)
-        assert f["truncate_at"] == (40, 4, 0, 0, 3)
-        assert (f["toast"], f["moves"]) == (["big"], 1)
-    assert latest["truncates"] == []
-    assert [t[0] for t in history["truncates"]] == [(20, 2, 0, 0, 1), (40, 4, 0, 0, 3)]
+    f = _table_facts(changes, {("public", "t"): 15}, spark)[("public", "t")]
+    assert (f["n_all"], f["n"], f["truncate"], f["position"]) == (43, 42, 40, 139)
+    assert f["truncate_at"] == (139, 139, 0, 0, 42)
+    assert (f["toast"], f["moves"]) == (["big"], 1)
+    for name, value in f.items():  # nothing holds one entry per change or per TRUNCATE
+        assert not isinstance(value, list) or all(isinstance(x, str) for x in value), name
+
+
+def test_history_mode_closes_the_keys_live_at_each_truncate(tmp_path: Path, spark: Any) -> None:
+    """Every TRUNCATE of a batch adds a deleted version for each key live at it: the target's keys
+    at the first, and the keys inserted between TRUNCATEs at the next."""
+
+    def truncate(commit: str) -> str:
+        tables = [{"schema": "public", "table": "h"}]
+        env = {"xid": 1, "commit_lsn": commit, "lsn": commit, "commit_time": None}
+        return orjson.dumps({"v": 1, "op": "truncate", "tables": tables, **env}).decode()
+
+    rel = orjson.dumps(_rel("h", [("id", "integer")])).decode()
+    first = _write(
+        tmp_path / "1.jsonl",
+        [rel, *_txn("0/20", [_insert("h", "0/20", "0/10", '{"id":1}'), _insert("h", "0/20", "0/11", '{"id":2}')])],
+    )
+    second = _write(
+        tmp_path / "2.jsonl",
+        [
+            rel,
+            *_txn("0/30", [_insert("h", "0/30", "0/21", '{"id":3}')]),
+            *_txn("0/40", [truncate("0/40")]),
+            *_txn("0/50", [_insert("h", "0/50", "0/41", '{"id":4}')]),
+            *_txn("0/60", [truncate("0/60")]),
+            *_txn("0/70", [_insert("h", "0/70", "0/61", '{"id":5}')]),
+        ],
+    )
+    target = tmp_path / "lake"
+    for src in (first, second):
+        cfg = ApplyConfig((str(src),), target, fmt="delta", engine="delta-rs", mode="history")
+        assert not run_apply(cfg, spark=spark).warnings
+    got = {
+        (r["id"], r["_start_lsn"], r["_deleted"], r["_current"])
+        for r in deltalake.DeltaTable(str(target / table_dir_name("public", "h"))).to_pyarrow_table().to_pylist()
+    }
+    assert got == {
+        (1, 0x20, False, False),
+        (2, 0x20, False, False),
+        (3, 0x30, False, False),
+        (1, 0x40, True, True),
+        (2, 0x40, True, True),
+        (3, 0x40, True, True),
+        (4, 0x50, False, False),
+        (4, 0x60, True, True),
+        (5, 0x70, False, True),
+    }
