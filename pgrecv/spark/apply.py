@@ -87,6 +87,8 @@ class Summary:
     tables: list[TableResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # how the Spark replay read the input: "direct" (plain input, from its JSON) or "staged"
+    input_read: str = ""
 
 
 class Progress:

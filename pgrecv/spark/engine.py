@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from pgrecv.errors import InputError, UsageError
 from pgrecv.output.format import FORMAT_VERSION
+from pgrecv.spark import direct
 from pgrecv.spark import replay as rp
 from pgrecv.spark.source import check_input, file_url, find_line, read_records
 from pgrecv.spark.types import ColumnType, column_type, same_type
@@ -64,12 +65,26 @@ def run_frames(
     by_table = stage.with_name(f"{stage.name}-changes")
     links = stage.with_name(f"{stage.name}-inputs")  # links to inputs Spark cannot name (source._urls)
     restores = [_size_shuffles(spark, config, [*files, *carried])]  # the session's conf, given back
+    # PostgreSQL's names are case-sensitive: columns "a" and "A" are two columns (Spark's default
+    # would take them as one, and fail as ambiguous)
+    restores.append(_for_run(spark, config, "spark.sql.caseSensitive", "true"))
     try:
-        records = read_records(spark, files, carried, stage, links)
-        restores.append(_size_staged_reads(spark, config, stage))
-        df = records.frame
-        check_input(records)
-        st = rp.structure(df)
+        plain = None
+        if direct.ENABLED and not carried and not manifests:
+            restores.append(_size_reads(spark, config, files))
+            plain = direct.read_plain(spark, files, links)
+            if plain is None:
+                restores.pop()()
+        if plain is not None:
+            df, st, commits, truncates = None, plain.structure, plain.commits, plain.truncates
+            summary.input_read = "direct"
+        else:
+            records = read_records(spark, files, carried, stage, links)
+            restores.append(_size_reads(spark, config, list(stage.rglob("*.parquet"))))
+            df, commits, truncates = records.frame, None, -1
+            check_input(records)
+            st = rp.structure(df)
+            summary.input_read = "staged"
         summary.transactions, summary.incomplete, summary.rolled_back = st.transactions, st.incomplete, st.rolled_back
         match = table_filter(config.tables, ())
         snap: list[tuple[str, str, int]] = []
@@ -85,18 +100,34 @@ def run_frames(
                     snap.append((schema, table, pos))
             except (KeyError, TypeError, ValueError) as exc:
                 raise InputError(f"{mpath}: bad snapshot manifest ({exc!r}): re-run `pgrecv snapshot`") from None
-        changes, pending = rp.committed(df, snap, st)
-        # a TRUNCATE concerns every table it lists: one row per table
-        trunc = (
-            changes.where("op = 'truncate'")
-            .select(*[c for c in changes.columns if c not in ("schema", "table")], F.explode("tables").alias("_t"))
-            .select("*", F.col("_t.schema").alias("schema"), F.col("_t.table").alias("table"))
-            .drop("_t")
-        )
-        changes = changes.where("op <> 'truncate'").unionByName(trunc.select(*changes.columns))
         # every table's changes follow its relation record (pgoutput and pgrecv's test_decoding reader)
         names = sorted({k for k in st.relations} | {(s, t) for s, t, _ in snap})
         wanted = [n for n in names if match is None or match(*n)]
+        targets: dict[tuple[str, str], Any] = {}
+        for s, t in wanted:
+            # absolute: data files are matched against the paths Spark reports
+            path = config.target.resolve() / table_dir_name(s, t)
+            app_id = f"pgrecv:{s}.{t}"
+            target = (
+                FrameParquetTarget(path, app_id, spark)
+                if config.fmt == "parquet"
+                else FrameDeltaRsTarget(path, app_id, spark)
+            )
+            if path.exists():
+                target.open()
+            targets[(s, t)] = target
+        if plain is not None:
+            df = plain.records(_image_type(wanted, st, targets, config))
+        changes, pending = rp.committed(df, snap, st, commits)
+        # a TRUNCATE concerns every table it lists: one row per table
+        if truncates:  # (the direct read counted them; the staged path does not know)
+            trunc = (
+                changes.where("op = 'truncate'")
+                .select(*[c for c in changes.columns if c not in ("schema", "table")], F.explode("tables").alias("_t"))
+                .select("*", F.col("_t.schema").alias("schema"), F.col("_t.table").alias("table"))
+                .drop("_t")
+            )
+            changes = changes.where("op <> 'truncate'").unionByName(trunc.select(*changes.columns))
         # The committed changes of the wanted tables, staged once more, partitioned by table: each
         # table's passes then read its own rows only, instead of every table's jobs reading the
         # whole input and joining it to its commits again.
@@ -113,21 +144,9 @@ def run_frames(
         summary.lines = st.lines
         summary.pending_prepared, carry_file = _carry_pending(pending, st, state, spark)
 
-        targets: dict[tuple[str, str], Any] = {}
-        for s, t in wanted:
-            # absolute: data files are matched against the paths Spark reports
-            path = config.target.resolve() / table_dir_name(s, t)
-            app_id = f"pgrecv:{s}.{t}"
-            target = (
-                FrameParquetTarget(path, app_id, spark)
-                if config.fmt == "parquet"
-                else FrameDeltaRsTarget(path, app_id, spark)
-            )
-            if path.exists():
-                target.open()
-            targets[(s, t)] = target
         history = config.mode == "history"
-        facts = _table_facts(changes, {k: v.applied for k, v in targets.items()}, spark)
+        applied = {k: v.applied for k, v in targets.items()}
+        facts = (plain and direct.table_facts(plain, applied, spark)) or _table_facts(changes, applied, spark)
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
         progress.tables(len(todo))
         failures: list[str] = []
@@ -163,6 +182,8 @@ def run_frames(
                         "use the same --mode as before"
                     )
                 plan = _plan(s, t, st.relations.get(key, []), target.schema, config.append_only, history)
+                if config.fmt == "delta":
+                    _delta_names(plan)
                 if history:
                     batch = _history_batch(own, plan, target, f, spark, result, config)
                 else:
@@ -219,6 +240,22 @@ def run_frames(
         shutil.rmtree(links, ignore_errors=True)
 
 
+def _image_type(wanted: list[tuple[str, str]], st: rp.Structure, targets: dict[Any, Any], config: Any) -> str | None:
+    """The row images' type for a direct read (:meth:`direct.Plain.records`): the one wanted
+    table's columns as texts, if it has no json column (whose value must stay the exact text the
+    server sent). None: the images stay texts, parsed by the replay."""
+    if len(wanted) != 1:
+        return None
+    (s, t), target = wanted[0], targets[wanted[0]]
+    try:
+        plan = _plan(s, t, st.relations.get((s, t), []), target.schema, config.append_only, config.mode == "history")
+    except (InputError, UsageError):
+        return None  # the table's own pass reports it
+    if any(ct.is_json for ct in plan.columns.values()):
+        return None
+    return rp.texts_type(plan)
+
+
 SHUFFLE_INPUT_BYTES = 64 << 20  # of JSONL input per shuffle partition
 
 
@@ -234,20 +271,20 @@ def _size_shuffles(spark: Any, config: Any, files: list[Path]) -> Callable[[], N
     return _for_run(spark, config, key, max(_int_conf(spark, key), parallel, -(-_bytes(files) // SHUFFLE_INPUT_BYTES)))
 
 
-def _size_staged_reads(spark: Any, config: Any, stage: Path) -> Callable[[], None]:
-    """Reads of the staged copy split into as many partitions as the shuffles have; returns what
-    restores the old split size.
+def _size_reads(spark: Any, config: Any, inputs: list[Path]) -> Callable[[], None]:
+    """Reads of the input (the staged copy, or the JSON itself) split into as many partitions as
+    the shuffles have; returns what restores the old split size.
 
     The staged Parquet is about 8x smaller than its JSONL, so Spark's default 128 MB splits put
     millions of rows in one task. A task that sorts its rows before the shuffle (the partial
     window of the last change per key) then needs more than local[2]'s default heap: 2M distinct
     keys under a 512 MB heap killed the JVM."""
     parts = max(1, _int_conf(spark, "spark.sql.shuffle.partitions"))
-    size = _bytes(list(stage.rglob("*.parquet")))
+    size = _bytes(inputs)
     return _for_run(spark, config, "spark.sql.files.maxPartitionBytes", max(1 << 20, -(-size // parts)))
 
 
-def _for_run(spark: Any, config: Any, key: str, value: int) -> Callable[[], None]:
+def _for_run(spark: Any, config: Any, key: str, value: int | str) -> Callable[[], None]:
     """Sets a session conf for this run unless the user gave it (``--conf`` wins); returns what
     restores the session's value."""
     if key in config.conf:
@@ -376,6 +413,19 @@ def _plan(
     return rp.TablePlan(schema, table, cols, key, full, append, pg_columns)
 
 
+def _delta_names(plan: rp.TablePlan) -> None:
+    """Delta takes column names case-insensitively: a table with columns that differ only in case
+    (``"a"`` and ``"A"``, two columns to PostgreSQL) cannot be a Delta table."""
+    seen: dict[str, str] = {}
+    for n in plan.columns:
+        other = seen.setdefault(n.lower(), n)
+        if other != n:
+            raise InputError(
+                f"table {plan.name}: columns {other!r} and {n!r} differ only in case, and Delta takes column names "
+                "case-insensitively: apply this table with --format parquet"
+            )
+
+
 def _identity(name: str, relations: list[dict[str, Any]], append_only: bool) -> tuple[list[str], bool, bool]:
     for rel in reversed(relations):
         if rel.get("key") and rel.get("replica_identity") != "full":
@@ -469,6 +519,8 @@ def _no_identity(rows: Any) -> None:
     if problem:
         p = problem[0]
         where = find_line(p["_path"], {"op": p["op"], "lsn": p["lsn"]})
+        if p["_problem"] == rp.NOT_OBJECT:
+            raise InputError(f"{where}: {p['op']} {p['_problem']}: the file is corrupt")
         raise InputError(
             f"{where}: {p['op']} {p['_problem']}: cannot identify the row; "
             "give the table a primary key or REPLICA IDENTITY FULL"

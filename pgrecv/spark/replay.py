@@ -25,6 +25,7 @@ from pgrecv.spark.convert import json_member, scalar
 from pgrecv.spark.types import ColumnType
 
 ROW_OPS = ("insert", "update", "delete")
+NOT_OBJECT = "with a row image that is not a JSON object"
 CHANGE_OPS = (*ROW_OPS, "truncate")
 POS = ("_rank", "_blk", "_mid")
 ORDER = ("c", "l", *POS)
@@ -203,15 +204,23 @@ def _two_phase(r: Any, is_change: Any, stream_prepared: Any) -> tuple[Any, Any]:
     return two_phase, pending
 
 
-def committed(records: Any, manifests: list[tuple[str, str, int]], st: Structure) -> tuple[Any, Any]:
+def committed(
+    records: Any, manifests: list[tuple[str, str, int]], st: Structure, commits: Any = None
+) -> tuple[Any, Any]:
     """(committed changes, pending prepared rows or None) from all records. The rules for streamed
-    and two-phase transactions join the plan only when the input has such records (``st``)."""
+    and two-phase transactions join the plan only when the input has such records (``st``).
+    ``commits``: the commit LSNs (``c``) when the caller has them (a plain input read directly,
+    :mod:`pgrecv.spark.direct`: no snapshot rows either)."""
     F = _F()
     r = records
     is_change = F.col("op").isin(*CHANGE_OPS)
 
     # plain transactions: the row's commit_lsn has a commit record
-    commits = r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct()
+    direct = commits is not None
+    if commits is None:
+        commits = r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct()
+    else:
+        commits = F.broadcast(commits)
     plain = (
         r.where(is_change & F.col("commit_lsn_i").isNotNull())
         .join(commits, F.col("commit_lsn_i") == F.col("c"), "left_semi")
@@ -226,10 +235,12 @@ def committed(records: Any, manifests: list[tuple[str, str, int]], st: Structure
         two_phase, pending = _two_phase(r, is_change, stream_prepared)
 
     # snapshots: rows are inserts at the snapshot position (consistent point - 1), after a TRUNCATE
-    snap = r.where("op = 'snapshot'").select(
-        *[F.lit("insert").alias("op") if c == "op" else F.col(c) for c in KEEP],
-        (F.col("snapshot_lsn_i") - 1).alias("c"),
-    )
+    snap = None
+    if not direct:
+        snap = r.where("op = 'snapshot'").select(
+            *[F.lit("insert").alias("op") if c == "op" else F.col(c) for c in KEEP],
+            (F.col("snapshot_lsn_i") - 1).alias("c"),
+        )
     out = plain
     for p in (stream_done, two_phase, snap):
         if p is not None:
@@ -342,15 +353,26 @@ class TablePlan:
         return f"{self.schema}.{self.table}"
 
 
-def _texts_type(plan: TablePlan) -> str:
+def texts_type(plan: TablePlan) -> str:
     return "struct<" + ", ".join(f"`{n.replace('`', '``')}`: string" for n in plan.columns) + ">"
 
 
 def parse_images(rows: Any, plan: TablePlan, images: tuple[str, ...] = ("new", "old")) -> Any:
     """Each row image parsed once, in its own projection (``_<image>_t``: a struct of the
     columns' JSON texts), so that the many expressions over its columns do not parse it again."""
+    from pyspark.sql.types import StructType
+
     F = _F()
-    return rows.select("*", *[F.from_json(F.col(i), _texts_type(plan)).alias(f"_{i}_t") for i in images])
+    # a direct read (pgrecv.spark.direct) may have had the JSON reader parse them already
+    return rows.select(
+        "*",
+        *[
+            (
+                F.col(i) if isinstance(rows.schema[i].dataType, StructType) else F.from_json(F.col(i), texts_type(plan))
+            ).alias(f"_{i}_t")
+            for i in images
+        ],
+    )
 
 
 def image_texts(image: str, plan: TablePlan, json_nulls: Any) -> dict[str, Any]:
@@ -462,11 +484,25 @@ def table_changes(
     events = (
         F.when(F.col("op") == "delete", F.array(delete)).when(moved, F.array(delete, upsert)).otherwise(F.array(upsert))
     )
-    problem = F.when(
-        F.col("op").isin("insert", "update") & F.col("new").isNull(), F.lit("without a new row image")
-    ).when((F.col("op") == "delete") & ~has_old, F.lit("without an old row image (REPLICA IDENTITY NOTHING?)"))
+    problem = (
+        F.when(F.col("op").isin("insert", "update") & F.col("new").isNull(), F.lit("without a new row image"))
+        .when((F.col("op") == "delete") & ~has_old, F.lit("without an old row image (REPLICA IDENTITY NOTHING?)"))
+        .when(F.col("op").isin("insert", "update") & _not_object(t, "new"), F.lit(NOT_OBJECT))
+        .when(_not_object(t, "old"), F.lit(NOT_OBJECT))
+    )
     out = t.select("op", *ORDER, "_path", "lsn", "commit_time", problem.alias("_problem"), F.explode(events).alias("e"))
     return out.select("op", *ORDER, "_path", "lsn", "commit_time", "_problem", "e.*")
+
+
+def _not_object(rows: Any, image: str) -> Any:
+    """An image that is JSON but not an object (its fields would all read as NULL). Images the
+    JSON reader parsed as structs (a direct read) were checked by its first pass."""
+    from pyspark.sql.types import StringType
+
+    F = _F()
+    if not isinstance(rows.schema[image].dataType, StringType):
+        return F.lit(False)
+    return F.col(image).isNotNull() & ~F.col(image).startswith("{")
 
 
 def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> Any:

@@ -17,32 +17,31 @@ from typing import Any
 from pgrecv.errors import InputError
 
 # Only the fields the replay uses; the JSON reader skips the rest of each line.
-ENVELOPE = ", ".join(
-    [
-        "v long",
-        "op string",
-        "schema string",
-        "table string",
-        "xid long",
-        "subxid long",
-        "commit_lsn string",
-        "lsn string",
-        "commit_time string",
-        "gid string",
-        "snapshot_lsn string",
-        "new string",
-        "old string",
-        "unchanged_toast array<string>",
-        "old_unchanged_toast array<string>",
-        "json_nulls array<string>",
-        "old_json_nulls array<string>",
-        "tables array<struct<schema: string, `table`: string>>",
-        "replica_identity string",
-        "key array<string>",
-        "columns array<struct<name: string, type: string, typmod: long, key: boolean>>",
-        "_corrupt string",
-    ]
+ENVELOPE_FIELDS = (
+    "v long",
+    "op string",
+    "schema string",
+    "table string",
+    "xid long",
+    "subxid long",
+    "commit_lsn string",
+    "lsn string",
+    "commit_time string",
+    "gid string",
+    "snapshot_lsn string",
+    "new string",
+    "old string",
+    "unchanged_toast array<string>",
+    "old_unchanged_toast array<string>",
+    "json_nulls array<string>",
+    "old_json_nulls array<string>",
+    "tables array<struct<schema: string, `table`: string>>",
+    "replica_identity string",
+    "key array<string>",
+    "columns array<struct<name: string, type: string, typmod: long, key: boolean>>",
+    "_corrupt string",
 )
+ENVELOPE = ", ".join(ENVELOPE_FIELDS)
 LSN_FIELDS = ("commit_lsn", "lsn", "snapshot_lsn")
 # A PostgreSQL LSN as pg_lsn prints it (upper-case hex; zero-padded halves accepted). The high half
 # stops at 7FFFFFFF so that every LSN fits a signed 64-bit integer (16 EiB of WAL: never reached).

@@ -89,8 +89,9 @@ JSON_VALUES = [
 
 
 class Gen:
-    def __init__(self, seed: int, tables: int = 6) -> None:
+    def __init__(self, seed: int, tables: int = 6, plain: bool = False) -> None:
         self.rng = random.Random(seed)
+        self.plain = plain  # plain transactions only (no streamed or two-phase ones)
         self.pos = 0x10_0000
         self.xid = 1000
         self.lines: list[str] = []
@@ -325,7 +326,7 @@ class Gen:
         if not free:
             return
         t = r.choice(free)
-        kind = r.random()
+        kind = 0.0 if self.plain else r.random()
         if kind < 0.6:
             state = dict(t.rows)
             ops = self._ops(t, r.randint(1, 4), state)

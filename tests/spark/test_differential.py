@@ -216,3 +216,55 @@ def test_history_equals_the_truth(
                 ), name
             assert versions[-1]["_end_lsn"] is None, name
         assert _version_set(t, got) == _version_set(t, _versions(t, targets["driver"], fmt)), name
+
+
+@pytest.mark.parametrize(("fmt", "mode"), [("parquet", "latest"), ("delta", "latest"), ("delta", "history")])
+@settings(
+    max_examples=2, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate)
+)
+@given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000), tables=st.sampled_from([1, 3]))
+@example(seed=3, cut=40, tables=1)
+def test_the_direct_read_equals_the_staged_read_and_the_truth(
+    spark: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
+    mode: str,
+    seed: int,
+    cut: int,
+    tables: int,
+) -> None:
+    """Plain transactions only (key changes, unchanged TOAST values, TRUNCATEs, redeliveries and
+    cut copies, a transaction cut by the file's end): the direct read (pgrecv/spark/direct.py)
+    gives the staged read's tables and summaries, and latest mode gives the true tables."""
+    from pgrecv.spark import direct
+
+    where = tmp_path_factory.mktemp("direct") / "a dir ü"
+    where.mkdir()
+    gen = Gen(seed, tables=tables, plain=True)
+    files = _files(gen.run(40), where, cut)
+    got = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(direct, "ENABLED", enabled)
+        target = where / f"lake-{enabled}"
+        summaries = []
+        for fs in ([files[0]], files):
+            cfg = ApplyConfig(tuple(map(str, fs)), target, fmt=fmt, engine="delta-rs", mode=mode, replay="spark")
+            s = run_apply(cfg, spark=spark)
+            assert not s.warnings, s.warnings
+            assert s.input_read == ("direct" if enabled else "staged")
+            tabs = sorted(
+                (t.table, t.status, t.inserts, t.updates, t.deletes, t.truncates, t.applied_lsn) for t in s.tables
+            )
+            summaries.append((s.lines, s.transactions, s.incomplete, tabs))
+        got[enabled] = (
+            summaries,
+            {(t.schema, t.name): sorted(map(repr, _versions(t, target, fmt))) for t in gen.tables},
+        )
+    assert got[True] == got[False], f"seed {seed}, cut {cut}"
+    if mode == "latest":
+        truth = gen.truth()
+        for t in gen.tables:
+            assert _got(t, where / "lake-True", fmt) == _expected(t, truth[(t.schema, t.name)]), (
+                f"{t.name}, seed {seed}"
+            )

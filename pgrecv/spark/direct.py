@@ -1,0 +1,237 @@
+"""The common input read straight from its JSON, without the staged copy.
+
+Most inputs are plain: transactions of pgoutput row changes (and TRUNCATEs), each change with its
+LSN and its transaction's commit LSN, no snapshot, streamed or two-phase transaction. Their replay
+needs no rule that depends on a line's place in the input, so the staged Parquet copy
+(:func:`pgrecv.spark.source.read_records`: one more read and a write of every line, and ranks,
+split offsets and row ids for the positional rules) buys them nothing.
+
+For such an input, one narrow pass (every field of the staged envelope except the row images)
+checks every line as the staged read would, collects the relation records, and counts each
+transaction's changes by table and op. Those rows (one per transaction and table) stay cached:
+their commit LSNs decide which changes are committed, and their counts give each table's facts
+(:func:`table_facts`) without another pass. The replay's pass then reads the JSON again, with
+only the fields it needs. The commit LSNs are those of the first pass, so a transaction appended
+to a file meanwhile is neither applied by this run nor counted in its position.
+
+Anything else, or any line the checks would name, makes :func:`read_plain` return None and the
+run takes the staged path, which reports it with file:line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pgrecv.spark import replay as rp
+from pgrecv.spark.source import ENVELOPE_FIELDS, LSN_FIELDS, _spelling, _urls, lsn_expr
+
+# ``PGRECV_SPARK_DIRECT=0`` sends every input through the staged copy (for comparing the two).
+ENABLED = os.environ.get("PGRECV_SPARK_DIRECT", "1") != "0"
+
+# Records a plain input may hold; any other op (snapshot, stream_*, *prepare*) needs the staged path.
+PLAIN_OPS = ("relation", "type", "origin", "message", "begin", "commit", *rp.CHANGE_OPS)
+
+
+def _name(field: str) -> str:
+    return field.split(" ", 1)[0]
+
+
+# The staged envelope's fields with the same types, so that a line fails to parse here when it
+# would there (the first pass refers to each, or Spark would leave it unparsed). The row images
+# must be JSON objects (or null) for a direct read, which may have the reader parse them as
+# structs: an empty struct checks that without reading them.
+NARROW = ", ".join(f if _name(f) not in ("new", "old") else f"{_name(f)} struct<>" for f in ENVELOPE_FIELDS)
+# what the replay reads of each change (rp.KEEP and the LSNs), with the envelope's types
+_WANTED = {"op", "schema", "table", "tables", "new", "old", "unchanged_toast", "old_unchanged_toast"}
+_WANTED |= {"json_nulls", "old_json_nulls", "xid", "commit_time", "lsn", "commit_lsn", "gid", "snapshot_lsn"}
+CHANGE_FIELDS = [f for f in ENVELOPE_FIELDS if _name(f) in _WANTED]
+
+
+@dataclass
+class Plain:
+    spark: Any
+    urls: list[str]
+    structure: rp.Structure
+    commits: Any  # the commit LSNs (``c``) of the first pass, cached: what counts as committed
+    truncates: int
+    toast: int  # row changes with unchanged TOAST values
+    per: Any  # the first pass's cached rows: counts per transaction and table
+
+    def records(self, images: str | None = None) -> Any:
+        """The records as the replay reads them (rp.committed), over the JSON itself. ``images``:
+        the row images' type when every change is of one table without json columns (a struct
+        of its columns' texts, which the JSON reader then parses in its one pass: the replay
+        would otherwise keep each image's text and parse it again)."""
+        from pyspark.sql import functions as F
+
+        fields = [
+            f if images is None or _name(f) not in ("new", "old") else f"{_name(f)} {images}" for f in CHANGE_FIELDS
+        ]
+
+        def lsn(col: str) -> Any:  # checked by the first pass: no pattern to match again
+            hi = F.conv(F.substring_index(col, "/", 1), 16, 10).cast("bigint")
+            return hi * F.lit(4294967296) + F.conv(F.substring_index(col, "/", -1), 16, 10).cast("bigint")
+
+        # Ties in (commit LSN, change LSN) are copies of one change (an at-least-once delivery),
+        # which replay alike in any order: the positions that order them in the staged copy are
+        # constants here.
+        return (
+            self.spark.read.schema(", ".join(fields))
+            .json(self.urls)
+            .select(
+                *[F.col(f"`{_name(f)}`") for f in fields],
+                F.col("_metadata.file_path").alias("_path"),
+                F.lit(0).alias("_rank"),
+                F.lit(0).cast("bigint").alias("_blk"),
+                F.lit(0).cast("bigint").alias("_mid"),
+                *[lsn(n).alias(f"{n}_i") for n in LSN_FIELDS],
+            )
+        )
+
+
+def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
+    """The input read directly if it is plain (see the module's docstring), else None."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    urls = _urls(files, links)
+    rank = {_spelling(spark, u): i for i, u in enumerate(urls)}
+    narrow = (
+        spark.read.schema(NARROW)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", "_corrupt")
+        .json(urls)
+        .select(
+            "*",
+            F.col("_metadata.file_path").alias("_f"),
+            F.col("_metadata.file_block_start").alias("_b"),
+            F.monotonically_increasing_id().alias("_m"),
+        )
+    )
+    op = F.col("op")
+    lsn = {n: lsn_expr(F.col(n)) for n in LSN_FIELDS}
+    bad = F.col("_corrupt").isNotNull() | op.isNull() | F.col("v").isNull() | (F.col("v") != 1)
+    for n in LSN_FIELDS:
+        bad = bad | (F.col(n).isNotNull() & lsn[n].isNull())
+    is_change = op.isin(*rp.CHANGE_OPS)
+    other = (
+        ~op.isin(*PLAIN_OPS)
+        | F.col("gid").isNotNull()
+        | F.col("snapshot_lsn").isNotNull()
+        | (is_change & (F.col("commit_lsn").isNull() | F.col("lsn").isNull()))
+        | ((op == "relation") & (F.col("schema").isNull() | F.col("table").isNull() | F.col("columns").isNull()))
+    )
+    rel = F.struct(
+        F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.col("_m").alias("m")).alias("p"),
+        "schema",
+        "table",
+        "replica_identity",
+        "key",
+        "columns",
+    )
+    # One job: a row per transaction and table (a transaction's begin and commit in its row of no
+    # table; its changes counted by op in a row per table), one per relation record (grouped by
+    # the record itself: a list aggregate here would make Spark sort every line) and one for every
+    # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
+    # committed, and their counts are the tables' facts (see :func:`table_facts`).
+    k = F.when(op.isin("begin", "commit", *rp.ROW_OPS), lsn["commit_lsn"])
+    row = op.isin(*rp.ROW_OPS)
+    per = (
+        narrow.groupBy(
+            k.alias("k"),
+            F.when(row, F.col("schema")).alias("schema"),
+            F.when(row, F.col("table")).alias("table"),
+            F.when(op == "relation", rel).alias("r"),
+        )
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.count(F.when(bad, 1)).alias("bad"),
+            # every field parsed: a value of the wrong type makes its line corrupt, as when staged
+            F.count(F.when(_all_null([_name(f) for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"]), 1)).alias(
+                "_parsed"
+            ),
+            F.count(F.when(other & ~bad, 1)).alias("other"),
+            F.count(F.when(op == "truncate", 1)).alias("truncates"),
+            F.count(F.when(row & (F.size("unchanged_toast") > 0), 1)).alias("toast"),
+            *[F.count(F.when(op == o, 1)).alias(o) for o in rp.ROW_OPS],
+            F.max(op == "begin").alias("begin"),
+            F.max(op == "commit").alias("commit"),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    txn = F.col("k").isNotNull() & F.col("schema").isNull()
+    head = per.agg(
+        F.sum("n").alias("n"),
+        F.sum("bad").alias("bad"),
+        F.sum("other").alias("other"),
+        F.sum("truncates").alias("truncates"),
+        F.sum("toast").alias("toast"),
+        F.collect_list("r").alias("r"),
+        F.count(F.when(txn & F.col("commit"), 1)).alias("transactions"),
+        F.count(F.when(txn & F.col("begin") & ~F.col("commit"), 1)).alias("incomplete"),
+    ).first()
+    assert head is not None
+    rels = head["r"] or []
+    if head["bad"] or head["other"] or any(r["p"]["f"] not in rank for r in rels):
+        per.unpersist()
+        return None
+    st = rp.Structure(lines=int(head["n"] or 0), transactions=head["transactions"], incomplete=head["incomplete"])
+    for r in sorted(rels, key=lambda r: (rank[r["p"]["f"]], r["p"]["b"], r["p"]["m"])):
+        st.relations.setdefault((r["schema"], r["table"]), []).append(
+            {
+                "schema": r["schema"],
+                "table": r["table"],
+                "replica_identity": r["replica_identity"],
+                "key": list(r["key"] or []),
+                "columns": [c.asDict() for c in r["columns"]],
+            }
+        )
+    commits = per.where(txn & F.col("commit")).select(F.col("k").alias("c"))
+    return Plain(spark, urls, st, commits, int(head["truncates"] or 0), int(head["toast"] or 0), per)
+
+
+def _all_null(names: list[str]) -> Any:
+    from pyspark.sql import functions as F
+
+    out = F.lit(True)
+    for n in names:
+        out = out & F.col(f"`{n}`").isNull()
+    return out
+
+
+def table_facts(plain: Plain, applied: dict[tuple[str, str], int | None], spark: Any) -> dict[Any, Any] | None:
+    """engine._table_facts from the first pass's cached counts, without reading the input again;
+    None when the input has TRUNCATEs or unchanged TOAST values (whose facts are lists that the
+    counts do not hold: the engine's own pass finds them)."""
+    from pyspark.sql import functions as F
+
+    if plain.truncates or plain.toast:
+        return None
+    pos = spark.createDataFrame(
+        [(s, t, a if a is not None else -1) for (s, t), a in applied.items()] or [("", "", -1)],
+        "schema string, `table` string, _applied long",
+    )
+    rows = (
+        plain.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
+        .join(F.broadcast(plain.commits), F.col("k") == F.col("c"), "left_semi")
+        .join(F.broadcast(pos), ["schema", "table"])
+    )
+    live = F.col("k") > F.col("_applied")
+    n = sum((F.col(o) for o in rp.ROW_OPS[1:]), F.col(rp.ROW_OPS[0]))
+    agg = rows.groupBy("schema", "table").agg(
+        F.sum(n).alias("n_all"),
+        F.sum(F.when(live, n).otherwise(0)).alias("n"),
+        *[F.sum(F.when(live, F.col(o)).otherwise(0)).alias(o) for o in rp.ROW_OPS],
+        F.lit(0).alias("truncate"),
+        F.max(F.when(live, F.col("k"))).alias("position"),
+        F.lit(0).alias("n_toast"),
+    )
+    out = {}
+    for r in agg.collect():  # one row per table
+        d = r.asDict()
+        d.update(truncate_at=None, toast=[], moves=0)
+        out[(r["schema"], r["table"])] = d
+    return out

@@ -1,0 +1,243 @@
+"""The direct read of plain inputs (pgrecv/spark/direct.py): which inputs take it, that it applies
+what the staged read applies with the same summary, and that every input it does not take, or
+that the staged read would refuse, goes the staged way with the same result or message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from pgrecv.errors import InputError
+from pgrecv.spark import direct
+from pgrecv.spark import replay as rp
+from pgrecv.spark.apply import ApplyConfig, Summary, run_apply, table_dir_name
+from tests.spark.test_engine import _insert, _rel, _rows, _txn, _write
+
+pytest.importorskip("pyspark")
+pytest.importorskip("deltalake")
+
+
+def _run(
+    src: list[Path], target: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, enabled: bool, fmt: str = "delta"
+) -> Summary:
+    monkeypatch.setattr(direct, "ENABLED", enabled)
+    return run_apply(ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt, replay="spark"), spark=spark)
+
+
+def _facts(s: Summary) -> Any:
+    tables = [(t.table, t.status, t.inserts, t.updates, t.deletes, t.truncates, t.applied_lsn) for t in s.tables]
+    return (s.lines, s.transactions, s.incomplete, s.rolled_back, sorted(tables))
+
+
+def _update(table: str, commit: str, lsn: str, new: str, unchanged: list[str] | None = None) -> str:
+    head = {"v": 1, "op": "update", "schema": "public", "table": table, "xid": 1, "commit_lsn": commit, "lsn": lsn}
+    toast = orjson.dumps(unchanged or []).decode()
+    return orjson.dumps(head).decode()[:-1] + f',"key":["id"],"new":{new},"old":null,"unchanged_toast":{toast}}}'
+
+
+def _plain_input(tmp_path: Path) -> list[str]:
+    lines = [orjson.dumps(_rel("t", [("id", "integer"), ("v", "text"), ("n", "numeric")])).decode()]
+    lines += _txn(
+        "0/100", [_insert("t", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"a{i}","n":"{i}.5"}}') for i in range(5)]
+    )
+    lines += _txn("0/200", [_update("t", "0/200", "0/150", '{"id":1,"v":"b","n":"7"}')])
+    return lines
+
+
+def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = _plain_input(tmp_path)
+    # a transaction cut at the end of the input: counted incomplete, not applied, not in the position
+    lines += [
+        orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/300"}).decode(),
+        _insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}'),
+    ]
+    src = _write(tmp_path / "a.jsonl", lines)
+    got = {}
+    for enabled in (True, False):
+        summary = _run([src], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
+        assert summary.input_read == ("direct" if enabled else "staged")
+        got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
+    assert got[True] == got[False]
+    facts, rows = got[True]
+    assert facts[1:3] == (2, 1)  # two transactions, one incomplete
+    assert facts[4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
+    assert [r["v"] for r in rows] == ["a0", "b", "a2", "a3", "a4"]
+    # the rest of the cut transaction arrives: the next run applies it, once
+    rest = _write(
+        tmp_path / "b.jsonl",
+        _txn("0/300", [_insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}')]),
+    )
+    for enabled in (True, False):
+        summary = _run([src, rest], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
+        got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
+    assert got[True] == got[False]
+    # counts are of change records: the cut copy's insert and the whole one's
+    assert got[True][0][4] == [("public.t", "applied", 2, 0, 0, 0, "0/300")]
+    assert [r["id"] for r in got[True][1]] == [0, 1, 2, 3, 4, 9]
+
+
+def _stream_lines() -> list[str]:
+    ins = (
+        orjson.dumps(
+            {"v": 1, "op": "insert", "schema": "public", "table": "t", "xid": 7, "lsn": "0/50", "key": ["id"]}
+        ).decode()[:-1]
+        + ',"new":{"id":1,"v":"s","n":"1"},"unchanged_toast":[]}'
+    )
+    return [
+        orjson.dumps({"v": 1, "op": "stream_start", "xid": 7, "first": True}).decode(),
+        ins,
+        orjson.dumps({"v": 1, "op": "stream_stop", "xid": 7}).decode(),
+        orjson.dumps(
+            {"v": 1, "op": "stream_commit", "xid": 7, "commit_lsn": "0/300", "end_lsn": "0/301", "commit_time": None}
+        ).decode(),
+    ]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["streamed", "prepared", "no change lsn"],
+)
+def test_inputs_the_direct_read_does_not_take_go_staged_alike(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    lines = _plain_input(tmp_path)
+    if case == "streamed":
+        lines += _stream_lines()
+    elif case == "prepared":
+        env = {"xid": 8, "gid": "g1", "prepare_lsn": "0/400", "end_lsn": "0/401", "prepare_time": None}
+        row = orjson.loads(_insert("t", "0/400", "0/390", '{"id":2,"v":"p","n":"1"}'))
+        row.update(commit_lsn=None, gid="g1", xid=8)
+        lines += [
+            orjson.dumps({"v": 1, "op": "begin_prepare", **env}).decode(),
+            orjson.dumps(row).decode(),
+            orjson.dumps({"v": 1, "op": "prepare", **env}).decode(),
+        ]
+    else:  # test_decoding's changes have no LSN: their order is the file's
+        lines += _txn("0/300", [_insert("t", "0/300", "0/1", '{"id":3,"v":"x","n":"1"}').replace('"lsn":"0/1",', "")])
+    src = _write(tmp_path / "a.jsonl", lines)
+    got = {}
+    for enabled in (True, False):
+        summary = _run([src], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
+        assert summary.input_read == "staged"
+        got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
+    assert got[True] == got[False]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"v":1,"op":"insert","schema":"public",', "not a valid JSON record"),
+        (_insert("t", "0/300", "-1/-5", '{"id":1}'), "invalid LSN '-1/-5'"),
+        (_insert("t", "0/300", "0/301", '{"id":1}').replace('"xid":1', '"xid":"one"'), "not a valid JSON record"),
+        (
+            _insert("t", "0/300", "0/301", '{"id":1}').replace('"unchanged_toast":[]', '"json_nulls":5'),
+            "not a valid JSON record",
+        ),
+        ('{"v":2,"op":"begin","commit_lsn":"0/300"}', "unsupported format version v=2"),
+    ],
+    ids=["cut line", "bad lsn", "xid a string", "json_nulls a number", "format version"],
+)
+def test_a_line_the_staged_read_refuses_is_refused_with_its_message(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, line: str, message: str
+) -> None:
+    """The first pass parses every field the staged read parses, with the same types: a line with
+    a value of the wrong type in a field the replay never reads is still named."""
+    lines = _plain_input(tmp_path)
+    lines.insert(3, line)
+    src = _write(tmp_path / "a.jsonl", lines)
+    errors = {}
+    for enabled in (True, False):
+        with pytest.raises(InputError) as exc:
+            _run([src], tmp_path / "lake", spark, monkeypatch, enabled)
+        errors[enabled] = exc.value.message
+    assert errors[True] == errors[False]
+    assert f"{src}:4" in errors[True] and message in errors[True], errors[True]
+    assert not (tmp_path / "lake" / table_dir_name("public", "t")).exists()
+
+
+def test_a_row_image_that_is_not_an_object_holds_its_table_back_named(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first pass checks that images are objects (the direct read may parse them as structs);
+    the staged read then names the line. (It used to store such an image as a row of NULLs.)"""
+    lines = _plain_input(tmp_path)
+    lines.insert(3, _insert("t", "0/100", "0/99", '"not an object"'))
+    src = _write(tmp_path / "a.jsonl", lines)
+    got = {}
+    for enabled in (True, False):
+        summary = _run([src], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
+        got[enabled] = [(t.status, t.error) for t in summary.tables]
+        assert summary.input_read == "staged"
+    assert got[True] == got[False]
+    assert got[True] == [
+        ("held back", f"{src}:4: insert with a row image that is not a JSON object: the file is corrupt")
+    ]
+
+
+def test_a_transaction_appended_after_the_first_pass_is_left_for_the_next_run(tmp_path: Path, spark: Any) -> None:
+    """Only what the first pass saw committed counts: a file that grows meanwhile (a transaction
+    added after its commit LSNs were taken) does not change what this run applies."""
+    src = _write(tmp_path / "a.jsonl", _plain_input(tmp_path))
+    plain = direct.read_plain(spark, [src], tmp_path / "links")
+    assert plain is not None
+    with open(src, "a") as f:
+        f.write("".join(x + "\n" for x in _txn("0/900", [_insert("t", "0/900", "0/850", '{"id":7,"v":"n","n":"1"}')])))
+    changes, pending = rp.committed(plain.records(), [], plain.structure, plain.commits)
+    assert pending is None
+    got = sorted((r["c"], r["l"]) for r in changes.select("c", "l").collect())
+    assert got == sorted([(0x100, 0x10 + i) for i in range(5)] + [(0x200, 0x150)])
+    plain.per.unpersist()
+
+
+def test_images_are_parsed_by_the_reader_only_where_their_texts_stay_exact(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table with a json column keeps its images as text (the server's exact json text); other
+    tables' images are parsed by the JSON reader, also where column names differ only in case
+    (two columns to PostgreSQL). Both apply as the staged read does."""
+    cases = {
+        "j": ([("id", "integer"), ("doc", "jsonb")], '{{"id":{i},"doc":{{"a":12345678901234567890123}}}}'),
+        "c": ([("id", "integer"), ("a", "text"), ("A", "text")], '{{"id":{i},"a":"low{i}","A":"up{i}"}}'),
+        "p": ([("id", "integer"), ("a", "text")], '{{"id":{i},"a":"x{i}"}}'),
+    }
+    for name, (cols, image) in cases.items():
+        lines = [orjson.dumps(_rel(name, cols)).decode()]
+        lines += _txn("0/100", [_insert(name, "0/100", f"0/{0x10 + i:X}", image.format(i=i)) for i in range(3)])
+        src = _write(tmp_path / f"{name}.jsonl", lines)
+        plain = direct.read_plain(spark, [src], tmp_path / f"links-{name}")
+        assert plain is not None
+        from pgrecv.spark.engine import _image_type
+
+        kind = _image_type([("public", name)], plain.structure, {("public", name): _Empty()}, _Config())
+        assert (kind is None) == (name == "j"), (name, kind)
+        plain.per.unpersist()
+        got = {}
+        for enabled in (True, False):
+            lake = tmp_path / f"{name}-{enabled}"
+            summary = _run([src], lake, spark, monkeypatch, enabled, fmt="parquet")
+            assert summary.input_read == ("direct" if enabled else "staged")
+            got[enabled] = sorted(pq.read_table(lake / table_dir_name("public", name) / "current").to_pylist(), key=str)
+            if name == "c":  # Delta takes column names case-insensitively: that table is held back, said why
+                summary = _run([src], tmp_path / f"{name}-{enabled}-delta", spark, monkeypatch, enabled)
+                assert [t.status for t in summary.tables] == ["held back"]
+                assert "columns 'a' and 'A' differ only in case" in (summary.tables[0].error or "")
+        assert got[True] == got[False]
+        if name == "j":
+            assert got[True][0]["doc"] == '{"a":12345678901234567890123}'
+        if name == "c":
+            assert [(r["a"], r["A"]) for r in got[True]] == [(f"low{i}", f"up{i}") for i in range(3)]
+
+
+class _Empty:
+    schema = None
+
+
+class _Config:
+    append_only = False
+    mode = "latest"
