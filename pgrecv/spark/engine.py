@@ -75,6 +75,7 @@ def run_frames(
             plain = direct.read_plain(spark, files, links)
             if plain is None:
                 restores.pop()()
+                shutil.rmtree(links, ignore_errors=True)  # the staged read makes its own
         if plain is not None:
             df, st, commits, truncates = None, plain.structure, plain.commits, plain.truncates
             summary.input_read = "direct"
