@@ -164,11 +164,7 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     )
     txn = F.col("k").isNotNull() & F.col("schema").isNull()
     head = per.agg(
-        F.sum("n").alias("n"),
-        F.sum("bad").alias("bad"),
-        F.sum("other").alias("other"),
-        F.sum("truncates").alias("truncates"),
-        F.sum("toast").alias("toast"),
+        *[F.sum(c).alias(c) for c in ("n", "bad", "other", "truncates", "toast")],
         F.collect_list("r").alias("r"),
         F.count(F.when(txn & F.col("commit"), 1)).alias("transactions"),
         F.count(F.when(txn & F.col("begin") & ~F.col("commit"), 1)).alias("incomplete"),
@@ -180,15 +176,7 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
         return None
     st = rp.Structure(lines=int(head["n"] or 0), transactions=head["transactions"], incomplete=head["incomplete"])
     for r in sorted(rels, key=lambda r: (rank[r["p"]["f"]], r["p"]["b"], r["p"]["m"])):
-        st.relations.setdefault((r["schema"], r["table"]), []).append(
-            {
-                "schema": r["schema"],
-                "table": r["table"],
-                "replica_identity": r["replica_identity"],
-                "key": list(r["key"] or []),
-                "columns": [c.asDict() for c in r["columns"]],
-            }
-        )
+        st.relations.setdefault((r["schema"], r["table"]), []).append(rp.relation_record(r))
     commits = per.where(txn & F.col("commit")).select(F.col("k").alias("c"))
     return Plain(spark, urls, st, commits, int(head["truncates"] or 0), int(head["toast"] or 0), per)
 

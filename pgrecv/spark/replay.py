@@ -267,6 +267,17 @@ def committed(
     return out, pending
 
 
+def relation_record(rel: Any) -> dict[str, Any]:
+    """A collected relation record (a Row) as the plan reads it."""
+    return {
+        "schema": rel["schema"],
+        "table": rel["table"],
+        "replica_identity": rel["replica_identity"],
+        "key": list(rel["key"] or []),
+        "columns": [c.asDict() for c in rel["columns"]],
+    }
+
+
 def structure(records: Any) -> Structure:
     """Counts for the summary, the relation records (collected: a few per table and file), and
     which rules the input needs: two small jobs over a few columns."""
@@ -289,15 +300,7 @@ def structure(records: Any) -> Structure:
     for rel in rels:
         if rel["schema"] is None or rel["table"] is None or rel["columns"] is None:
             raise InputError("the input has a relation record without schema, table or columns: it is corrupt")
-        s.relations.setdefault((rel["schema"], rel["table"]), []).append(
-            {
-                "schema": rel["schema"],
-                "table": rel["table"],
-                "replica_identity": rel["replica_identity"],
-                "key": list(rel["key"] or []),
-                "columns": [c.asDict() for c in rel["columns"]],
-            }
-        )
+        s.relations.setdefault((rel["schema"], rel["table"]), []).append(relation_record(rel))
     # one row per transaction (plain: by commit LSN; streamed: by xid; prepared: by gid and xid)
     kind = (
         F.when(op.isin("begin", "commit"), F.lit("T"))
