@@ -71,10 +71,6 @@ class Plain:
             f if images is None or _name(f) not in ("new", "old") else f"{_name(f)} {images}" for f in CHANGE_FIELDS
         ]
 
-        def lsn(col: str) -> Any:  # checked by the first pass: no pattern to match again
-            hi = F.conv(F.substring_index(col, "/", 1), 16, 10).cast("bigint")
-            return hi * F.lit(4294967296) + F.conv(F.substring_index(col, "/", -1), 16, 10).cast("bigint")
-
         # Ties in (commit LSN, change LSN) are copies of one change (an at-least-once delivery),
         # which replay alike in any order: the positions that order them in the staged copy are
         # constants here.
@@ -87,7 +83,8 @@ class Plain:
                 F.lit(0).alias("_rank"),
                 F.lit(0).cast("bigint").alias("_blk"),
                 F.lit(0).cast("bigint").alias("_mid"),
-                *[lsn(n).alias(f"{n}_i") for n in LSN_FIELDS],
+                # checked by the first pass: no pattern to match again
+                *[lsn_expr(F.col(n), checked=True).alias(f"{n}_i") for n in LSN_FIELDS],
             )
         )
 

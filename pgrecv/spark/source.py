@@ -48,14 +48,15 @@ LSN_FIELDS = ("commit_lsn", "lsn", "snapshot_lsn")
 LSN_PATTERN = r"^[0-7]?[0-9A-Fa-f]{1,7}/[0-9A-Fa-f]{1,8}$"
 
 
-def lsn_expr(col: Any) -> Any:
+def lsn_expr(col: Any, checked: bool = False) -> Any:
     """``X/Y`` text → bigint, in Spark (NULL for NULL and for what is not an LSN, which
-    check_input names)."""
+    check_input names). ``checked``: the texts were matched against the pattern already."""
     from pyspark.sql import functions as F
 
     hi = F.conv(F.substring_index(col, "/", 1), 16, 10).cast("bigint")
     lo = F.conv(F.substring_index(col, "/", -1), 16, 10).cast("bigint")
-    return F.when(col.rlike(LSN_PATTERN), hi * F.lit(4294967296) + lo)
+    value = hi * F.lit(4294967296) + lo
+    return value if checked else F.when(col.rlike(LSN_PATTERN), value)
 
 
 @dataclass

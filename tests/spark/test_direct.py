@@ -39,7 +39,7 @@ def _update(table: str, commit: str, lsn: str, new: str, unchanged: list[str] | 
     return orjson.dumps(head).decode()[:-1] + f',"key":["id"],"new":{new},"old":null,"unchanged_toast":{toast}}}'
 
 
-def _plain_input(tmp_path: Path) -> list[str]:
+def _plain_input() -> list[str]:
     lines = [orjson.dumps(_rel("t", [("id", "integer"), ("v", "text"), ("n", "numeric")])).decode()]
     lines += _txn(
         "0/100", [_insert("t", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"a{i}","n":"{i}.5"}}') for i in range(5)]
@@ -51,7 +51,7 @@ def _plain_input(tmp_path: Path) -> list[str]:
 def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lines = _plain_input(tmp_path)
+    lines = _plain_input()
     # a transaction cut at the end of the input: counted incomplete, not applied, not in the position
     lines += [
         orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/300"}).decode(),
@@ -106,7 +106,7 @@ def _stream_lines() -> list[str]:
 def test_inputs_the_direct_read_does_not_take_go_staged_alike(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    lines = _plain_input(tmp_path)
+    lines = _plain_input()
     if case == "streamed":
         lines += _stream_lines()
     elif case == "prepared":
@@ -148,7 +148,7 @@ def test_a_line_the_staged_read_refuses_is_refused_with_its_message(
 ) -> None:
     """The first pass parses every field the staged read parses, with the same types: a line with
     a value of the wrong type in a field the replay never reads is still named."""
-    lines = _plain_input(tmp_path)
+    lines = _plain_input()
     lines.insert(3, line)
     src = _write(tmp_path / "a.jsonl", lines)
     errors = {}
@@ -166,7 +166,7 @@ def test_a_row_image_that_is_not_an_object_holds_its_table_back_named(
 ) -> None:
     """The first pass checks that images are objects (the direct read may parse them as structs);
     the staged read then names the line. (It used to store such an image as a row of NULLs.)"""
-    lines = _plain_input(tmp_path)
+    lines = _plain_input()
     lines.insert(3, _insert("t", "0/100", "0/99", '"not an object"'))
     src = _write(tmp_path / "a.jsonl", lines)
     got = {}
@@ -183,7 +183,7 @@ def test_a_row_image_that_is_not_an_object_holds_its_table_back_named(
 def test_a_transaction_appended_after_the_first_pass_is_left_for_the_next_run(tmp_path: Path, spark: Any) -> None:
     """Only what the first pass saw committed counts: a file that grows meanwhile (a transaction
     added after its commit LSNs were taken) does not change what this run applies."""
-    src = _write(tmp_path / "a.jsonl", _plain_input(tmp_path))
+    src = _write(tmp_path / "a.jsonl", _plain_input())
     plain = direct.read_plain(spark, [src], tmp_path / "links")
     assert plain is not None
     with open(src, "a") as f:
