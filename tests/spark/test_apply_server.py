@@ -200,6 +200,8 @@ def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: An
             ApplyConfig((str(first), str(second)), target, fmt=fmt, engine=engine, replay=replay), spark=spark
         )
         assert any(t.status == "applied" for t in summary.tables)
+        if replay == "spark":  # a server's plain transactions take the direct read (pgrecv/spark/direct.py)
+            assert summary.input_read == "direct"
         _assert_equal(db_dsn, target, fmt, spark)
         again = run_apply(
             ApplyConfig((str(first), str(second)), target, fmt=fmt, engine=engine, replay=replay), spark=spark
