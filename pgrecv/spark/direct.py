@@ -10,7 +10,7 @@ For such an input, one narrow pass (every field of the staged envelope except th
 checks every line as the staged read would, collects the relation records, and counts each
 transaction's changes by table and op. Those rows (one per transaction and table) stay cached:
 their commit LSNs decide which changes are committed, and their counts give each table's facts
-(:func:`table_facts`) without another pass. The replay's pass then reads the JSON again, with
+(``engine._plain_facts``) without another pass. The replay's pass then reads the JSON again, with
 only the fields it needs. The commit LSNs are those of the first pass, so a transaction appended
 to a file meanwhile is neither applied by this run nor counted in its position.
 
@@ -133,7 +133,7 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     # table; its changes counted by op in a row per table), one per relation record (grouped by
     # the record itself: a list aggregate here would make Spark sort every line) and one for every
     # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
-    # committed, and their counts are the tables' facts (see :func:`table_facts`).
+    # committed, and their counts are the tables' facts (``engine._plain_facts``).
     k = F.when(op.isin("begin", "commit", *rp.ROW_OPS), lsn["commit_lsn"])
     row = op.isin(*rp.ROW_OPS)
     per = (
@@ -184,39 +184,4 @@ def _all_null(names: list[str]) -> Any:
     out = F.lit(True)
     for n in names:
         out = out & F.col(f"`{n}`").isNull()
-    return out
-
-
-def table_facts(plain: Plain, applied: dict[tuple[str, str], int | None], spark: Any) -> dict[Any, Any] | None:
-    """engine._table_facts from the first pass's cached counts, without reading the input again;
-    None when the input has TRUNCATEs or unchanged TOAST values (whose facts are lists that the
-    counts do not hold: the engine's own pass finds them)."""
-    from pyspark.sql import functions as F
-
-    if plain.truncates or plain.toast:
-        return None
-    pos = spark.createDataFrame(
-        [(s, t, a if a is not None else -1) for (s, t), a in applied.items()] or [("", "", -1)],
-        "schema string, `table` string, _applied long",
-    )
-    rows = (
-        plain.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
-        .join(F.broadcast(plain.commits), F.col("k") == F.col("c"), "left_semi")
-        .join(F.broadcast(pos), ["schema", "table"])
-    )
-    live = F.col("k") > F.col("_applied")
-    n = sum((F.col(o) for o in rp.ROW_OPS[1:]), F.col(rp.ROW_OPS[0]))
-    agg = rows.groupBy("schema", "table").agg(
-        F.sum(n).alias("n_all"),
-        F.sum(F.when(live, n).otherwise(0)).alias("n"),
-        *[F.sum(F.when(live, F.col(o)).otherwise(0)).alias(o) for o in rp.ROW_OPS],
-        F.lit(0).alias("truncate"),
-        F.max(F.when(live, F.col("k"))).alias("position"),
-        F.lit(0).alias("n_toast"),
-    )
-    out = {}
-    for r in agg.collect():  # one row per table
-        d = r.asDict()
-        d.update(truncate_at=None, toast=[], moves=0)
-        out[(r["schema"], r["table"])] = d
     return out

@@ -77,12 +77,12 @@ def run_frames(
                 restores.pop()()
                 shutil.rmtree(links, ignore_errors=True)  # the staged read makes its own
         if plain is not None:
-            df, st, commits, truncates = None, plain.structure, plain.commits, plain.truncates
+            df, st, commits, any_truncate = None, plain.structure, plain.commits, plain.truncates > 0
             summary.input_read = "direct"
         else:
             records = read_records(spark, files, carried, stage, links)
             restores.append(_size_reads(spark, config, list(stage.rglob("*.parquet"))))
-            df, commits, truncates = records.frame, None, -1
+            df, commits, any_truncate = records.frame, None, True  # (not counted: maybe)
             check_input(records)
             st = rp.structure(df)
             summary.input_read = "staged"
@@ -121,7 +121,7 @@ def run_frames(
             df = plain.records(_image_type(wanted, st, targets, config))
         changes, pending = rp.committed(df, snap, st, commits)
         # a TRUNCATE concerns every table it lists: one row per table
-        if truncates:  # (the direct read counted them; the staged path does not know)
+        if any_truncate:
             trunc = (
                 changes.where("op = 'truncate'")
                 .select(*[c for c in changes.columns if c not in ("schema", "table")], F.explode("tables").alias("_t"))
@@ -147,7 +147,9 @@ def run_frames(
 
         history = config.mode == "history"
         applied = {k: v.applied for k, v in targets.items()}
-        facts = (plain and direct.table_facts(plain, applied, spark)) or _table_facts(changes, applied, spark)
+        facts = _plain_facts(plain, applied) if plain is not None else None
+        if facts is None:
+            facts = _table_facts(changes, applied, spark)
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
         progress.tables(len(todo))
         failures: list[str] = []
@@ -324,11 +326,7 @@ def _table_facts(
     stays in Spark: see _history_batch.)"""
     from pyspark.sql import functions as F
 
-    pos = spark.createDataFrame(
-        [(s, t, a if a is not None else -1) for (s, t), a in applied.items()] or [("", "", -1)],
-        "schema string, `table` string, _applied long",
-    )
-    every = changes.join(F.broadcast(pos), ["schema", "table"])
+    every = changes.join(F.broadcast(_applied_frame(spark, applied)), ["schema", "table"])
     live = F.col("c") > F.col("_applied")
     has_toast = live & (F.size("unchanged_toast") > 0)
     # counts and positions only: a hash aggregate. The lists (TRUNCATEs, unchanged-TOAST columns)
@@ -344,11 +342,7 @@ def _table_facts(
         F.max(F.when(live, F.col("c"))).alias("position"),
         F.sum(F.when(has_toast, 1).otherwise(0)).alias("n_toast"),
     )
-    out = {}
-    for r in agg.collect():  # one row per table
-        d = r.asDict()
-        d.update(truncate_at=None, toast=[], moves=0)
-        out[(r["schema"], r["table"])] = d
+    out = _fact_dicts(agg)
     if any(d["truncate"] or d["n_toast"] for d in out.values()):
         order = rp.order_col()
         lists = (
@@ -367,6 +361,53 @@ def _table_facts(
             d["truncate_at"] = tuple(ta) if ta is not None else None
             d["toast"] = sorted(r["toast"] or [])
             d["moves"] = r["moves"]
+    return out
+
+
+def _plain_facts(plain: direct.Plain, applied: dict[tuple[str, str], int | None]) -> dict[Any, Any] | None:
+    """:func:`_table_facts` from the direct read's cached counts, without reading the input again;
+    None when the input has TRUNCATEs or unchanged TOAST values (whose facts are lists that the
+    counts do not hold: :func:`_table_facts` finds them)."""
+    from pyspark.sql import functions as F
+
+    if plain.truncates or plain.toast:
+        return None
+    per = plain.per
+    rows = (
+        per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
+        .join(F.broadcast(plain.commits), F.col("k") == F.col("c"), "left_semi")
+        .join(F.broadcast(_applied_frame(plain.spark, applied)), ["schema", "table"])
+    )
+    live = F.col("k") > F.col("_applied")
+    n = sum((F.col(o) for o in rp.ROW_OPS[1:]), F.col(rp.ROW_OPS[0]))
+    return _fact_dicts(
+        rows.groupBy("schema", "table").agg(
+            F.sum(n).alias("n_all"),
+            F.sum(F.when(live, n).otherwise(0)).alias("n"),
+            *[F.sum(F.when(live, F.col(o)).otherwise(0)).alias(o) for o in rp.ROW_OPS],
+            F.lit(0).alias("truncate"),
+            F.max(F.when(live, F.col("k"))).alias("position"),
+            F.lit(0).alias("n_toast"),
+        )
+    )
+
+
+def _applied_frame(spark: Any, applied: dict[tuple[str, str], int | None]) -> Any:
+    """Each wanted table's applied position (-1: none yet), to join to its changes."""
+    return spark.createDataFrame(
+        [(s, t, a if a is not None else -1) for (s, t), a in applied.items()] or [("", "", -1)],
+        "schema string, `table` string, _applied long",
+    )
+
+
+def _fact_dicts(agg: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """The facts per table from an aggregate of one row per table, with the list facts (last
+    TRUNCATE, unchanged-TOAST columns, key changes) empty until a pass finds them."""
+    out = {}
+    for r in agg.collect():  # one row per table
+        d = r.asDict()
+        d.update(truncate_at=None, toast=[], moves=0)
+        out[(r["schema"], r["table"])] = d
     return out
 
 
