@@ -15,7 +15,8 @@ only the fields it needs. The commit LSNs are those of the first pass, so a tran
 to a file meanwhile is neither applied by this run nor counted in its position.
 
 Anything else, or any line the checks would name, makes :func:`read_plain` return None and the
-run takes the staged path, which reports it with file:line.
+run takes the staged path, which reports it with file:line. Inputs whose first lines show them
+not plain (:func:`looks_plain`) take the staged path without the first pass.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from pgrecv.spark import replay as rp
 from pgrecv.spark.source import ENVELOPE_FIELDS, LSN_FIELDS, _spelling, _urls, lsn_expr
@@ -87,6 +90,38 @@ class Plain:
                 *[lsn_expr(F.col(n), checked=True).alias(f"{n}_i") for n in LSN_FIELDS],
             )
         )
+
+
+SNIFF_BYTES = 64 << 10  # of each file's head that looks_plain reads
+
+
+def looks_plain(files: list[Path]) -> bool:
+    """False when the whole lines in the first :data:`SNIFF_BYTES` of some file already show an
+    input that is not plain (test_decoding's changes without LSNs, a two-phase or streamed
+    transaction, a line that is not a JSON object): the staged read then runs at once, instead
+    of after a first pass that would only have found that out. True decides nothing: the first
+    pass checks every line."""
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                head = fh.read(SNIFF_BYTES)
+        except OSError:
+            continue  # the read proper reports it
+        for line in head.split(b"\n")[:-1]:  # the last piece may be cut
+            if not line.strip():
+                continue
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                return False
+            if not isinstance(rec, dict):
+                return False
+            op = rec.get("op")
+            if op not in PLAIN_OPS or rec.get("gid") is not None or rec.get("snapshot_lsn") is not None:
+                return False
+            if op in rp.CHANGE_OPS and (rec.get("lsn") is None or rec.get("commit_lsn") is None):
+                return False
+    return True
 
 
 def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:

@@ -70,7 +70,7 @@ def run_frames(
     restores.append(_for_run(spark, config, "spark.sql.caseSensitive", "true"))
     try:
         plain = None
-        if direct.ENABLED and not carried and not manifests:
+        if direct.ENABLED and not carried and not manifests and direct.looks_plain(files):
             restores.append(_size_reads(spark, config, files))
             plain = direct.read_plain(spark, files, links)
             if plain is None:

@@ -99,13 +99,18 @@ def _stream_lines() -> list[str]:
     ]
 
 
+@pytest.mark.parametrize("sniff", [True, False], ids=["seen in the head", "seen by the first pass"])
 @pytest.mark.parametrize(
     "case",
     ["streamed", "prepared", "no change lsn"],
 )
 def test_inputs_the_direct_read_does_not_take_go_staged_alike(
-    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, case: str
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, case: str, sniff: bool
 ) -> None:
+    """Each input goes staged with the same result, whether its first lines already show it not
+    plain (no first pass) or only the first pass does (no head read: the sniff decides nothing)."""
+    if not sniff:
+        monkeypatch.setattr(direct, "SNIFF_BYTES", 0)
     lines = _plain_input()
     if case == "streamed":
         lines += _stream_lines()
@@ -121,12 +126,33 @@ def test_inputs_the_direct_read_does_not_take_go_staged_alike(
     else:  # test_decoding's changes have no LSN: their order is the file's
         lines += _txn("0/300", [_insert("t", "0/300", "0/1", '{"id":3,"v":"x","n":"1"}').replace('"lsn":"0/1",', "")])
     src = _write(tmp_path / "a.jsonl", lines)
+    assert direct.looks_plain([src]) is not sniff
     got = {}
     for enabled in (True, False):
         summary = _run([src], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
         assert summary.input_read == "staged"
         got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
     assert got[True] == got[False]
+
+
+def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path) -> None:
+    """looks_plain reads whole lines of each file's head only; what it cannot see decides nothing."""
+    plain = _plain_input()
+    prepare = orjson.dumps({"v": 1, "op": "begin_prepare", "xid": 8, "gid": "g1", "prepare_lsn": "0/400"}).decode()
+    no_lsn = _insert("t", "0/300", "0/1", '{"id":3}').replace('"lsn":"0/1",', "")
+    a = _write(tmp_path / "a.jsonl", plain)
+    assert direct.looks_plain([a])
+    for i, bad in enumerate([prepare, no_lsn, '{"v":1,"op":"insert",', "[1]", '{"v":1,"op":"snapshot"}']):
+        b = _write(tmp_path / f"b{i}.jsonl", [*plain, bad])
+        assert not direct.looks_plain([a, b]), bad
+    # a cut last line (a file still being written) is not judged
+    (tmp_path / "cut.jsonl").write_text("".join(x + "\n" for x in plain) + '{"v":1,"op":"ins')
+    assert direct.looks_plain([a, tmp_path / "cut.jsonl"])
+    # past the head: left to the first pass
+    pad = [_insert("t", "0/100", "0/10", '{"id":1,"v":"' + "x" * 1000 + '","n":"1"}')] * 80
+    late = _write(tmp_path / "late.jsonl", [*plain, *_txn("0/100", pad), prepare])
+    assert late.stat().st_size > direct.SNIFF_BYTES
+    assert direct.looks_plain([late])
 
 
 @pytest.mark.parametrize(
@@ -148,6 +174,7 @@ def test_a_line_the_staged_read_refuses_is_refused_with_its_message(
 ) -> None:
     """The first pass parses every field the staged read parses, with the same types: a line with
     a value of the wrong type in a field the replay never reads is still named."""
+    monkeypatch.setattr(direct, "SNIFF_BYTES", 0)  # the first pass's checks (a head read sends a cut line staged)
     lines = _plain_input()
     lines.insert(3, line)
     src = _write(tmp_path / "a.jsonl", lines)
