@@ -6,8 +6,11 @@ explicit schema, keeps the last change per key (``max_by`` over the LSNs as 64-b
 writes the final table once as Parquet. Until 2026-11-26 the floor wrote every event, not the final
 table (no grouping: a lower floor); its ratio is printed too, so that figures stay comparable.
 Also prints the peak RSS of this (driver Python) process.
-Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--replay spark|driver] [--format ...]
-(one replay per run, so that the RSS is that replay's).
+With ``--tables N`` the keys are spread over N tables (key k in table ``t{k % N}``), as in a
+stream of a whole database; the floor then keeps the last change per (table, key) and writes one
+directory per table.
+Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--replay spark|driver]
+[--format ...] (one replay per run, so that the RSS is that replay's).
 """
 
 from __future__ import annotations
@@ -48,11 +51,17 @@ def lsn(x: int) -> str:
     return f"{x >> 32:X}/{x & 0xFFFFFFFF:X}"
 
 
-def write_input(path: Path, events: int, keys: int) -> None:
+def table_names(tables: int) -> list[str]:
+    return ["t"] if tables == 1 else [f"t{j}" for j in range(tables)]
+
+
+def write_input(path: Path, events: int, keys: int, tables: int = 1) -> None:
     rng = random.Random(1)
     pos = 1 << 32
+    names = table_names(tables)
     with open(path, "wb") as f:
-        f.write(orjson.dumps(REL) + b"\n")
+        for j, name in enumerate(names):
+            f.write(orjson.dumps({**REL, "oid": 1 + j, "table": name}) + b"\n")
 
         def txn(rows: list[dict[str, object]]) -> None:
             nonlocal pos
@@ -64,7 +73,7 @@ def write_input(path: Path, events: int, keys: int) -> None:
                     {
                         "v": 1,
                         "schema": "public",
-                        "table": "t",
+                        "table": names[int(r.pop("_k")) % len(names)],
                         "xid": 1,
                         "commit_lsn": c,
                         "lsn": lsn(pos - 999 + i),
@@ -84,11 +93,12 @@ def write_input(path: Path, events: int, keys: int) -> None:
             op = "insert" if i < keys else rng.choice(["update", "update", "update", "delete", "insert"])
             row = {"id": k, "v": f"value {i}", "n": f"{i % 100000}.25"}
             if op == "delete":
-                batch.append({"op": "delete", "old": {"id": k}, "old_kind": "key"})
+                batch.append({"op": "delete", "_k": k, "old": {"id": k}, "old_kind": "key"})
             elif op == "insert":
                 batch.append(
                     {
                         "op": "update" if i >= keys else "insert",
+                        "_k": k,
                         "new": row,
                         "old": None,
                         "old_kind": None,
@@ -96,7 +106,9 @@ def write_input(path: Path, events: int, keys: int) -> None:
                     }
                 )
             else:
-                batch.append({"op": "update", "new": row, "old": None, "old_kind": None, "unchanged_toast": []})
+                batch.append(
+                    {"op": "update", "_k": k, "new": row, "old": None, "old_kind": None, "unchanged_toast": []}
+                )
             if len(batch) == 500:
                 txn(batch)
                 batch = []
@@ -115,27 +127,31 @@ def lsn_int(c: str) -> Any:
     return hi * 4294967296 + F.conv(F.substring_index(c, "/", -1), 16, 10).cast("bigint")
 
 
-def floor_job(spark: Any, source: str, out: str) -> None:
+def floor_job(spark: Any, source: str, out: str, tables: int = 1) -> None:
     """The issue's plain Spark job: read with a schema, the last change per key by LSN (as 64-bit
-    integers), write the final table once."""
+    integers), write the final table once (several tables: one directory each)."""
     from pyspark.sql import functions as F
 
-    (
-        spark.read.schema(FLOOR_SCHEMA)
+    per_table = tables > 1
+    last = (
+        spark.read.schema(FLOOR_SCHEMA + (", `table` string" if per_table else ""))
         .json(source)
         .where("op IN ('insert', 'update', 'delete')")
-        .groupBy(F.coalesce("new.id", "old.id").alias("id"))
+        .groupBy(*(["table"] if per_table else []), F.coalesce("new.id", "old.id").alias("id"))
         .agg(F.max_by(F.struct("op", "new"), F.struct(lsn_int("commit_lsn"), lsn_int("lsn"))).alias("last"))
         .where("last.op <> 'delete'")
-        .select("last.new.*")
-        .write.parquet(out)
     )
+    if per_table:
+        last.select("table", "last.new.*").write.partitionBy("table").parquet(out)
+    else:
+        last.select("last.new.*").write.parquet(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=200_000)
+    ap.add_argument("--tables", type=int, default=1)
     ap.add_argument("--replay", choices=["spark", "driver"], default="spark")
     ap.add_argument("--format", dest="fmts", action="append", choices=["parquet", "delta"])
     args = ap.parse_args()
@@ -144,8 +160,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         base_in, changes = base / "base.jsonl", base / "changes.jsonl"
-        write_input(base_in, args.keys, args.keys)  # the 200k-row table
-        write_input(changes, args.events, args.keys)
+        write_input(base_in, args.keys, args.keys, args.tables)  # the 200k rows
+        write_input(changes, args.events, args.keys, args.tables)
 
         def config(sources: tuple[str, ...], fmt: str) -> ApplyConfig:
             return ApplyConfig(sources, base / fmt, fmt=fmt, engine="delta-rs", replay=args.replay)
@@ -156,7 +172,7 @@ def main() -> None:
         def floor_run(n: int, grouped: bool = True) -> float:
             t0 = time.monotonic()
             if grouped:
-                floor_job(spark, str(changes), str(base / f"floor{n}"))
+                floor_job(spark, str(changes), str(base / f"floor{n}"), args.tables)
             else:  # the floor of earlier figures: every event written, no grouping
                 spark.read.schema(FLOOR_SCHEMA).json(str(changes)).write.parquet(str(base / f"events{n}"))
             return time.monotonic() - t0
@@ -169,7 +185,7 @@ def main() -> None:
             run_apply(config((str(changes),), fmt), spark=spark)
             results[fmt] = time.monotonic() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"events {args.events}, keys {args.keys}, local[2], --replay {args.replay}")
+    print(f"events {args.events}, keys {args.keys}, tables {args.tables}, local[2], --replay {args.replay}")
     print(f"floor (Spark: read JSONL with schema, max_by per key, write the final table; best of 2): {floor:.2f} s")
     print(f"old floor (read with schema, write every event; best of 2): {old_floor:.2f} s")
     for fmt, secs in results.items():

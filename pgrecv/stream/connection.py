@@ -131,7 +131,9 @@ class ReplicationConnection:
         """Wait until GATHER_BYTES are buffered in the socket (or the timeout passed, or a signal
         woke us), then read: the pause of :mod:`pgrecv.stream.pacing`. The socket's low-water
         mark is raised for this wait only, so that the kernel does not wake us for each message
-        the walsender sends meanwhile; every other wait wakes for a single byte."""
+        the walsender sends meanwhile; every other wait wakes for a single byte. (Linux's poll()
+        honours the mark on TCP sockets only: over a Unix-domain socket this wait ends at the
+        first byte, and a timed pause there measured no better; see bench/NOTES.md.)"""
         if self._socket is None:
             self._socket = socket.socket(fileno=os.dup(self.pgconn.socket))
         try:
