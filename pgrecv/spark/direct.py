@@ -93,15 +93,16 @@ class Plain:
 
 
 SNIFF_BYTES = 64 << 10  # of each file's head that looks_plain reads
+SNIFF_FILES = 16  # files it reads: the driver's work stays bounded, however many files there are
 
 
 def looks_plain(files: list[Path]) -> bool:
-    """False when the whole lines in the first :data:`SNIFF_BYTES` of some file already show an
-    input that is not plain (test_decoding's changes without LSNs, a two-phase or streamed
-    transaction, a line that is not a JSON object): the staged read then runs at once, instead
-    of after a first pass that would only have found that out. True decides nothing: the first
-    pass checks every line."""
-    for f in files:
+    """False when the whole lines in the first :data:`SNIFF_BYTES` of one of the first
+    :data:`SNIFF_FILES` files already show an input that is not plain (test_decoding's changes
+    without LSNs, a two-phase or streamed transaction, a line that is not a JSON object): the
+    staged read then runs at once, instead of after a first pass that would only have found that
+    out. True decides nothing: the first pass checks every line."""
+    for f in files[:SNIFF_FILES]:
         try:
             with open(f, "rb") as fh:
                 head = fh.read(SNIFF_BYTES)

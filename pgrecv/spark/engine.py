@@ -372,9 +372,8 @@ def _plain_facts(plain: direct.Plain, applied: dict[tuple[str, str], int | None]
 
     if plain.truncates or plain.toast:
         return None
-    per = plain.per
     rows = (
-        per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
+        plain.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
         .join(F.broadcast(plain.commits), F.col("k") == F.col("c"), "left_semi")
         .join(F.broadcast(_applied_frame(plain.spark, applied)), ["schema", "table"])
     )

@@ -135,7 +135,7 @@ def test_inputs_the_direct_read_does_not_take_go_staged_alike(
     assert got[True] == got[False]
 
 
-def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path) -> None:
+def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """looks_plain reads whole lines of each file's head only; what it cannot see decides nothing."""
     plain = _plain_input()
     prepare = orjson.dumps({"v": 1, "op": "begin_prepare", "xid": 8, "gid": "g1", "prepare_lsn": "0/400"}).decode()
@@ -148,7 +148,11 @@ def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path) -
     # a cut last line (a file still being written) is not judged
     (tmp_path / "cut.jsonl").write_text("".join(x + "\n" for x in plain) + '{"v":1,"op":"ins')
     assert direct.looks_plain([a, tmp_path / "cut.jsonl"])
-    # past the head: left to the first pass
+    # past the files it reads (a bounded amount, whatever the input), or past the head: left to
+    # the first pass
+    monkeypatch.setattr(direct, "SNIFF_FILES", 1)
+    assert direct.looks_plain([a, tmp_path / "b0.jsonl"])
+    monkeypatch.undo()
     pad = [_insert("t", "0/100", "0/10", '{"id":1,"v":"' + "x" * 1000 + '","n":"1"}')] * 80
     late = _write(tmp_path / "late.jsonl", [*plain, *_txn("0/100", pad), prepare])
     assert late.stat().st_size > direct.SNIFF_BYTES
