@@ -94,6 +94,8 @@ class Plain:
 
 SNIFF_BYTES = 64 << 10  # of each file's head that looks_plain reads
 SNIFF_FILES = 16  # files it reads: the driver's work stays bounded, however many files there are
+# files that Spark's reader decompresses (by their names): their bytes are not lines to judge
+_CODECS = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 
 
 def looks_plain(files: list[Path]) -> bool:
@@ -103,6 +105,8 @@ def looks_plain(files: list[Path]) -> bool:
     staged read then runs at once, instead of after a first pass that would only have found that
     out. True decides nothing: the first pass checks every line."""
     for f in files[:SNIFF_FILES]:
+        if f.name.endswith(_CODECS):
+            continue
         try:
             with open(f, "rb") as fh:
                 head = fh.read(SNIFF_BYTES)

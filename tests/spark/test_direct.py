@@ -4,6 +4,7 @@ that the staged read would refuse, goes the staged way with the same result or m
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,10 @@ def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path, m
     for i, bad in enumerate([prepare, no_lsn, '{"v":1,"op":"insert",', "[1]", '{"v":1,"op":"snapshot"}']):
         b = _write(tmp_path / f"b{i}.jsonl", [*plain, bad])
         assert not direct.looks_plain([a, b]), bad
+    # a compressed file's bytes are not lines (Spark's reader decompresses it)
+    gz = tmp_path / "c.jsonl.gz"
+    gz.write_bytes(gzip.compress("".join(x + "\n" for x in plain).encode()))
+    assert direct.looks_plain([a, gz])
     # a cut last line (a file still being written) is not judged
     (tmp_path / "cut.jsonl").write_text("".join(x + "\n" for x in plain) + '{"v":1,"op":"ins')
     assert direct.looks_plain([a, tmp_path / "cut.jsonl"])
