@@ -28,7 +28,7 @@ import pyarrow as pa
 from pgrecv.errors import OutputError
 from pgrecv.output.files import fsync_dir
 from pgrecv.spark.source import file_url
-from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget
+from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget, close_versions, key_condition
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
 DATA_SUFFIX = ".parquet"
@@ -52,16 +52,6 @@ class FrameBatch:
 
 def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-def key_condition(left: str, right: str, key_cols: list[str], null_safe: bool) -> Any:
-    from pyspark.sql import functions as F
-
-    cond = F.lit(True)
-    for k in key_cols:
-        a, b = F.col(f"{left}.{_q(k)}"), F.col(f"{right}.{_q(k)}")
-        cond = cond & (a.eqNullSafe(b) if null_safe else a == b)
-    return cond
 
 
 def _spark_schema(schema: pa.Schema) -> Any:
@@ -115,19 +105,7 @@ class _Rewrite:
             return [], new_rows
         old = self._read(touched).alias("t")
         if b.history:  # versions are never dropped: the current one of a touched key is closed
-            closes = b.closes.withColumn("_pgrecv_close", F.lit(True)).alias("s")
-            on = key_condition("t", "s", b.key_cols, b.null_safe) & F.col("t.`_current`")
-            j = old.join(closes, on, "left")
-            closed = F.col("s._pgrecv_close").isNotNull()
-            out = []
-            for n in names:
-                if n in ("_end_lsn", "_end_change_lsn", "_end_time"):
-                    out.append(F.when(closed, F.col(f"s.{_q(n)}")).otherwise(F.col(f"t.{_q(n)}")).alias(n))
-                elif n == "_current":
-                    out.append(F.when(closed, F.lit(False)).otherwise(F.col("t.`_current`")).alias(n))
-                else:
-                    out.append(F.col(f"t.{_q(n)}").alias(n))
-            return touched, j.select(*out).unionByName(new_rows)
+            return touched, close_versions(old, b.closes, b.key_cols, b.null_safe, names).unionByName(new_rows)
         kept = old.join(b.keys.alias("s"), key_condition("t", "s", b.key_cols, b.null_safe), "left_anti")
         return touched, kept.select(*cols).unionByName(new_rows)
 

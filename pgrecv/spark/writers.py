@@ -71,6 +71,42 @@ def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+END_COLS = ("_end_lsn", "_end_change_lsn", "_end_time")  # what closing a history version sets
+
+
+def key_condition(left: str, right: str, key_cols: list[str], null_safe: bool) -> Any:
+    """Rows of the aliases ``left`` and ``right`` with equal keys (NULL equal to NULL for REPLICA
+    IDENTITY FULL, whose key is the whole row)."""
+    from pyspark.sql import functions as F
+
+    cond = F.lit(True)
+    for k in key_cols:
+        a, b = F.col(f"{left}.{_q(k)}"), F.col(f"{right}.{_q(k)}")
+        cond = cond & (a.eqNullSafe(b) if null_safe else a == b)
+    return cond
+
+
+def close_versions(old: Any, closes: Any, key_cols: list[str], null_safe: bool, names: list[str]) -> Any:
+    """History mode: a table's rows ``old`` with the current version of each key in ``closes``
+    (its key columns and :data:`END_COLS`) closed: those columns taken from ``closes``, ``_current``
+    false. Versions are never dropped. One rule for both writers (the driver's and Spark's)."""
+    from pyspark.sql import functions as F
+
+    flag = "_pgrecv_close"
+    s = closes.select(*[F.col(_q(c)) for c in (*key_cols, *END_COLS)]).withColumn(flag, F.lit(True)).alias("s")
+    joined = old.alias("t").join(s, key_condition("t", "s", key_cols, null_safe) & F.col("t.`_current`"), "left")
+    closed = F.col(f"s.{flag}").isNotNull()
+    out = []
+    for n in names:
+        if n in END_COLS:
+            out.append(F.when(closed, F.col(f"s.{_q(n)}")).otherwise(F.col(f"t.{_q(n)}")).alias(n))
+        elif n == "_current":
+            out.append(F.when(closed, F.lit(False)).otherwise(F.col("t.`_current`")).alias(n))
+        else:
+            out.append(F.col(f"t.{_q(n)}").alias(n))
+    return joined.select(*out)
+
+
 class Target(ABC):
     """A table under the target path; ``applied``/``schema`` describe it before the batch."""
 
@@ -390,35 +426,15 @@ class ParquetTarget(Target):
             for field in batch.schema:
                 if field.name not in cur.columns:
                     cur = cur.withColumn(field.name, F.lit(None).cast(frame_type(field.type)))
-        s_cols = [F.col(f"s.{_q(c)}") for c in batch.key_cols]
-        t_cols = [F.col(f"t.{_q(c)}") for c in batch.key_cols]
-        cond = None
-        for tc, sc in zip(t_cols, s_cols, strict=True):
-            part = tc.eqNullSafe(sc) if batch.null_safe else tc == sc
-            cond = part if cond is None else cond & part
+        cond = key_condition("t", "s", batch.key_cols, batch.null_safe)
         if batch.append_only:
             new = cur.select(*names).unionByName(src.where(F.col(OP_COL) == "U").select(*names))
         elif batch.history:
-            closes = (
-                src.where(F.col(OP_COL) == "C")
-                .select(*batch.key_cols, "_end_lsn", "_end_change_lsn", "_end_time")
-                .withColumn("_close", F.lit(True))
-            )
-            cc = closes.alias("s")
-            assert cond is not None
-            joined = cur.alias("t").join(cc, cond & F.col("t._current"), "left")
-            closed = F.col("s._close").isNotNull()
-            out = []
-            for c in names:
-                if c in ("_end_lsn", "_end_change_lsn", "_end_time"):
-                    out.append(F.when(closed, F.col(f"s.{c}")).otherwise(F.col(f"t.{c}")).alias(c))
-                elif c == "_current":
-                    out.append(F.when(closed, F.lit(False)).otherwise(F.col("t._current")).alias(c))
-                else:
-                    out.append(F.col(f"t.{_q(c)}").alias(c))
-            new = joined.select(*out).unionByName(src.where(F.col(OP_COL) == "N").select(*names))
+            closes = src.where(F.col(OP_COL) == "C")
+            new = close_versions(cur, closes, batch.key_cols, batch.null_safe, names)
+            new = new.unionByName(src.where(F.col(OP_COL) == "N").select(*names))
         else:
-            keys = src.select(*batch.key_cols).alias("s")
+            keys = src.select(*[F.col(_q(k)) for k in batch.key_cols]).alias("s")
             kept = cur.alias("t").join(keys, cond, "left_anti").select(*names)
             new = kept.unionByName(src.where(F.col(OP_COL) == "U").select(*names))
         version = (self.version or 0) + 1
