@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def human_bytes(n: int | None) -> str:
@@ -21,6 +20,11 @@ def human_bytes(n: int | None) -> str:
 
 
 def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> None:
+    # rich here, not at import: `start` imports this module (human_bytes) and never draws a table
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     if console is None:
         console = Console()
         if not console.is_terminal:
