@@ -44,6 +44,14 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
     show_default=True,
     help="auto: delta-rs (with --replay driver: Delta's Spark connector when on the classpath).",
 )
+@click.option(
+    "--key",
+    "keys",
+    multiple=True,
+    metavar="SCHEMA.TABLE=COLUMNS",
+    help="Key columns (comma-separated) of a table whose input names none, as test_decoding's may not "
+    '(repeatable; double-quote names holding . , = or ").',
+)
 @click.option("--append-only", is_flag=True, help="Tables without any key: append their inserts.")
 @click.option(
     "--replay",
@@ -74,6 +82,7 @@ def _spark_apply(
     confs: tuple[str, ...],
     mode: str,
     delta_engine: str,
+    keys: tuple[str, ...],
     append_only: bool,
     replay: str,
     bad_values: str,
@@ -88,6 +97,7 @@ def _spark_apply(
     cannot write the target (or another run is applying to it).
     """
     from pgrecv.spark.apply import ApplyConfig, run_apply
+    from pgrecv.spark.keys import parse_keys
     from pgrecv.spark.ui import RichProgress, print_summary
 
     target_path = Path(target)
@@ -105,6 +115,7 @@ def _spark_apply(
         master=master,
         conf=_conf(confs),
         append_only=append_only,
+        keys=parse_keys(keys),
         replay=replay,
         bad_values=bad_values,
     )

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from pgrecv.errors import InputError, UsageError
 from pgrecv.spark import reduce as rd
+from pgrecv.spark.keys import identity
 from pgrecv.spark.read import Reader, ReadResult, TableInput, check_snapshots, expand_sources
 from pgrecv.spark.types import ColumnType, column_type, convert_value, fast_column, same_type
 from pgrecv.spark.writers import (
@@ -56,6 +57,8 @@ class ApplyConfig:
     replay: str = "spark"
     # values the target type cannot hold (--replay spark): fail (hold the table back), null, text
     bad_values: str = "fail"
+    # --key: key columns for tables whose input names none (pgrecv/spark/keys.py)
+    keys: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -333,26 +336,6 @@ def _plan_columns(t: TableInput, existing: pa.Schema | None, history: bool) -> d
     return cols
 
 
-def _identity(t: TableInput, append_only: bool) -> tuple[list[str], bool, bool]:
-    """(key columns, null-safe/full, append-only) from the latest relation records."""
-    for rel in reversed(t.relations):
-        if rel.get("key") and rel.get("replica_identity") != "full":
-            return list(rel["key"]), False, False
-    if t.relations and t.relations[-1].get("replica_identity") == "full":
-        return [c["name"] for c in t.relations[-1]["columns"]], True, False
-    for rel in reversed(t.relations):  # test_decoding: the key is whatever old images named
-        if rel.get("key"):
-            return list(rel["key"]), False, False
-    if not t.relations:
-        raise InputError(f"table {t.name}: changes without any relation record before them: the input is incomplete")
-    if append_only:
-        return [], False, True
-    raise InputError(
-        f"table {t.name} has no primary key or replica identity: give it one (or REPLICA IDENTITY FULL), "
-        "or pass --append-only to append its inserts"
-    )
-
-
 def apply_table(t: TableInput, target: Target, config: ApplyConfig) -> TableResult:
     target.open()
     result = TableResult(t.name, str(target.path), "up to date", version=target.version)
@@ -383,7 +366,9 @@ def _plan_batch(t: TableInput, target: Target, config: ApplyConfig, result: Tabl
         )
     position = max(c.commit_lsn for c in changes)
     cols = _plan_columns(t, target.schema, history)
-    key_cols, full, append = _identity(t, config.append_only)
+    key_cols, full, append = identity(
+        t.schema, t.table, t.relations, config.append_only, config.keys.get((t.schema, t.table))
+    )
     for k in key_cols:
         if k not in cols:
             raise InputError(f"table {t.name}: key column {k} is not among its columns")

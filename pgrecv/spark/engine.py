@@ -26,6 +26,7 @@ from pgrecv.errors import InputError, UsageError
 from pgrecv.output.format import FORMAT_VERSION
 from pgrecv.spark import direct
 from pgrecv.spark import replay as rp
+from pgrecv.spark.keys import identity
 from pgrecv.spark.source import check_input, file_url, find_line, read_records
 from pgrecv.spark.types import ColumnType, column_type, same_type
 
@@ -184,7 +185,9 @@ def run_frames(
                         f"{target.path} is a {'latest' if history else 'history'}-mode table: "
                         "use the same --mode as before"
                     )
-                plan = _plan(s, t, st.relations.get(key, []), target.schema, config.append_only, history)
+                plan = _plan(
+                    s, t, st.relations.get(key, []), target.schema, config.append_only, history, config.keys.get(key)
+                )
                 if config.fmt == "delta":
                     _delta_names(plan)
                 if history:
@@ -417,6 +420,7 @@ def _plan(
     existing: pa.Schema | None,
     append_only: bool,
     history: bool = False,
+    named: tuple[str, ...] | None = None,
 ) -> rp.TablePlan:
     from pgrecv.spark.writers import HISTORY_NAMES
 
@@ -447,7 +451,7 @@ def _plan(
     for n, ct in list(cols.items()):
         if ct.pg_type == "(target)":  # a column PostgreSQL no longer sends: keep its type, store NULL
             cols[n] = ColumnType("text" if pa.types.is_string(ct.arrow) else "(target)", ct.arrow, None)
-    key, full, append = _identity(name, relations, append_only)
+    key, full, append = identity(schema, table, relations, append_only, named)
     for k in key:
         if k not in cols:
             raise InputError(f"table {name}: key column {k} is not among its columns")
@@ -465,25 +469,6 @@ def _delta_names(plan: rp.TablePlan) -> None:
                 f"table {plan.name}: columns {other!r} and {n!r} differ only in case, and Delta takes column names "
                 "case-insensitively: apply this table with --format parquet"
             )
-
-
-def _identity(name: str, relations: list[dict[str, Any]], append_only: bool) -> tuple[list[str], bool, bool]:
-    for rel in reversed(relations):
-        if rel.get("key") and rel.get("replica_identity") != "full":
-            return list(rel["key"]), False, False
-    if relations and relations[-1].get("replica_identity") == "full":
-        return [c["name"] for c in relations[-1]["columns"]], True, False
-    for rel in reversed(relations):  # test_decoding: the key is whatever old images named
-        if rel.get("key"):
-            return list(rel["key"]), False, False
-    if not relations:
-        raise InputError(f"table {name}: changes without any relation record before them: the input is incomplete")
-    if append_only:
-        return [], False, True
-    raise InputError(
-        f"table {name} has no primary key or replica identity: give it one (or REPLICA IDENTITY FULL), "
-        "or pass --append-only to append its inserts"
-    )
 
 
 def _batch(

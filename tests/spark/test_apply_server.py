@@ -241,7 +241,8 @@ def test_server_inputs_outside_the_direct_read_match_postgres(
     two-phase transactions (the staged read; one prepared and left pending across runs, so that
     it is carried over and applied by the run that sees its COMMIT PREPARED). Both give
     PostgreSQL's tables, but for test_decoding's comp: its lines never name its key (no delete, no
-    key change, no REPLICA IDENTITY FULL), so it is held back, with the reason, not guessed."""
+    key change, no REPLICA IDENTITY FULL), so it is held back, with the reason, not guessed, until
+    --key names it."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)
     if kind == "test_decoding":
@@ -282,6 +283,24 @@ def test_server_inputs_outside_the_direct_read_match_postgres(
         if kind == "test_decoding":
             assert status.pop("public.comp") == "held back"
             held = next(t for t in summary.tables if t.table == "public.comp")
-            assert "has no primary key or replica identity" in str(held.error)
+            assert "the input names no key for it (test_decoding" in str(held.error)
+            assert "--key public.comp=COLUMN" in str(held.error)
         assert set(status.values()) == {"applied"}
         _assert_equal(db_dsn, target, fmt, spark, tables=tuple(t.split(".")[1] for t in status))
+        if kind == "test_decoding":  # its key named: applied from both files, the others up to date
+            keys = {("public", "comp"): ("k1", "k2")}
+            again = run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, keys=keys), spark=spark)
+            status = {t.table: t.status for t in again.tables}
+            assert status == {"public.comp": "applied", "public.wide": "up to date", "public.full_t": "up to date"}
+            _assert_equal(db_dsn, target, fmt, spark)
+    if kind == "test_decoding":  # a key the input contradicts holds that table back, named
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM wide WHERE id = (SELECT min(id) FROM wide)")  # its old key: id
+        third = tmp_path / "c.jsonl"
+        _peek(db_dsn, third)
+        wrong = {("public", "comp"): ("k1", "k2"), ("public", "wide"): ("i2",)}
+        for fmt in ("parquet", "delta"):
+            held = run_apply(ApplyConfig((str(third),), tmp_path / fmt, fmt=fmt, keys=wrong), spark=spark)
+            errors = {t.table: t.error for t in held.tables if t.status == "held back"}
+            assert list(errors) == ["public.wide"]
+            assert "the input names the key of table public.wide as (id)" in str(errors["public.wide"])

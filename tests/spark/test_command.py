@@ -187,6 +187,8 @@ def test_bad_value_fails_and_its_table_is_not_applied(tmp_path: Path, value: obj
         (["--target", "{tmp}/lake", "--no-such-option"], "No such option"),
         (["--target", "{tmp}/lake", "--conf", "novalue"], "expected key=value"),
         (["--target", "{tmp}/lake", "--mode", "sideways"], "Invalid value"),
+        (["--target", "{tmp}/lake", "--key", "orders=id"], "the table must be SCHEMA.TABLE"),
+        (["--target", "{tmp}/lake", "--key", "public.t=a", "--key", "public.t=b"], "has another --key"),
     ],
 )
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
