@@ -288,7 +288,7 @@ def test_server_inputs_outside_the_direct_read_match_postgres(
         assert set(status.values()) == {"applied"}
         _assert_equal(db_dsn, target, fmt, spark, tables=tuple(t.split(".")[1] for t in status))
         if kind == "test_decoding":  # its key named: applied from both files, the others up to date
-            keys = {("public", "comp"): ("k1", "k2")}
+            keys: dict[tuple[str, str], tuple[str, ...]] = {("public", "comp"): ("k1", "k2")}
             again = run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, keys=keys), spark=spark)
             status = {t.table: t.status for t in again.tables}
             assert status == {"public.comp": "applied", "public.wide": "up to date", "public.full_t": "up to date"}
@@ -298,9 +298,55 @@ def test_server_inputs_outside_the_direct_read_match_postgres(
             conn.execute("DELETE FROM wide WHERE id = (SELECT min(id) FROM wide)")  # its old key: id
         third = tmp_path / "c.jsonl"
         _peek(db_dsn, third)
-        wrong = {("public", "comp"): ("k1", "k2"), ("public", "wide"): ("i2",)}
+        wrong: dict[tuple[str, str], tuple[str, ...]] = {("public", "comp"): ("k1", "k2"), ("public", "wide"): ("i2",)}
         for fmt in ("parquet", "delta"):
-            held = run_apply(ApplyConfig((str(third),), tmp_path / fmt, fmt=fmt, keys=wrong), spark=spark)
-            errors = {t.table: t.error for t in held.tables if t.status == "held back"}
+            res = run_apply(ApplyConfig((str(third),), tmp_path / fmt, fmt=fmt, keys=wrong), spark=spark)
+            errors = {t.table: t.error for t in res.tables if t.status == "held back"}
             assert list(errors) == ["public.wide"]
             assert "the input names the key of table public.wide as (id)" in str(errors["public.wide"])
+
+
+def test_test_decoding_after_a_snapshot(db_dsn: str, tmp_path: Path, spark: Any) -> None:
+    """`pgrecv snapshot --plugin test_decoding`, then `pgrecv start --output-dir` into the same
+    directory: the snapshot's relation records come from the catalog, so a table with a primary
+    key is applied by it (test_decoding's own lines name none), and a table without any key is
+    held back as keyless, until --append-only or --key. Compared with PostgreSQL's tables."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE c (k text PRIMARY KEY, v int)")
+        conn.execute("CREATE TABLE nk (a int, b text)")
+        conn.execute("INSERT INTO c VALUES ('a', 1), ('b', 2)")
+        conn.execute("INSERT INTO nk VALUES (1, 'x')")
+    out = tmp_path / "out"
+    out.mkdir()
+    made = pgrecv("snapshot", "-d", db_dsn, "--slot", "td", "--plugin", "test_decoding", "--output-dir", str(out), "-q")
+    assert made.returncode == 0, err(made)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE c SET v = 10 WHERE k = 'a'")
+        conn.execute("INSERT INTO c VALUES ('z', 26)")
+        conn.execute("INSERT INTO nk VALUES (2, 'y')")
+        end = str(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+    got = pgrecv("start", "-d", db_dsn, "--slot", "td", "-E", end, "--output-dir", str(out), "--no-loop", "-q")
+    assert got.returncode == 0, err(got)
+
+    def rows(target: Path, table: str) -> list[tuple[Any, ...]]:
+        return sorted(
+            tuple(r) for r in spark.read.parquet(str(target / table_dir_name("public", table) / "current")).collect()
+        )
+
+    with psycopg.connect(db_dsn) as conn:
+        want = {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall()) for t in ("c", "nk")}
+    target = tmp_path / "lake"
+    summary = run_apply(ApplyConfig((str(out),), target, fmt="parquet"), spark=spark)
+    status = {t.table: (t.status, t.error) for t in summary.tables}
+    assert status["public.c"] == ("applied", None)
+    assert status["public.nk"][0] == "held back"
+    assert "has no primary key or replica identity" in str(status["public.nk"][1])
+    assert rows(target, "c") == want["c"]
+    for cfg in (
+        ApplyConfig((str(out),), tmp_path / "append", fmt="parquet", append_only=True),
+        ApplyConfig((str(out),), tmp_path / "key", fmt="parquet", keys={("public", "nk"): ("a",)}),
+    ):
+        t = cfg.target
+        summary = run_apply(cfg, spark=spark)
+        assert {s.table: s.status for s in summary.tables} == {"public.c": "applied", "public.nk": "applied"}
+        assert rows(t, "c") == want["c"] and rows(t, "nk") == want["nk"]

@@ -89,6 +89,15 @@ def test_test_decoding_tables_without_an_old_key_need_key_or_append_only() -> No
         identity("s", "t", [*rels, _rel(["id"], "unknown")], False, ("a",))
 
 
+def test_a_snapshot_that_found_no_key_is_believed() -> None:
+    """test_decoding after a snapshot: the snapshot's relation record (from the catalog) says the
+    table has no key, so the message does not ask for its primary key."""
+    rels = [_rel([], "default"), _rel([], "unknown")]
+    with pytest.raises(InputError, match="has no primary key or replica identity"):
+        identity("s", "t", rels, False)
+    assert identity("s", "t", [_rel(["id"], "default"), _rel([], "unknown")], False) == (["id"], False, False)
+
+
 def test_a_named_column_must_exist() -> None:
     with pytest.raises(UsageError, match=r"no column 'nope' in table s\.t \(its columns: a, b, id\)"):
         identity("s", "t", [_rel([], "unknown")], False, ("id", "nope"))
