@@ -5,8 +5,8 @@ index; every column for REPLICA IDENTITY FULL). test_decoding names none: pgrecv
 columns only from the old key it prints for a DELETE or for an UPDATE that changes the key. A
 table whose input has neither cannot be replayed by key, so ``--key SCHEMA.TABLE=COL[,COL]`` names
 it. A named key never overrides one the input names: the two must agree, since a wrong key would
-merge rows that PostgreSQL keeps apart. With REPLICA IDENTITY FULL the named key replaces the
-whole-row identity (every old image holds it).
+merge rows that PostgreSQL keeps apart. With REPLICA IDENTITY FULL the named key narrows the
+whole-row identity; the rest of FULL's rules hold (every old image holds every column).
 """
 
 from __future__ import annotations
@@ -127,20 +127,22 @@ def identity(
                 given = list(rel["key"])
                 break
     if named:
+        shown = f"--key {option_name(schema, table)}={','.join(map(_quote, named))}"
         # every record's columns: test_decoding's record of a DELETE holds the old key's only
         columns = {c["name"] for rel in relations for c in rel.get("columns") or []}
         missing = [c for c in named if c not in columns]
         if missing:
             raise UsageError(
-                f"--key {option_name(schema, table)}={','.join(map(_quote, named))}: no column {missing[0]!r} in "
-                f"table {name} (its columns: {', '.join(sorted(columns))})"
+                f"{shown}: no column {missing[0]!r} in table {name} (its columns: {', '.join(sorted(columns))})"
             )
         if given is not None and set(given) != set(named):
             raise UsageError(
-                f"--key {option_name(schema, table)}={','.join(map(_quote, named))}: the input names the key of "
-                f"table {name} as ({', '.join(given)}): give that, or leave --key out for this table"
+                f"{shown}: the input names the key of table {name} as ({', '.join(given)}): give that, "
+                "or leave --key out for this table"
             )
-        return (given if given is not None else list(named)), False, False
+        # FULL stays FULL with a named key: its old images still hold every column (unchanged
+        # TOAST values are taken from them) and the key is still compared NULL-safe
+        return (given if given is not None else list(named)), full, False
     if given is not None:
         return given, False, False
     if full:

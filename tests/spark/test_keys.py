@@ -72,7 +72,7 @@ def test_the_input_key_is_used_and_a_named_one_must_agree() -> None:
 def test_full_identity_is_the_whole_row_unless_a_key_is_named() -> None:
     rels = [_rel(["id", "a", "b"], "full")]
     assert identity("s", "t", rels, False) == (["id", "a", "b"], True, False)
-    assert identity("s", "t", rels, False, ("id",)) == (["id"], False, False)
+    assert identity("s", "t", rels, False, ("id",)) == (["id"], True, False)
 
 
 def test_test_decoding_tables_without_an_old_key_need_key_or_append_only() -> None:
