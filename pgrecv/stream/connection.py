@@ -23,7 +23,7 @@ from pgrecv.errors import ConnectionFailed
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.pg.conn import ConnOptions, connect, server_message, translate
 from pgrecv.stream.feedback import Feedback
-from pgrecv.stream.pacing import GATHER_BYTES
+from pgrecv.stream.pacing import GATHER_BYTES, GATHER_SECONDS, PAUSE_SECONDS, RECEIVE_BUFFER
 from pgrecv.stream.wire import Keepalive, parse_keepalive
 
 
@@ -43,7 +43,7 @@ class StreamConnection(Protocol):
     def slot_confirmed(self, slot: str) -> LSN | None: ...
     def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None: ...
     def wait(self, timeout: float) -> None: ...
-    def gather(self, timeout: float) -> None: ...
+    def pause(self, *, latency: bool) -> None: ...
     def keepalive(self, buf: Any, *, idle: bool) -> tuple[Keepalive, bool]: ...
     def report(self, now: float | None = None) -> None: ...
     def end_of_copy(self) -> str: ...
@@ -66,7 +66,7 @@ class ReplicationConnection:
         if wakeup_fd is not None:
             self._selector.register(wakeup_fd, selectors.EVENT_READ)
         self._wakeup_fd = wakeup_fd
-        self._socket: socket.socket | None = None  # for SO_RCVLOWAT (gather): a duplicate of libpq's
+        self._socket: socket.socket | None = None  # for SO_RCVLOWAT (the pauses): a duplicate of libpq's
         self.streaming = False
 
     def identify_system(self) -> LSN:
@@ -115,6 +115,18 @@ class ReplicationConnection:
         except psycopg.Error as exc:
             raise translate(exc, slot=slot) from None
         self.streaming = True
+        sock = self._sock()
+        if sock.family != socket.AF_UNIX:  # see stream/pacing.py: a paused client needs the room
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RECEIVE_BUFFER)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            except OSError:
+                pass
+
+    def _sock(self) -> socket.socket:
+        if self._socket is None:
+            self._socket = socket.socket(fileno=os.dup(self.pgconn.socket))
+        return self._socket
 
     def wait(self, timeout: float) -> None:
         """Wait until the socket is readable (or a signal woke us, or the timeout passed), then read."""
@@ -127,25 +139,28 @@ class ReplicationConnection:
         except psycopg.OperationalError as exc:
             raise StreamEnded(f"connection lost: {server_message(exc)}") from None
 
-    def gather(self, timeout: float) -> None:
-        """Wait until GATHER_BYTES are buffered in the socket (or the timeout passed, or a signal
-        woke us), then read: the pause of :mod:`pgrecv.stream.pacing`. The socket's low-water
-        mark is raised for this wait only, so that the kernel does not wake us for each message
-        the walsender sends meanwhile; every other wait wakes for a single byte. (Linux's poll()
-        honours the mark on TCP sockets only: over a Unix-domain socket this wait ends at the
-        first byte, and a timed pause there measured no better; see bench/NOTES.md.)"""
-        if self._socket is None:
-            self._socket = socket.socket(fileno=os.dup(self.pgconn.socket))
-        try:
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, GATHER_BYTES)
-        except OSError:  # no low-water mark here: a plain pause instead
-            time.sleep(timeout)
+    def pause(self, *, latency: bool) -> None:
+        """The pause of :mod:`pgrecv.stream.pacing` after a burst, then read. Over TCP, unless
+        ``latency`` counts, a sleep; otherwise a short wait for GATHER_BYTES: the socket's
+        low-water mark is raised for this wait only, so that the kernel does not wake us for each
+        message the walsender sends meanwhile, and every other wait wakes for a single byte.
+        (Linux's poll() honours the mark on TCP sockets only: over a Unix-domain socket this wait
+        ends at the first byte.)"""
+        sock = self._sock()
+        if not latency and sock.family != socket.AF_UNIX:
+            time.sleep(PAUSE_SECONDS)
             self.wait(0)
             return
         try:
-            self.wait(timeout)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, GATHER_BYTES)
+        except OSError:  # no low-water mark here: a plain pause instead
+            time.sleep(GATHER_SECONDS)
+            self.wait(0)
+            return
+        try:
+            self.wait(GATHER_SECONDS)
         finally:
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
     def keepalive(self, buf: Any, *, idle: bool) -> tuple[Keepalive, bool]:
         """A primary keepalive, recorded in the feedback (see :meth:`Feedback.on_keepalive`): it,

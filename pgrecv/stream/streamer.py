@@ -54,7 +54,7 @@ from pgrecv.pg.slots import logical_slot
 from pgrecv.stream.connection import ReplicationConnection, StreamConnection, StreamEnded
 from pgrecv.stream.feedback import Feedback
 from pgrecv.stream.heartbeat import Heartbeat
-from pgrecv.stream.pacing import PAUSE, PAUSE_SECONDS, READ_ON, Pacing
+from pgrecv.stream.pacing import PAUSE, READ_ON, Pacing
 from pgrecv.stream.pipeline import Counts, Pipeline
 from pgrecv.stream.wire import HEADER_SIZE, KEEPALIVE_KIND, XLOGDATA_KIND, parse_xlogdata_header
 
@@ -412,7 +412,7 @@ class Streamer:
                 # the socket ran dry
                 self._periodic(rc)
                 if step == PAUSE:  # a burst: let the next messages gather (see stream/pacing.py)
-                    rc.gather(PAUSE_SECONDS)
+                    rc.pause(latency=self._durable_at_drain or self._report_at_durable)
                     continue
                 # at most 1 s (rotation by age, the terminal's status line); the timers shorten
                 # the wait only when they have work: a boundary not yet durable, a position not
@@ -514,6 +514,7 @@ class Streamer:
 
     def _write_metrics(self, now: float) -> None:
         from pgrecv.stream import metrics as stream_metrics
+
         assert self._metrics_path is not None
         interval = self.cfg.status_interval if self.cfg.status_interval > 0 else 10.0
         self._next_metrics = now + interval
@@ -600,6 +601,7 @@ def plan_start(
     """The slot's plugin, the options to stream it with (checked before anything is written) and
     the warnings where the output can differ from the source."""
     from pgrecv.pg import divergence
+
     with connect(opts) as conn:
         info = logical_slot(conn, slot)
         slot_plugin = str(info["plugin"])

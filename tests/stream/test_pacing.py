@@ -1,7 +1,8 @@
 """The receive loop's pacing: read on while reads bring messages, pause once after a burst, never
-for a trickle (pure); and the loop with pacing against a real server: a backlog arrives whole, a
-single small transaction never pauses. (Whether a real backlog pauses depends on which side is
-faster at each moment; the loop's reaction to a burst is in tests/stream/test_streamer.py.)"""
+for a trickle (pure); the loop with pacing against a real server: a backlog arrives whole, a
+single small transaction never pauses; and the pause itself, over TCP and a Unix-domain socket.
+(Whether a real backlog pauses depends on which side is faster at each moment; the loop's
+reaction to a burst is in tests/stream/test_streamer.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from pgrecv.lsn import LSN
 from pgrecv.pg.conn import ConnOptions
+from pgrecv.pg.server import TempServer
 from pgrecv.stream.connection import ReplicationConnection
 from pgrecv.stream.pacing import BURST, PAUSE, READ_ON, WAIT, Pacing
 from pgrecv.stream.streamer import StartConfig, Streamer
@@ -51,18 +53,18 @@ def test_the_burst_counts_from_the_last_dry_socket() -> None:
 
 def _stream(dsn: str, slot: str, endpos: str, path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """``pgrecv start``'s streamer in this process, to ``endpos``; returns how often it paused
-    (the real connection's ``gather``, counted)."""
+    (the real connection's ``pause``, counted)."""
     from pgrecv.output.jsonl import JsonlEncoder
     from pgrecv.output.sinks import FileSink
 
     pauses = []
-    real = ReplicationConnection.gather
+    real = ReplicationConnection.pause
 
-    def gather(self: ReplicationConnection, timeout: float) -> None:
-        pauses.append(timeout)
-        real(self, timeout)
+    def pause(self: ReplicationConnection, *, latency: bool) -> None:
+        pauses.append(latency)
+        real(self, latency=latency)
 
-    monkeypatch.setattr(ReplicationConnection, "gather", gather)
+    monkeypatch.setattr(ReplicationConnection, "pause", pause)
     cfg = StartConfig(
         slot=slot,
         fmt="jsonl",
@@ -106,30 +108,105 @@ def test_single_small_transactions_never_pause(db_dsn: str, tmp_path: Path, monk
     ]
 
 
-def test_gather_waits_for_its_bytes_then_every_wait_wakes_for_one_byte(db_dsn: str) -> None:
+def _pausing(dsn: str, slot: str) -> ReplicationConnection:
+    sql(dsn, "CREATE TABLE pacing (id int PRIMARY KEY, v text)")
+    sql(dsn, "CREATE PUBLICATION pacing_pub FOR TABLE pacing")
+    sql(dsn, f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+    rc = ReplicationConnection(ConnOptions(dbname=dsn))
+    rc.start(slot, 0, [("proto_version", "1"), ("publication_names", "pacing_pub")])
+    return rc
+
+
+def _drain(rc: ReplicationConnection) -> list[bytes]:
+    kinds = []
+    while (item := rc.read())[0] > 0:
+        kinds.append(bytes(item[1][:1]))
+    return kinds
+
+
+def test_a_tcp_stream_starts_with_room_to_pause(db_dsn: str) -> None:
+    import socket
+
+    from pgrecv.stream.pacing import RECEIVE_BUFFER
+
+    assert "host=127.0.0.1" in db_dsn
+    rc = _pausing(db_dsn, "pacing_room")
+    try:
+        assert rc._socket is not None and rc._socket.family == socket.AF_INET
+        assert rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= 2 * RECEIVE_BUFFER
+        assert rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    finally:
+        rc.close()
+
+
+def test_over_tcp_a_pause_sleeps_then_reads_what_gathered(db_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setattr("pgrecv.stream.connection.PAUSE_SECONDS", 0.3)
+    monkeypatch.setattr("pgrecv.stream.connection.GATHER_SECONDS", 5.0)
+    rc = _pausing(db_dsn, "pacing_sleep")
+    try:
+        sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(1, 2000) g")
+        time.sleep(0.5)  # far more than GATHER_BYTES buffered by now
+        started = time.monotonic()
+        rc.pause(latency=False)
+        assert time.monotonic() - started >= 0.3  # a sleep, however much is buffered
+        assert b"w" in _drain(rc)  # and then what was buffered is read
+        sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(2001, 4000) g")
+        time.sleep(0.5)
+        started = time.monotonic()
+        rc.pause(latency=True)  # where latency counts: the short wait, over at once with the bytes there
+        assert time.monotonic() - started < 0.3
+        assert b"w" in _drain(rc)
+    finally:
+        rc.close()
+
+
+def test_the_short_pause_waits_for_its_bytes_then_every_wait_wakes_for_one_byte(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import socket
     import time
 
-    sql(db_dsn, "CREATE TABLE pacing (id int PRIMARY KEY, v text)")
-    sql(db_dsn, "CREATE PUBLICATION pacing_pub FOR TABLE pacing")
-    sql(db_dsn, "SELECT pg_create_logical_replication_slot('pacing_gather', 'pgoutput')")
-    rc = ReplicationConnection(ConnOptions(dbname=db_dsn))
+    monkeypatch.setattr("pgrecv.stream.connection.GATHER_SECONDS", 0.3)
+    rc = _pausing(db_dsn, "pacing_gather")
     try:
-        rc.start("pacing_gather", 0, [("proto_version", "1"), ("publication_names", "pacing_pub")])
         sql(db_dsn, "INSERT INTO pacing VALUES (1, 'a')")  # a few hundred bytes: below the 64 KiB mark
         time.sleep(0.5)  # sent by now
         started = time.monotonic()
-        rc.gather(0.3)
+        rc.pause(latency=True)
         assert time.monotonic() - started >= 0.25  # fewer bytes than the mark: the whole pause
         assert rc._socket is not None
         assert rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
-        kinds = []
-        while (item := rc.read())[0] > 0:
-            kinds.append(bytes(item[1][:1]))
-        assert b"w" in kinds  # what was buffered was read
+        assert b"w" in _drain(rc)  # what was buffered was read
+        monkeypatch.setattr("pgrecv.stream.connection.GATHER_SECONDS", 5.0)
         sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(2, 2000) g")
         started = time.monotonic()
-        rc.gather(5.0)
+        rc.pause(latency=True)
         assert time.monotonic() - started < 4  # GATHER_BYTES arrived long before the timeout
+    finally:
+        rc.close()
+
+
+def test_over_a_unix_socket_a_pause_is_the_short_wait(
+    pg_server: TempServer, db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    import time
+
+    from psycopg.conninfo import make_conninfo
+
+    monkeypatch.setattr("pgrecv.stream.connection.PAUSE_SECONDS", 5.0)
+    monkeypatch.setattr("pgrecv.stream.connection.GATHER_SECONDS", 5.0)
+    dsn = make_conninfo(db_dsn, host=str(pg_server.socket_dir))
+    rc = _pausing(dsn, "pacing_unix")
+    try:
+        assert rc._socket is not None and rc._socket.family == socket.AF_UNIX
+        sql(dsn, "INSERT INTO pacing VALUES (1, 'a')")  # far below the mark, which poll() ignores here
+        time.sleep(0.5)
+        started = time.monotonic()
+        rc.pause(latency=False)
+        assert time.monotonic() - started < 2  # no sleep: the first byte ends the wait
+        assert b"w" in _drain(rc)
     finally:
         rc.close()

@@ -84,7 +84,7 @@ class FakeConnection:
         self.reports: list[tuple[int, int]] = []  # (write, flush) of each status update
         self.final: tuple[int, int] | None = None
         self.closed = False
-        self.gathers = 0  # pauses of the receive loop (stream/pacing.py)
+        self.pauses: list[bool] = []  # the receive loop's pauses (stream/pacing.py): latency counted?
 
     def read(self) -> tuple[int, Any]:
         if not self.script:
@@ -111,8 +111,8 @@ class FakeConnection:
     def wait(self, timeout: float) -> None:
         self.on_idle()
 
-    def gather(self, timeout: float) -> None:
-        self.gathers += 1
+    def pause(self, *, latency: bool) -> None:
+        self.pauses.append(latency)
         self.on_idle()
 
     def keepalive(self, buf: Any, *, idle: bool) -> tuple[Keepalive, bool]:
@@ -394,12 +394,22 @@ def test_pipeline_alone_filters_and_reports_units() -> None:
 # --- pacing (stream/pacing.py) -------------------------------------------------------------------
 
 
-def test_a_burst_then_a_dry_socket_pauses_once_and_loses_nothing() -> None:
+@pytest.mark.parametrize(
+    ("config", "latency"),
+    [
+        ({"status_interval": 10.0, "fsync_interval": 10.0}, False),  # pgrecv start's defaults
+        ({"status_interval": 10.0, "fsync_interval": 0.0}, True),  # -F 0
+        ({"status_interval": 0.0, "fsync_interval": 10.0}, True),  # -s 0
+        ({"status_interval": 10.0, "fsync_interval": 10.0, "synchronous": True}, True),
+    ],
+)
+def test_a_burst_then_a_dry_socket_pauses_once_and_loses_nothing(config: dict[str, Any], latency: bool) -> None:
     burst = frames([(1000, REL_MSG), *txn(10, 1100, *[insert(OID, row(i)) for i in range(100)])])
     after = frames(txn(11, 1300, insert(OID, row(100))))
-    # the burst's last read brings messages (read on), the next finds the socket dry (pause)
-    _, sink, (conn,) = run([[*burst, DRAINED, DRAINED, *after]])
-    assert conn.gathers == 1
+    # the burst's last read brings messages (read on), the next finds the socket dry (pause);
+    # where a commit may wait for this receiver, the pause is the short one
+    _, sink, (conn,) = run([[*burst, DRAINED, DRAINED, *after]], **config)
+    assert conn.pauses == [latency]
     assert [r["new"]["id"] for r in sink.records() if r["op"] == "insert"] == list(range(101))
     assert sink.boundaries == [(1100, 1108), (1300, 1308)]
 
@@ -409,5 +419,5 @@ def test_a_trickle_of_small_transactions_never_pauses() -> None:
     for i in range(50):
         script += [*frames(txn(10 + i, 2000 + 100 * i, insert(OID, row(i)))), DRAINED, DRAINED]
     _, sink, (conn,) = run([script])
-    assert conn.gathers == 0
+    assert conn.pauses == []
     assert len(sink.boundaries) == 50
