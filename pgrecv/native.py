@@ -10,9 +10,10 @@ environment disables it even when built, so that the whole test suite can run on
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Final
 
-__all__ = ["ENV_SWITCH", "copyfast"]
+__all__ = ["ENV_SWITCH", "copyfast", "start_writeback"]
 
 ENV_SWITCH: Final = "PGRECV_NO_NATIVE"
 
@@ -23,3 +24,12 @@ except ImportError:  # built without a C compiler: the Python paths do it all, m
 
 if os.environ.get(ENV_SWITCH, "") not in ("", "0"):
     copyfast = None  # type: ignore[assignment]
+
+
+def _no_writeback(fd: int, offset: int, nbytes: int, /) -> bool:
+    return False
+
+
+# Start writing a file's range to disk without waiting (the extension's sync_file_range). Without
+# the extension: nothing, and the next fdatasync writes it all, as it would have anyway.
+start_writeback: Callable[[int, int, int], bool] = copyfast.writeback if copyfast is not None else _no_writeback

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import io
+import itertools
 import json
 import os
 import re
@@ -28,6 +29,8 @@ from hypothesis import strategies as st
 
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.lsn import lsn_str
+from pgrecv.native import copyfast
+from pgrecv.output import sinks as sinks_module
 from pgrecv.output.sinks import (
     BUFFER_SIZE,
     DirSink,
@@ -613,6 +616,117 @@ def test_file_that_is_not_regular_is_written_like_standard_output(tmp_path: Path
     reader.join()
     assert got[0].startswith(data)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
+# --- writeback: the disk's work spread over the stream ---------------------------------------
+
+
+def spy_writeback(monkeypatch: pytest.MonkeyPatch, every: int) -> list[tuple[int, int, int, bool]]:
+    """Record each call of the real start_writeback (fd, offset, nbytes, its answer), with the
+    sinks asking every ``every`` bytes."""
+    real = sinks_module.start_writeback
+    calls: list[tuple[int, int, int, bool]] = []
+
+    def spy(fd: int, offset: int, nbytes: int) -> bool:
+        ok = real(fd, offset, nbytes)
+        calls.append((fd, offset, nbytes, ok))
+        return ok
+
+    monkeypatch.setattr(sinks_module, "start_writeback", spy)
+    monkeypatch.setattr(sinks_module, "WRITEBACK_BYTES", every)
+    return calls
+
+
+@pytest.mark.skipif(copyfast is None, reason="the C extension is not built or PGRECV_NO_NATIVE is set")
+def test_native_writeback_starts_on_regular_files_only(tmp_path: Path) -> None:
+    assert copyfast is not None
+    with open(tmp_path / "f", "wb") as f:
+        f.write(b"x" * 100_000)
+        f.flush()
+        assert copyfast.writeback(f.fileno(), 0, 100_000) is True
+    r, w = os.pipe()
+    try:
+        assert copyfast.writeback(w, 0, 10) is False  # ESPIPE: a pipe has no pages to write
+    finally:
+        os.close(r)
+        os.close(w)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    os.close(fd)
+    assert copyfast.writeback(fd, 0, 10) is False  # a closed descriptor: EBADF, no exception
+
+
+def test_file_hands_each_stretch_to_writeback_once_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = spy_writeback(monkeypatch, 1000)
+    path = tmp_path / "out.jsonl"
+    sink = FileSink(path)
+    sink.open()
+    data = feed(sink, 1, rows=50)
+    assert sink.durable() == lsns(1)[1]
+    sink.close()
+    sink = FileSink(path)  # resumed: the stretches go on from the file's end
+    sink.open()
+    data += feed(sink, 2, rows=50)
+    partial = b"".join(txn(3, rows=40))
+    for rec in txn(3, rows=40):
+        sink.write(rec)
+    sink._flush()
+    sink.discard_partial()  # cut back to the end of transaction 2, which then goes on
+    data += feed(sink, 4, rows=50)
+    assert sink.durable() == lsns(4)[1]
+    sink.close()
+    assert path.read_bytes() == data
+    native = copyfast is not None
+    assert all(ok is native for *_, ok in calls)
+    if not native:  # without the extension: asked once per descriptor, then never again
+        assert len(calls) == 2
+        return
+    ranges = [(offset, nbytes) for _, offset, nbytes, _ in calls]
+    assert all(n >= 1000 for _, n in ranges)
+    end2 = len(b"".join(txn(1, rows=50) + txn(2, rows=50)))
+    # each stretch starts where the one before ended; after the cut, where the file was cut
+    assert ranges[0][0] == 0
+    for (o1, n1), (o2, _) in itertools.pairwise(ranges):
+        assert o2 == o1 + n1 or o2 == end2 < o1 + n1, ranges
+    assert any(o + n > end2 + len(partial) // 2 for o, n in ranges)  # the cut-off part had been handed on
+    assert ranges[-1][0] + ranges[-1][1] == len(data)
+
+
+def test_file_that_is_not_regular_is_asked_about_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = spy_writeback(monkeypatch, 100)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    sink = FileSink(fifo)
+    sink.open()
+    data = feed(sink, 1, rows=30) + feed(sink, 2, rows=30)
+    assert sink.durable() == lsns(2)[1]
+    sink.close()
+    reader.join()
+    assert got == [data]
+    assert [ok for *_, ok in calls] == [False]
+
+
+def test_dir_starts_each_file_stretches_at_its_own_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = spy_writeback(monkeypatch, 1000)
+    sink = DirSink(tmp_path, rotate_size=3000)
+    sink.open()
+    for n in range(1, 7):
+        feed(sink, n, rows=40)
+    assert sink.durable() == lsns(6)[1]
+    sink.close()
+    assert len(finals(tmp_path)) >= 3
+    if copyfast is None:
+        assert [ok for *_, ok in calls] == [False] * len(calls) and calls
+        return
+    assert all(ok for *_, ok in calls)
+    fds: dict[int, list[tuple[int, int]]] = {}
+    starts = [offset for _, offset, _, _ in calls]
+    assert starts.count(0) >= 3  # a stretch from offset 0 in each file of the rotation
+    for fd, offset, nbytes, _ in calls:
+        fds.setdefault(fd, []).append((offset, nbytes))
+    assert all(n >= 1000 for r in fds.values() for _, n in r)
 
 
 # --- a directory of rotated files ------------------------------------------------------------
