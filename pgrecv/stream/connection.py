@@ -23,7 +23,14 @@ from pgrecv.errors import ConnectionFailed
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.pg.conn import ConnOptions, connect, server_message, translate
 from pgrecv.stream.feedback import Feedback
-from pgrecv.stream.pacing import GATHER_BYTES, GATHER_SECONDS, PAUSE_SECONDS, RECEIVE_BUFFER
+from pgrecv.stream.pacing import (
+    GATHER_BYTES,
+    GATHER_SECONDS,
+    LOOPBACK_RECEIVE_BUFFER,
+    PAUSE_SECONDS,
+    RECEIVE_BUFFER,
+    same_host,
+)
 from pgrecv.stream.wire import Keepalive, parse_keepalive
 
 
@@ -116,10 +123,13 @@ class ReplicationConnection:
             raise translate(exc, slot=slot) from None
         self.streaming = True
         sock = self._sock()
-        if sock.family != socket.AF_UNIX:  # see stream/pacing.py: a paused client needs the room
+        if sock.family != socket.AF_UNIX:  # see stream/pacing.py: the receive buffer a pause needs
             try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RECEIVE_BUFFER)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+                if same_host(sock.getsockname()[0], sock.getpeername()[0]):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, LOOPBACK_RECEIVE_BUFFER)
+                else:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RECEIVE_BUFFER)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
             except OSError:
                 pass
 

@@ -15,7 +15,7 @@ from pgrecv.lsn import LSN
 from pgrecv.pg.conn import ConnOptions
 from pgrecv.pg.server import TempServer
 from pgrecv.stream.connection import ReplicationConnection
-from pgrecv.stream.pacing import BURST, PAUSE, READ_ON, WAIT, Pacing
+from pgrecv.stream.pacing import BURST, PAUSE, READ_ON, WAIT, Pacing, same_host
 from pgrecv.stream.streamer import StartConfig, Streamer
 from tests.util import sql
 
@@ -124,19 +124,65 @@ def _drain(rc: ReplicationConnection) -> list[bytes]:
     return kinds
 
 
-def test_a_tcp_stream_starts_with_room_to_pause(db_dsn: str) -> None:
+def _receive_buffer(rc: ReplicationConnection) -> tuple[int, int]:
     import socket
 
-    from pgrecv.stream.pacing import RECEIVE_BUFFER
+    assert rc._socket is not None and rc._socket.family == socket.AF_INET
+    return (
+        rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+        rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT),
+    )
+
+
+def test_to_this_host_the_receive_buffer_is_fixed(db_dsn: str) -> None:
+    from pgrecv.stream.pacing import LOOPBACK_RECEIVE_BUFFER
 
     assert "host=127.0.0.1" in db_dsn
-    rc = _pausing(db_dsn, "pacing_room")
+    rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    fixed = 2 * min(LOOPBACK_RECEIVE_BUFFER, rmem_max)  # what Linux makes of SO_RCVBUF
+    rc = _pausing(db_dsn, "pacing_fixed")
     try:
-        assert rc._socket is not None and rc._socket.family == socket.AF_INET
-        assert rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= 2 * RECEIVE_BUFFER
-        assert rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        assert _receive_buffer(rc) == (fixed, 1)
+        # 8 MB through it, read as fast as it comes: autotuning would have grown the buffer
+        sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 400) FROM generate_series(1, 20000) g")
+        got = 0
+        while got < 20000:
+            rc.wait(1.0)
+            got += _drain(rc).count(b"w")
+        assert _receive_buffer(rc) == (fixed, 1)
     finally:
         rc.close()
+
+
+def test_to_another_host_a_stream_starts_with_room_to_pause(db_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgrecv.stream.pacing import RECEIVE_BUFFER
+
+    monkeypatch.setattr("pgrecv.stream.connection.same_host", lambda local, peer: False)
+    rc = _pausing(db_dsn, "pacing_room")
+    try:
+        buffer, mark = _receive_buffer(rc)
+        assert buffer >= 2 * RECEIVE_BUFFER and mark == 1  # grown, and autotuning goes on from there
+    finally:
+        rc.close()
+
+
+@pytest.mark.parametrize(
+    ("local", "peer", "same"),
+    [
+        ("127.0.0.1", "127.0.0.1", True),
+        ("127.0.0.1", "127.0.0.53", True),
+        ("::1", "::1", True),
+        ("::ffff:127.0.0.1", "::ffff:127.0.0.1", True),
+        ("10.1.2.3", "10.1.2.3", True),  # the host's own address
+        ("fe80::1%eth0", "FE80::1%eth0", True),
+        ("10.1.2.3", "10.1.2.4", False),
+        ("::ffff:10.1.2.3", "::ffff:10.9.9.9", False),
+        ("2001:db8::1", "2001:db8::2", False),
+        ("10.1.2.3", "128.0.0.1", False),
+    ],
+)
+def test_same_host(local: str, peer: str, same: bool) -> None:
+    assert same_host(local, peer) is same
 
 
 def test_over_tcp_a_pause_sleeps_then_reads_what_gathered(db_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
