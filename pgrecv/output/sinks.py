@@ -75,7 +75,7 @@ STATE_RECORD_SIZE = 512
 STATE_SYNC_AGE = 1.0
 # Every this many bytes written to a file, they are handed to the disk without waiting
 # (native.start_writeback), so that an fdatasync waits for the last few MiB rather than for all
-# since the one before: at the end of a 2 s, 115 MB stream that wait was 90-105 ms (bench/NOTES.md).
+# since the one before: at the end of a 2 s, 313 MB stream that wait was 90-105 ms (bench/NOTES.md).
 WRITEBACK_BYTES = 4 << 20
 TAILS = ("jsonl",)  # output formats whose whole units a restart can find by reading the lines
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)

@@ -593,6 +593,16 @@ def test_file_write_failure_is_an_output_error(tmp_path: Path) -> None:
     sink.close()
 
 
+def fifo_reader(tmp_path: Path) -> tuple[Path, threading.Thread, list[bytes]]:
+    """A FIFO and a started thread that reads it to its end into the list."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    return fifo, reader, got
+
+
 def test_file_that_is_not_regular_is_written_like_standard_output(tmp_path: Path) -> None:
     sink = FileSink("/dev/null")
     assert sink.open() == Resume()
@@ -601,11 +611,7 @@ def test_file_that_is_not_regular_is_written_like_standard_output(tmp_path: Path
     sink.close()
     assert not Path("/dev/.null.pgrecv-state").exists()
 
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
-    reader.start()
+    fifo, reader, got = fifo_reader(tmp_path)
     sink = FileSink(fifo)
     assert sink.open() == Resume()
     data = feed(sink, 1) + feed(sink, 2)
@@ -693,11 +699,7 @@ def test_file_hands_each_stretch_to_writeback_once_in_order(tmp_path: Path, monk
 
 def test_file_that_is_not_regular_is_asked_about_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = spy_writeback(monkeypatch, 100)
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
-    reader.start()
+    fifo, reader, got = fifo_reader(tmp_path)
     sink = FileSink(fifo)
     sink.open()
     data = feed(sink, 1, rows=30) + feed(sink, 2, rows=30)
