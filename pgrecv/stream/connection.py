@@ -73,7 +73,7 @@ class ReplicationConnection:
         if wakeup_fd is not None:
             self._selector.register(wakeup_fd, selectors.EVENT_READ)
         self._wakeup_fd = wakeup_fd
-        self._socket: socket.socket | None = None  # for SO_RCVLOWAT (the pauses): a duplicate of libpq's
+        self._socket: socket.socket | None = None  # for stream/pacing.py's socket options: a duplicate of libpq's
         self.streaming = False
 
     def identify_system(self) -> LSN:
