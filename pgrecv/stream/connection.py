@@ -26,7 +26,6 @@ from pgrecv.stream.feedback import Feedback
 from pgrecv.stream.pacing import (
     GATHER_BYTES,
     GATHER_SECONDS,
-    LOOPBACK_RECEIVE_BUFFER,
     PAUSE_SECONDS,
     RECEIVE_BUFFER,
     same_host,
@@ -126,7 +125,7 @@ class ReplicationConnection:
         if sock.family != socket.AF_UNIX:  # see stream/pacing.py: the receive buffer a pause needs
             try:
                 if same_host(sock.getsockname()[0], sock.getpeername()[0]):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, LOOPBACK_RECEIVE_BUFFER)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
                 else:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RECEIVE_BUFFER)
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)

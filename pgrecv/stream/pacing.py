@@ -17,15 +17,15 @@ How it pauses depends on the socket (:meth:`~pgrecv.stream.connection.Replicatio
   interleaved runs) its CPU fell from 2.4-2.9 s to 1.8-1.9 s and pgrecv's run from 2.7-3.2 s
   to 2.1-2.3 s.
 
-  The receive buffer decides whether the socket fills during a pause. To a server on this host
-  (loopback, or the host's own address) it is fixed when the stream starts, at
-  :data:`LOOPBACK_RECEIVE_BUFFER` (512 KiB once Linux has doubled it; autotuning off): left to
+  The receive buffer decides whether the socket fills during a pause. It starts at twice
+  :data:`RECEIVE_BUFFER` (512 KiB). To a server on this host (loopback, or the host's own
+  address) it stays there: it is fixed when the stream starts (autotuning off). Left to
   autotuning it grew to 2-6 MiB in some runs, the socket then seldom filled, and the walsender
   took 0.2-0.4 s more CPU (mixed workload, PG 15: 2.0-2.29 s against 1.98-2.13 s fixed; PG 18
   1.87-2.19 s against 1.80-1.86 s). Fixed anywhere from 256 KiB to 1 MiB it did alike; at 2 MiB
   the socket never filled (3.1-3.3 s). A link to another host may need a larger window than that
   (its bandwidth times its round trip), so there autotuning stays, from a first buffer grown by
-  setting the low-water mark to :data:`RECEIVE_BUFFER` and back (twice that): with the kernel's
+  setting the low-water mark to :data:`RECEIVE_BUFFER` and back: with the kernel's
   128 KiB a paused client throttled itself, a buffer per pause, until autotuning grew it (1-3 s
   lost in about one run in eight); with a 1 MiB mark the socket never filled on the inserts
   workload (4.7-6.2 s against 2.4-2.7 s).
@@ -42,8 +42,9 @@ The measurements are in bench/NOTES.md.
 from __future__ import annotations
 
 PAUSE_SECONDS = 0.020  # the pause over TCP
-LOOPBACK_RECEIVE_BUFFER = 256 << 10  # SO_RCVBUF to a server on this host (Linux doubles it; capped by rmem_max)
-RECEIVE_BUFFER = 256 << 10  # to another host, the receive buffer starts at twice this (autotuning goes on)
+# A TCP stream's receive buffer starts at twice this: to this host SO_RCVBUF, fixed (Linux doubles
+# it; capped by rmem_max); elsewhere the low-water mark set to it and back, and autotuning goes on.
+RECEIVE_BUFFER = 256 << 10
 GATHER_SECONDS = 0.002  # the longest short pause (Unix-domain sockets; where latency counts)
 GATHER_BYTES = 64 << 10  # a short pause ends once this much is buffered
 BURST = 64  # messages since the socket was last dry that mark a stream as flowing

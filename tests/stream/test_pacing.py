@@ -135,11 +135,11 @@ def _receive_buffer(rc: ReplicationConnection) -> tuple[int, int]:
 
 
 def test_to_this_host_the_receive_buffer_is_fixed(db_dsn: str) -> None:
-    from pgrecv.stream.pacing import LOOPBACK_RECEIVE_BUFFER
+    from pgrecv.stream.pacing import RECEIVE_BUFFER
 
     assert "host=127.0.0.1" in db_dsn
     rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
-    fixed = 2 * min(LOOPBACK_RECEIVE_BUFFER, rmem_max)  # what Linux makes of SO_RCVBUF
+    fixed = 2 * min(RECEIVE_BUFFER, rmem_max)  # what Linux makes of SO_RCVBUF
     rc = _pausing(db_dsn, "pacing_fixed")
     try:
         assert _receive_buffer(rc) == (fixed, 1)
