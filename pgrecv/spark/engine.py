@@ -27,6 +27,7 @@ from pgrecv.output.format import FORMAT_VERSION
 from pgrecv.spark import direct
 from pgrecv.spark import replay as rp
 from pgrecv.spark.keys import identity
+from pgrecv.spark.lake import one_pass_failed
 from pgrecv.spark.source import check_input, file_url, find_line, read_records
 from pgrecv.spark.types import ColumnType, column_type, same_type
 
@@ -193,9 +194,16 @@ def run_frames(
                 if history:
                     batch = _history_batch(own, plan, target, f, spark, result, config)
                 else:
-                    batch = _batch(own, plan, target, f, spark, result, config)
+                    batch = _batch(own, plan, target, f, spark, result, config, one_pass=True)
                 target.path.parent.mkdir(parents=True, exist_ok=True)
-                result.bytes_written = target.write_frames(batch)
+                try:
+                    result.bytes_written = target.write_frames(batch)
+                except Exception as exc:
+                    if batch.final is None or not one_pass_failed(exc):
+                        raise
+                    # a problem the one pass cannot name: step by step, it is reported or handled
+                    batch = _batch(own, plan, target, f, spark, result, config)
+                    result.bytes_written = target.write_frames(batch)
                 result.status = "applied"
                 result.version = target.version
                 result.applied_lsn = _lsn_text(batch.position)
@@ -471,13 +479,42 @@ def _delta_names(plan: rp.TablePlan) -> None:
             )
 
 
+# A batch whose updates and deletes number at least 1/ONE_PASS_SHARE of the table's rows is
+# applied in one pass (lake._Rewrite._one_pass): it would touch most data files anyway.
+# ``PGRECV_SPARK_ONE_PASS=0`` turns it off (for comparing the two).
+ONE_PASS_SHARE = 4
+ONE_PASS = os.environ.get("PGRECV_SPARK_ONE_PASS", "1") != "0"
+
+
+def _one_pass_fits(facts: dict[str, Any], target: Any, config: Any, toast: list[str]) -> bool:
+    """Whether a latest-mode batch can be applied in one pass. Not with unchanged TOAST values
+    (their lookups need passes of their own), nor under ``--bad-values null`` or ``text`` (whose
+    counts need the probe); and not for a batch of mostly new keys, whose step-by-step write
+    leaves the table's files alone."""
+    if not ONE_PASS or toast or getattr(config, "bad_values", "fail") != "fail":
+        return False
+    if facts["truncate_at"] is not None or target.version is None:
+        return True  # no current row survives, or there is none
+    return bool((facts["update"] + facts["delete"]) * ONE_PASS_SHARE >= target.row_count())
+
+
 def _batch(
-    changes: Any, plan: rp.TablePlan, target: Any, facts: dict[str, Any], spark: Any, result: Any, config: Any
+    changes: Any,
+    plan: rp.TablePlan,
+    target: Any,
+    facts: dict[str, Any],
+    spark: Any,
+    result: Any,
+    config: Any,
+    one_pass: bool = False,
 ) -> Any:
+    """The table's batch. ``one_pass``: where it fits (:func:`_one_pass_fits`), the final events
+    unpersisted and unprobed, for the writer's one job; what the probe would find fails that job
+    (lake.ONE_PASS_FAILED), and the caller then calls again without ``one_pass``."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from pgrecv.spark.lake import FrameBatch
+    from pgrecv.spark.lake import ONE_PASS_FAILED, FrameBatch
 
     names = list(plan.columns)
     schema = pa.schema([(n, plan.columns[n].arrow) for n in names])
@@ -505,6 +542,16 @@ def _batch(
         return FrameBatch(schema, [], False, truncate, ev.select("tv.*"), None, facts["position"], append_only=True)
     toast = [c for c in facts["toast"] if c in plan.columns]
     events = rp.table_changes(changes, plan, target.applied, facts["truncate_at"], dedupe=bool(toast))
+    if one_pass and _one_pass_fits(facts, target, config, toast):
+        final = _typed(rp.final_changes(events, plan, [], moves=False), plan)
+        bad = F.col("_problem").isNotNull() | ~_all_ok(names)
+        final = final.where(F.when(bad, F.raise_error(F.lit(ONE_PASS_FAILED))).otherwise(F.lit(True)))
+        final = final.select(
+            F.col("kind").alias("_kind"),
+            *[F.col("key")[k].alias(f"_pgrecv_k{i}") for i, k in enumerate(plan.key_cols)],
+            F.col("tv").alias("_v"),
+        )
+        return FrameBatch(schema, plan.key_cols, plan.full, truncate, None, None, facts["position"], final=final)
     final = rp.final_changes(events, plan, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
     final = _typed(final, plan)
     # one pass for the three things that stop the table or need more work

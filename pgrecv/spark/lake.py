@@ -14,6 +14,7 @@ files next time). One atomic step then switches the table and records the batch'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -48,6 +49,18 @@ class FrameBatch:
     # of each of their keys (key columns and the _end_* of the key's first new version)
     history: bool = False
     closes: Any = None
+    # one pass (see :class:`_Rewrite`): the final events (``_kind``, the key columns as
+    # ``_pgrecv_k<i>``, the values as ``_v``) instead of ``upserts`` and ``keys``
+    final: Any = None
+
+
+ONE_PASS_FAILED = "pgrecv: the batch needs the step-by-step apply"  # raise_error's text, matched below
+
+
+def one_pass_failed(exc: BaseException) -> bool:
+    """Whether a write failed at a one-pass batch's check (a task's ``raise_error``), not for a
+    reason of its own: the engine then applies the table step by step, which names the problem."""
+    return ONE_PASS_FAILED in str(exc)
 
 
 def _q(name: str) -> str:
@@ -81,6 +94,8 @@ class _Rewrite:
 
         b = self.batch
         names = b.schema.names
+        if b.final is not None:
+            return self._one_pass()
         cols = [F.col(_q(n)) for n in names]
         new_rows = b.upserts.select(*cols)
         if b.truncate or not self.files:
@@ -109,6 +124,31 @@ class _Rewrite:
         kept = old.join(b.keys.alias("s"), key_condition("t", "s", b.key_cols, b.null_safe), "left_anti")
         return touched, kept.select(*cols).unionByName(new_rows)
 
+    def _one_pass(self) -> tuple[list[str], Any]:
+        """A batch that touches much of the table (``final``): every current file is replaced by
+        the full outer join of its rows with the final events, in the one Spark job that also
+        reads the input and replays it. No persisted copy of the events and no pass to find the
+        touched files; the events' checks fail the job instead (:data:`ONE_PASS_FAILED`)."""
+        from pyspark.sql import functions as F
+
+        b = self.batch
+        names = b.schema.names
+        ev = b.final
+        if b.truncate or not self.files:
+            return list(self.files), ev.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
+        old = self._read(self.files)
+        on = None
+        for i, k in enumerate(b.key_cols):
+            t, s = old[_q(k)], F.col(f"_pgrecv_k{i}")
+            c = t.eqNullSafe(s) if b.null_safe else t == s
+            on = c if on is None else on & c
+        j = old.join(ev, on, "full_outer")
+        untouched = F.col("_kind").isNull()
+        rows = j.where(untouched | (F.col("_kind") == "U")).select(
+            *[F.when(untouched, old[_q(n)]).otherwise(F.col("_v")[n]).alias(n) for n in names]
+        )
+        return list(self.files), rows
+
     def _read(self, files: list[str]) -> Any:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
         return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*[file_url(Path(f)) for f in files])
@@ -123,6 +163,25 @@ class _Rewrite:
             rows = rows.repartitionByRange(*keys).sortWithinPartitions(*keys)
         rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
+
+
+def _missing(path: Path) -> list[Path]:
+    """The directories down to ``path`` that do not exist yet (outermost first)."""
+    out: list[Path] = []
+    while not path.exists():
+        out.insert(0, path)
+        path = path.parent
+    return out
+
+
+def _unmake(made: list[Path]) -> None:
+    """Removes what a failed write made of a new table's directories (innermost first), so that a
+    held-back new table leaves no directory behind; a directory with anything in it stays."""
+    for d in reversed(made):
+        with contextlib.suppress(OSError):
+            (d / "_versions").rmdir()  # the Parquet writer's, empty after a failed write
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _fsync_files(paths: list[Path]) -> None:
@@ -142,6 +201,12 @@ class _Frames:
 
     def data_files(self) -> list[str]:
         raise NotImplementedError
+
+    def row_count(self) -> int:
+        """The current rows, from the data files' footers (read by the driver: one per file)."""
+        import pyarrow.parquet as pq
+
+        return sum(pq.read_metadata(f).num_rows for f in self.data_files())
 
     def frame(self) -> Any:
         files = self.data_files()
@@ -168,12 +233,18 @@ class FrameParquetTarget(_Frames, ParquetTarget):
         dropped, rows = rw.plan()
         version = (self.version or 0) + 1
         base = self.path / "_versions"
+        made = _missing(self.path)
         base.mkdir(parents=True, exist_ok=True)
         final = self._dir(version)
         if final.exists():  # left by a run killed after the rename and before the pointer switch
             shutil.rmtree(final)
         tmp = base / f".tmp-v{version:06d}-{uuid.uuid4().hex}"
-        written = rw.write(rows, tmp)
+        try:
+            written = rw.write(rows, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # what the failed job left
+            _unmake(made)
+            raise
         size = sum(p.stat().st_size for p in written)
         for p in tmp.iterdir():
             if not p.name.endswith(DATA_SUFFIX) or p.name.startswith(("_", ".")):
@@ -230,8 +301,14 @@ class FrameDeltaRsTarget(_Frames, DeltaRsTarget):
         rw = _Rewrite(self.spark, batch, current, self.schema)
         dropped, rows = rw.plan()
         sub = f"pgrecv-{uuid.uuid4().hex}"
+        made = _missing(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
-        written = rw.write(rows, self.path / sub)
+        try:
+            written = rw.write(rows, self.path / sub)
+        except BaseException:
+            shutil.rmtree(self.path / sub, ignore_errors=True)  # no commit names these files
+            _unmake(made)
+            raise
         for f in (self.path / sub).iterdir():
             if f not in written:
                 f.unlink()

@@ -330,3 +330,122 @@ def test_history_mode_closes_the_keys_live_at_each_truncate(tmp_path: Path, spar
         (4, 0x60, True, True),
         (5, 0x70, False, True),
     }
+
+
+def _change(op: str, table: str, commit: str, lsn: str, new: str | None, old: str | None) -> str:
+    head = {"v": 1, "op": op, "schema": "public", "table": table, "xid": 1, "commit_lsn": commit, "lsn": lsn}
+    tail = f',"key":["id"],"new":{new or "null"},"old":{old or "null"},"unchanged_toast":[]}}'
+    return orjson.dumps(head).decode()[:-1] + tail
+
+
+def _spy_one_pass(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The real one-pass rewrite, with each table it ran for noted."""
+    from pgrecv.spark import lake
+
+    calls: list[str] = []
+    real = lake._Rewrite._one_pass
+
+    def spy(self: Any) -> Any:
+        calls.append(self.batch.schema.names[0])
+        return real(self)
+
+    monkeypatch.setattr(lake._Rewrite, "_one_pass", spy)
+    return calls
+
+
+def _table(target: Path, table: str, fmt: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    path = target / table_dir_name("public", table)
+    if fmt == "delta":
+        return _rows(target, table)
+    return sorted(pq.read_table(path / "current").to_pylist(), key=lambda r: r["id"])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_a_batch_touching_much_of_the_table_is_applied_in_one_pass(
+    tmp_path: Path, spark: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgrecv.spark import engine
+
+    rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
+    base = [_insert("t", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"base {i}"}}') for i in range(40)]
+    src0 = _write(tmp_path / "0.jsonl", [rel, *_txn("0/100", base)])
+    batch = [
+        _change("update", "t", "0/200", f"0/{0x110 + i:X}", f'{{"id":{i},"v":"new {i}"}}', None) for i in range(20)
+    ]
+    batch += [_change("delete", "t", "0/200", f"0/{0x130 + i:X}", None, f'{{"id":{i}}}') for i in range(20, 30)]
+    batch.append(_change("update", "t", "0/200", "0/150", '{"id":100,"v":"moved"}', '{"id":30}'))  # a key change
+    batch.append(_change("update", "t", "0/200", "0/151", '{"id":31,"v":"again"}', None))
+    batch.append(_change("insert", "t", "0/300", "0/210", '{"id":200,"v":"late"}', None))
+    src1 = _write(tmp_path / "1.jsonl", [rel, *_txn("0/200", batch), *_txn("0/300", [batch[-1]])])
+    calls = _spy_one_pass(monkeypatch)
+    tables = {}
+    for name, one_pass in (("one", True), ("steps", False)):
+        monkeypatch.setattr(engine, "ONE_PASS", one_pass)
+        target = tmp_path / name
+        for src in (src0, src1):
+            s = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+            assert [(t.status, t.applied_lsn) for t in s.tables] == [("applied", "0/100" if src == src0 else "0/300")]
+        tables[name] = _table(target, "t", fmt)
+    # the first run writes a new table (one pass); the second updates or deletes 31 of 40 rows
+    assert calls == ["id", "id"]
+    assert tables["one"] == tables["steps"]
+    want = {i: f"new {i}" for i in range(20)} | {31: "again", 32: "base 32"} | {i: f"base {i}" for i in range(33, 40)}
+    want |= {100: "moved", 200: "late"}
+    assert {r["id"]: r["v"] for r in tables["one"]} == want
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_a_poison_value_in_a_one_pass_batch_is_named_and_leaves_nothing(
+    tmp_path: Path, spark: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rels = [orjson.dumps(_rel(t, [("id", "integer"), ("d", "date")])).decode() for t in ("good", "bad")]
+    base = [
+        _insert(t, "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"d":"2024-01-01"}}') for i, t in enumerate(("good", "bad"))
+    ]
+    src0 = _write(tmp_path / "0.jsonl", [*rels, *_txn("0/100", base)])
+    target = tmp_path / "lake"
+    run_apply(ApplyConfig((str(src0),), target, fmt=fmt, replay="spark"), spark=spark)
+    before = {t: sorted(p.name for p in (target / table_dir_name("public", t)).rglob("*")) for t in ("good", "bad")}
+    rows = [
+        _change("update", "good", "0/200", "0/110", '{"id":0,"d":"2024-02-29"}', None),
+        _change("update", "bad", "0/200", "0/120", '{"id":1,"d":"10000-01-01"}', None),
+    ]
+    src1 = _write(tmp_path / "1.jsonl", [*rels, *_txn("0/200", rows)])
+    calls = _spy_one_pass(monkeypatch)
+    s = run_apply(ApplyConfig((str(src1),), target, fmt=fmt, replay="spark"), spark=spark)
+    assert sorted(calls) == ["id", "id"]  # both tables tried in one pass
+    status = {t.table: (t.status, t.applied_lsn) for t in s.tables}
+    assert status == {"public.good": ("applied", "0/200"), "public.bad": ("held back", "0/100")}
+    bad = next(t for t in s.tables if t.table == "public.bad")
+    assert f"{src1}:5" in (bad.error or "") and "'10000-01-01'" in (bad.error or ""), bad.error
+    assert [r["d"].isoformat() for r in _table(target, "good", fmt)] == ["2024-02-29"]
+    # the failed one pass left no file behind in the held-back table
+    assert sorted(p.name for p in (target / table_dir_name("public", "bad")).rglob("*")) == before["bad"]
+
+
+def test_a_batch_of_new_keys_keeps_the_tables_files(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgrecv.spark import lake
+
+    monkeypatch.setattr(lake, "ROWS_PER_FILE", 10)  # the 40 rows in several files
+    rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
+    base = [_insert("t", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"base"}}') for i in range(40)]
+    src0 = _write(tmp_path / "0.jsonl", [rel, *_txn("0/100", base)])
+    target = tmp_path / "lake"
+    run_apply(ApplyConfig((str(src0),), target, fmt="parquet", replay="spark"), spark=spark)
+    table = target / table_dir_name("public", "t") / "current"
+    old = {p.stat().st_ino for p in table.glob("*.parquet") if not p.name.startswith("_")}
+    # 30 new keys and 9 updates: fewer updates and deletes than a quarter of the table's 40 rows
+    rows = [_insert("t", "0/200", f"0/{0x110 + i:X}", f'{{"id":{1000 + i},"v":"new"}}') for i in range(30)]
+    rows += [_change("update", "t", "0/200", f"0/{0x140 + i:X}", f'{{"id":{i},"v":"upd"}}', None) for i in range(9)]
+    src1 = _write(tmp_path / "1.jsonl", [rel, *_txn("0/200", rows)])
+    calls = _spy_one_pass(monkeypatch)
+    run_apply(ApplyConfig((str(src1),), target, fmt="parquet", replay="spark"), spark=spark)
+    assert calls == []
+    got = {r["id"]: r["v"] for r in _table(target, "t", "parquet")}
+    assert got == {i: "upd" if i < 9 else "base" for i in range(40)} | {1000 + i: "new" for i in range(30)}
+    new = {p.stat().st_ino for p in table.glob("*.parquet") if not p.name.startswith("_")}
+    assert len(old) >= 4 and len(old & new) >= 2  # the files without updated keys are kept (hard links)
