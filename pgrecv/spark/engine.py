@@ -546,11 +546,7 @@ def _batch(
         final = _typed(rp.final_changes(events, plan, [], moves=False), plan)
         bad = F.col("_problem").isNotNull() | ~_all_ok(names)
         final = final.where(F.when(bad, F.raise_error(F.lit(ONE_PASS_FAILED))).otherwise(F.lit(True)))
-        final = final.select(
-            F.col("kind").alias("_kind"),
-            *[F.col("key")[k].alias(f"_pgrecv_k{i}") for i, k in enumerate(plan.key_cols)],
-            F.col("tv").alias("_v"),
-        )
+        final = final.select(F.col("kind").alias("_kind"), F.col("key").alias("_k"), F.col("tv").alias("_v"))
         return FrameBatch(schema, plan.key_cols, plan.full, truncate, None, None, facts["position"], final=final)
     final = rp.final_changes(events, plan, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
     final = _typed(final, plan)

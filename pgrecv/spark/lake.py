@@ -49,8 +49,8 @@ class FrameBatch:
     # of each of their keys (key columns and the _end_* of the key's first new version)
     history: bool = False
     closes: Any = None
-    # one pass (see :class:`_Rewrite`): the final events (``_kind``, the key columns as
-    # ``_pgrecv_k<i>``, the values as ``_v``) instead of ``upserts`` and ``keys``
+    # one pass (see :class:`_Rewrite`): the final events (``_kind`` U or D, the key as the
+    # struct ``_k``, the typed values as the struct ``_v``) instead of ``upserts`` and ``keys``
     final: Any = None
 
 
@@ -136,16 +136,14 @@ class _Rewrite:
         ev = b.final
         if b.truncate or not self.files:
             return list(self.files), ev.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
-        old = self._read(self.files)
-        on = None
-        for i, k in enumerate(b.key_cols):
-            t, s = old[_q(k)], F.col(f"_pgrecv_k{i}")
-            c = t.eqNullSafe(s) if b.null_safe else t == s
-            on = c if on is None else on & c
-        j = old.join(ev, on, "full_outer")
-        untouched = F.col("_kind").isNull()
-        rows = j.where(untouched | (F.col("_kind") == "U")).select(
-            *[F.when(untouched, old[_q(n)]).otherwise(F.col("_v")[n]).alias(n) for n in names]
+        j = (
+            self._read(self.files)
+            .alias("t")
+            .join(ev.alias("s"), key_condition("t", "s._k", b.key_cols, b.null_safe), "full_outer")
+        )
+        untouched = F.col("s._kind").isNull()
+        rows = j.where(untouched | (F.col("s._kind") == "U")).select(
+            *[F.when(untouched, F.col(f"t.{_q(n)}")).otherwise(F.col("s._v")[n]).alias(n) for n in names]
         )
         return list(self.files), rows
 

@@ -449,3 +449,30 @@ def test_a_batch_of_new_keys_keeps_the_tables_files(
     assert got == {i: "upd" if i < 9 else "base" for i in range(40)} | {1000 + i: "new" for i in range(30)}
     new = {p.stat().st_ino for p in table.glob("*.parquet") if not p.name.startswith("_")}
     assert len(old) >= 4 and len(old & new) >= 2  # the files without updated keys are kept (hard links)
+
+
+def test_a_one_pass_batch_finds_rows_by_every_column_nulls_included(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """REPLICA IDENTITY FULL without a key: a row is found by all its values, NULL equal to NULL."""
+    from pgrecv.spark import engine
+
+    rel = {**_rel("f", [("id", "integer"), ("v", "text")]), "replica_identity": "full", "key": []}
+    rel["columns"] = [{**c, "key": True} for c in rel["columns"]]
+    rows0 = [(1, '"a"'), (2, "null"), (3, '"c"'), (4, "null")]
+    base = [_insert("f", "0/100", f"0/{0x10 + i:X}", f'{{"id":{k},"v":{v}}}') for i, (k, v) in enumerate(rows0)]
+    src0 = _write(tmp_path / "0.jsonl", [orjson.dumps(rel).decode(), *_txn("0/100", base)])
+    batch = [
+        _change("delete", "f", "0/200", "0/110", None, '{"id":2,"v":null}'),
+        _change("update", "f", "0/200", "0/120", '{"id":4,"v":"d"}', '{"id":4,"v":null}'),
+    ]
+    src1 = _write(tmp_path / "1.jsonl", [orjson.dumps(rel).decode(), *_txn("0/200", batch)])
+    calls = _spy_one_pass(monkeypatch)
+    tables = {}
+    for name, one_pass in (("one", True), ("steps", False)):
+        monkeypatch.setattr(engine, "ONE_PASS", one_pass)
+        for src in (src0, src1):
+            run_apply(ApplyConfig((str(src),), tmp_path / name, fmt="parquet", replay="spark"), spark=spark)
+        tables[name] = _table(tmp_path / name, "f", "parquet")
+    assert calls == ["id", "id"]
+    assert tables["one"] == tables["steps"] == [{"id": 1, "v": "a"}, {"id": 3, "v": "c"}, {"id": 4, "v": "d"}]
