@@ -234,6 +234,7 @@ def slots(
         rows = [r for r in rows if r["slot_name"] in only]
     if check:
         from pgrecv.pg import slot_health
+
         standby_rows = None
         if standby is not None:
             standby_rows = list_slots(ConnOptions(dbname=standby, prompt=opts.prompt))
@@ -660,6 +661,8 @@ def main(argv: list[str] | None = None) -> None:
         args = sys.argv[1:] if argv is None else argv
         with cli.make_context("pgrecv", list(args)) as ctx:
             cli.invoke(ctx)
+        if argv is None:  # the process is ours: a flush that fails is still this command's error
+            _leave(ExitCode.OK)
     except click.exceptions.Abort:
         click.echo("pgrecv: interrupted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
@@ -686,6 +689,32 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("pgrecv: error: the reader of standard output went away before all was written", err=True)
         sys.exit(ExitCode.OUTPUT)
     sys.exit(ExitCode.OK)
+
+
+def _leave(code: int) -> None:
+    """End the process without the interpreter's teardown when nothing can need it.
+
+    Freeing every module takes 20-40 ms after a command is done (psycopg's alone about 30 ms,
+    bench/NOTES.md), and `pgrecv start -E` pays it on top of its stream. Exit handlers still run
+    and the standard streams are flushed first, so a broken pipe is reported as one. With another
+    thread alive, or a profiler or debugger attached, the usual exit instead.
+    """
+    import atexit
+    import os
+    import threading
+
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(ValueError):  # closed by the command: nothing left in it
+                stream.flush()
+    if threading.active_count() != 1 or sys.getprofile() is not None or sys.gettrace() is not None:
+        return  # a profiler or debugger writes its findings after main() returns
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):  # what a handler wrote: no one left to tell
+                stream.flush()
+    os._exit(code)
 
 
 def _silence_stdout() -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
+import orjson
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -146,3 +149,30 @@ def test_main_maps_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
     with pytest.raises(SystemExit) as exc:
         main(["drop"])
     assert exc.value.code == ExitCode.USAGE
+
+
+def test_a_finished_command_skips_only_the_interpreter_teardown(db_conn: psycopg.Connection[Any]) -> None:
+    """`main()` as the program ends with os._exit: exit handlers still run and what was written
+    reaches standard output, but no module is freed (the object below would say so)."""
+    db_conn.execute("SELECT pg_create_logical_replication_slot('leave_s', 'test_decoding')")
+    dsn = db_conn.info.dsn
+    code = f"""
+import atexit, sys, threading, time
+class Teardown:
+    def __del__(self):
+        sys.stderr.write("teardown ran\\n")
+kept = Teardown()
+atexit.register(lambda: sys.stderr.write("exit handler ran\\n"))
+sys.argv = ["pgrecv", "slots", "-d", {dsn!r}, "--format", "jsonl"]
+from pgrecv.cli.main import main
+main()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert proc.stderr.splitlines() == ["exit handler ran"]
+    assert [orjson.loads(line)["slot_name"] for line in proc.stdout.splitlines()] == ["leave_s"]
+    # with another thread alive, the usual exit: teardown included
+    waiting = code.replace("main()", "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\nmain()")
+    proc = subprocess.run([sys.executable, "-c", waiting], capture_output=True, text=True)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert sorted(proc.stderr.splitlines()) == ["exit handler ran", "teardown ran"]
