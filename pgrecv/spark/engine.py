@@ -495,7 +495,8 @@ def _one_pass_fits(facts: dict[str, Any], target: Any, config: Any, toast: list[
         return False
     if facts["truncate_at"] is not None or target.version is None:
         return True  # no current row survives, or there is none
-    return bool((facts["update"] + facts["delete"]) * ONE_PASS_SHARE >= target.row_count())
+    most = (facts["update"] + facts["delete"]) * ONE_PASS_SHARE
+    return bool(most >= target.row_count(above=most))
 
 
 def _batch(

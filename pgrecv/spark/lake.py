@@ -200,11 +200,18 @@ class _Frames:
     def data_files(self) -> list[str]:
         raise NotImplementedError
 
-    def row_count(self) -> int:
-        """The current rows, from the data files' footers (read by the driver: one per file)."""
+    def row_count(self, above: int | None = None) -> int:
+        """The current rows, from the data files' footers (read by the driver, one per file).
+        With ``above``, the reading stops once the count passes it: a large table answers a
+        small batch's question ("more than this?") from its first files."""
         import pyarrow.parquet as pq
 
-        return sum(pq.read_metadata(f).num_rows for f in self.data_files())
+        n = 0
+        for f in self.data_files():
+            n += pq.read_metadata(f).num_rows
+            if above is not None and n > above:
+                break
+        return n
 
     def frame(self) -> Any:
         files = self.data_files()

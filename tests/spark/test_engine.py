@@ -479,3 +479,38 @@ def test_a_one_pass_batch_finds_rows_by_every_column_nulls_included(
         tables[name] = _table(tmp_path / name, "f", "parquet")
     assert calls == ["id", "id"]
     assert tables["one"] == tables["steps"] == [{"id": 1, "v": "a"}, {"id": 3, "v": "c"}, {"id": 4, "v": "d"}]
+
+
+def test_row_count_reads_footers_until_the_count_passes_the_question(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one pass's decision asks "more rows than this?": a large table answers it from its
+    first files' footers, not from every file's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pgrecv.spark import lake
+
+    files = []
+    for i, n in enumerate((3, 4, 5)):
+        f = tmp_path / f"part-{i}.parquet"
+        pq.write_table(pa.table({"id": list(range(n))}), f)
+        files.append(str(f))
+    read: list[str] = []
+    real = pq.read_metadata
+
+    def noted(where: str) -> pq.FileMetaData:
+        read.append(where)
+        return real(where)
+
+    monkeypatch.setattr(pq, "read_metadata", noted)
+
+    class Table(lake._Frames):
+        def data_files(self) -> list[str]:
+            return files
+
+    assert Table().row_count() == 12 and read == files
+    read.clear()
+    assert Table().row_count(above=3) == 7 and read == files[:2]
+    read.clear()
+    assert Table().row_count(above=12) == 12 and read == files
