@@ -18,6 +18,7 @@ from rich.rule import Rule
 
 from pgrecv.errors import ServerEnvError
 from pgrecv.lsn import lsn_str
+from pgrecv.output.console import PipeConsole
 from pgrecv.pg.conn import ConnOptions, connect, server_major
 from pgrecv.pg.slots import create_slot, drop_slot
 from pgrecv.stream.peek import peek
@@ -68,7 +69,7 @@ WORKLOAD = [
 def run_demo(bindir: str | None = None, console: Console | None = None) -> None:
     from pgrecv.pg.server import PgInstall, TempServer, find_installations
 
-    console = console or Console()
+    console = console or PipeConsole()
     started = time.monotonic()
     if bindir is not None:
         install = PgInstall.from_bindir(Path(bindir))

@@ -370,15 +370,14 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 
         enc = JsonlEncoder(out.write)
         return enc.feed, None, enc.close
-    from rich.console import Console
-
+    from pgrecv.output.console import PipeConsole
     from pgrecv.output.pretty import PrettyRenderer
 
     if out.is_terminal:
-        console = Console()
+        console = PipeConsole()
     else:
         text = io.TextIOWrapper(out.stream, encoding="utf-8", write_through=True)
-        console = Console(file=text, width=120, force_terminal=False, color_system=None)
+        console = PipeConsole(file=text, width=120, force_terminal=False, color_system=None)
     renderer = PrettyRenderer(console)
     return renderer.feed, None, renderer.close
 
@@ -619,15 +618,14 @@ def _stream_formatter(fmt: str, to_terminal: bool) -> Callable[[Callable[[bytes]
         return JsonlEncoder
 
     def pretty(write: Callable[[bytes], None]) -> Any:
-        from rich.console import Console
-
+        from pgrecv.output.console import PipeConsole
         from pgrecv.output.pretty import PrettyRenderer
         from pgrecv.stream.streamer import SinkText
 
         if to_terminal:
-            console = Console(file=cast(TextIO, SinkText(write)), force_terminal=True)
+            console = PipeConsole(file=cast(TextIO, SinkText(write)), force_terminal=True)
         else:
-            console = Console(file=cast(TextIO, SinkText(write)), width=120, color_system=None)
+            console = PipeConsole(file=cast(TextIO, SinkText(write)), width=120, color_system=None)
         return PrettyRenderer(console)
 
     return pretty

@@ -22,13 +22,14 @@ def human_bytes(n: int | None) -> str:
 def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     # rich here, not at import: `start` imports this module (human_bytes) and never draws a table
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
+    from pgrecv.output.console import PipeConsole
+
     if console is None:
-        console = Console()
+        console = PipeConsole()
         if not console.is_terminal:
-            console = Console(width=160)
+            console = PipeConsole(width=160)
     if not rows:
         console.print("no replication slots")
         return

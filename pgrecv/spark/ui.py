@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pgrecv.output.console import PipeConsole
 from pgrecv.spark.apply import Progress as Hooks
 from pgrecv.spark.apply import Summary
 
@@ -44,9 +45,9 @@ class RichProgress(Hooks):
 
 def print_summary(summary: Summary, console: Console | None = None) -> None:
     if console is None:
-        console = Console()
+        console = PipeConsole()
         if not console.is_terminal:  # a log file or pipe: whole headers and statuses, not 80 columns
-            console = Console(width=max(console.width, 160))
+            console = PipeConsole(width=max(console.width, 160))
     table = Table(title=f"spark-apply ({summary.engine})", title_justify="left")
     for col in ("table", "status", "inserted", "updated", "deleted", "truncated", "version", "applied position"):
         table.add_column(col, justify="right" if col in ("inserted", "updated", "deleted", "truncated") else "left")

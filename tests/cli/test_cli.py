@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,21 @@ main()
     proc = subprocess.run([sys.executable, "-c", waiting], capture_output=True, text=True)
     assert proc.returncode == ExitCode.OK, proc.stderr
     assert sorted(proc.stderr.splitlines()) == ["exit handler ran", "teardown ran"]
+
+
+def test_a_table_to_a_reader_that_went_away_is_an_output_error(db_conn: psycopg.Connection[Any]) -> None:
+    """`pgrecv slots` draws its table with rich, whose own answer to a broken pipe is a silent exit 1."""
+    db_conn.execute("SELECT pg_create_logical_replication_slot('gone_s', 'test_decoding')")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pgrecv", "slots", "-d", db_conn.info.dsn],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == ExitCode.OUTPUT, proc.stderr
+    assert proc.stderr.splitlines() == ["pgrecv: error: the reader of standard output went away before all was written"]

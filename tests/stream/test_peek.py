@@ -7,6 +7,8 @@ import stat
 from pathlib import Path
 
 import orjson
+import psycopg
+import pytest
 
 from pgrecv.errors import ExitCode
 from tests.util import err, pgrecv, sql
@@ -189,14 +191,23 @@ def test_test_decoding_message_that_is_not_utf8(db_dsn: str) -> None:
     assert b"content:\xff\x00\xfe\n" in raw.stdout
 
 
-def test_reader_going_away_consumes_nothing(db_dsn: str) -> None:
+@pytest.mark.parametrize("fmt", ["jsonl", "pretty"])
+def test_reader_going_away_consumes_nothing(db_dsn: str, fmt: str) -> None:
+    """Pretty output too: rich's own answer to a broken pipe would be a silent exit 1. Fifty
+    transactions of 100 rows: pretty output shows up to 200 rows of each, and all of it must be
+    more than a pipe holds (64 KiB) for the writer to see the reader go."""
     import subprocess
     import sys
 
     setup_pgoutput(db_dsn)
-    sql(db_dsn, "INSERT INTO t (id, name) SELECT g, repeat('x', 100) FROM generate_series(1, 5000) g")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for g in range(0, 5000, 100):
+            conn.execute(
+                "INSERT INTO t (id, name) SELECT g, repeat('x', 100) FROM generate_series(%s::int, %s::int) g",
+                (g + 1, g + 100),
+            )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pgrecv", "peek", "-d", db_dsn, "--slot", "s", "--consume", "--format", "jsonl"],
+        [sys.executable, "-m", "pgrecv", "peek", "-d", db_dsn, "--slot", "s", "--consume", "--format", fmt],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
