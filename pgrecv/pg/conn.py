@@ -209,7 +209,33 @@ def _connect(opts: ConnOptions, replication: bool, autocommit: bool) -> psycopg.
 
 
 def _ask_password() -> str:
-    password = getpass.getpass("Password: ")
+    """The prompt where the PostgreSQL tools show it: on the terminal, or from standard input in
+    a process that has none (psql and pg_recvlogical read a piped password there too; getpass
+    would first print a Python warning that a pipe echoes, which it does not)."""
+    import os
+    import sys
+
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+        terminal = True
+    except OSError:
+        terminal = False
+    try:
+        if terminal:
+            password = getpass.getpass("Password: ")
+        else:
+            sys.stderr.write("Password: ")
+            sys.stderr.flush()
+            line = sys.stdin.readline() if sys.stdin is not None else ""
+            sys.stderr.write("\n")
+            if not line:
+                raise EOFError
+            password = line[:-1] if line.endswith("\n") else line
+    except EOFError:
+        raise ConnectionFailed(
+            "no password: the input ended at the password prompt; type it there, or give it in "
+            "PGPASSWORD or a ~/.pgpass file"
+        ) from None
     _remember(password)
     return password
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from pgrecv.cli.main import cli, main
 from pgrecv.errors import ExitCode
+from pgrecv.pg.server import TempServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -195,3 +196,44 @@ def test_a_table_to_a_reader_that_went_away_is_an_output_error(db_conn: psycopg.
         os.close(write_end)
     assert proc.returncode == ExitCode.OUTPUT, proc.stderr
     assert proc.stderr.splitlines() == ["pgrecv: error: the reader of standard output went away before all was written"]
+
+
+def test_password_without_a_terminal_is_read_from_standard_input(pg_server: TempServer, tmp_path: Path) -> None:
+    """-W in a process without a terminal reads the password from standard input, as psql and
+    pg_recvlogical do; an input that ends at the prompt is a one-line error, not a traceback."""
+    from psycopg.conninfo import make_conninfo
+
+    hba = ["host all alice 127.0.0.1/32 scram-sha-256"]
+    with TempServer(pg_server.install, hba_lines=hba) as server:
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE ROLE alice LOGIN PASSWORD 'Piped-s3cret'")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["PGPASSFILE"] = str(tmp_path / "no-pgpass")
+        args = [sys.executable, "-m", "pgrecv", "slots", "-d", make_conninfo(server.dsn(), user="alice"), "-W"]
+
+        def run_with(stdin: str | None) -> subprocess.CompletedProcess[str]:
+            # a session of its own: no controlling terminal (/dev/tty fails), wherever the tests run
+            return subprocess.run(
+                args,
+                input=stdin,
+                stdin=subprocess.DEVNULL if stdin is None else None,
+                capture_output=True,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
+
+        piped = run_with("Piped-s3cret\n")
+        assert piped.returncode == ExitCode.OK, piped.stderr
+        assert piped.stderr == "Password: \n" and "no replication slots" in piped.stdout
+        ended = run_with(None)
+        assert ended.returncode == ExitCode.CONNECTION, ended.stderr
+        assert ended.stderr.splitlines() == [
+            "Password: ",
+            "pgrecv: error: no password: the input ended at the password prompt; type it there, "
+            "or give it in PGPASSWORD or a ~/.pgpass file",
+        ]
+        wrong = run_with("Not-it\n")
+        assert wrong.returncode == ExitCode.CONNECTION, wrong.stderr
+        assert "password authentication failed" in wrong.stderr and "Not-it" not in wrong.stderr
+        assert "Traceback" not in piped.stderr + ended.stderr + wrong.stderr
