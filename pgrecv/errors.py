@@ -46,6 +46,7 @@ class ExitCode(IntEnum):
         "`spark-apply`: some tables were held back (each named with file:line, column,"
         " value and the fix; they keep their position), every other table was applied",
     )
+    SPARK = 16, "`spark-apply`: Spark did not start (`--master`, `--conf`, no Java); its reason follows"
     INTERRUPTED = 130, "interrupted by SIGINT before finishing"
 
 
@@ -124,8 +125,13 @@ class PositionError(PgrecvError):
     exit_code = ExitCode.POSITION
 
 
+class SparkStartError(PgrecvError):
+    """Spark could not start: a bad ``--master`` or ``--conf``, or no Java."""
+
+    exit_code = ExitCode.SPARK
+
+
 class StreamLost(PgrecvError):
     """The stream ended (server shutdown, walsender terminated, network) and --no-loop was given."""
 
     exit_code = ExitCode.STREAM_LOST
-

@@ -94,7 +94,7 @@ def _spark_apply(
     Each table goes to PATH/SCHEMA.TABLE. Re-running on the same files changes nothing; a run
     killed at any moment and run again ends with the exact tables. Exit codes: 0 done, 15 partly
     applied (tables held back, each named; the others applied), 9 bad input (file:line named), 8
-    cannot write the target (or another run is applying to it).
+    cannot write the target (or another run is applying to it), 16 Spark did not start.
     """
     from pgrecv.spark.apply import ApplyConfig, run_apply
     from pgrecv.spark.keys import parse_keys

@@ -168,11 +168,14 @@ def target_lock(target: Path) -> Iterator[None]:
     Holding it, the run also removes the staging directories of runs that were killed."""
     import shutil
 
-    from pgrecv.output.files import open_lock
+    from pgrecv.output.files import open_lock, output_error
 
     work = target / STATE_DIR
-    work.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(work, 0o700)  # change data goes in here: this user only
+    try:
+        work.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(work, 0o700)  # change data goes in here: this user only
+    except OSError as exc:  # a target where nothing can be made: say so before Spark starts
+        raise output_error(exc, work, "create the target's state directory") from None
     fd = open_lock(
         work / "lock",
         busy=f"{target}: another spark-apply run is applying to this target: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -13,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pgrecv.errors import SparkStartError
 from pgrecv.spark.types import spark_ddl
 
 QUIET_LOG4J2 = """\
@@ -62,21 +64,51 @@ def keys_frame(spark: Any, key_cols: list[str], keys: list[tuple[Any, ...]], sch
 
 
 @contextlib.contextmanager
-def _stderr_to_devnull(enabled: bool) -> Iterator[None]:
-    """The JVM launcher prints banners on fd 2; the JVM inherits whatever fd 2 is at launch."""
-    if not enabled:
+def _stderr_to(file: Any) -> Iterator[None]:
+    """The JVM launcher prints banners on fd 2; the JVM inherits whatever fd 2 is at launch.
+    ``file`` (an open file, or None to leave fd 2 alone) keeps them, for a launch that fails."""
+    if file is None:
         yield
         return
     sys.stderr.flush()
     saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
+    os.dup2(file.fileno(), 2)
     try:
         yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+_JVM_ERROR = re.compile(r"[\w.$]*(?:Exception|Error)(?::| in thread \S+ [\w.$]+:) (.+)")
+_SPARK_CLASS = re.compile(r"^\S*spark-class: line \d+: ")
+# what the launcher prints whatever went wrong (or right): never the reason
+_JVM_NOISE = (
+    "WARNING:",
+    "Using Spark's default log4j",
+    "Error: Could not create the Java Virtual Machine",
+    "Error: A fatal exception has occurred",
+)
+
+
+def launch_reason(printed: str, exc: BaseException) -> str:
+    """Why Spark did not start, in one line: the message of the last exception the JVM printed
+    (its stack frames left out), else the last other line it printed, else pyspark's own error."""
+    lines = [
+        _SPARK_CLASS.sub("", ln.strip())  # the launcher script's place in itself says nothing
+        for ln in printed.splitlines()
+        if ln.strip()
+        and not ln.startswith(("\t", " ", *_JVM_NOISE))
+        and " WARN " not in ln
+        and not ln.rstrip().endswith("CMD: bad array subscript")  # spark-class after a java that did not run
+    ]
+    for line in reversed(lines):
+        m = _JVM_ERROR.search(line)
+        if m:
+            return m.group(1)
+    if lines:
+        return lines[-1]
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _private_conf_dir() -> str:
@@ -116,8 +148,16 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for k, v in {**DEFAULT_CONF, **conf}.items():
         builder = builder.config(k, v)
-    with _stderr_to_devnull(quiet):
-        spark = builder.getOrCreate()
+    with tempfile.TemporaryFile() as printed, _stderr_to(printed if quiet else None):
+        try:
+            spark = builder.getOrCreate()
+        except Exception as exc:  # the launcher's reason is in what it printed, not in pyspark's error
+            printed.seek(0)
+            reason = launch_reason(printed.read().decode(errors="replace"), exc)
+            raise SparkStartError(
+                f"Spark did not start (master {master or 'local[*]'}): {reason}; check --master, --conf "
+                "and that Java (17 or newer) is installed"
+            ) from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

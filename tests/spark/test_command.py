@@ -257,3 +257,40 @@ def test_second_run_on_a_busy_target_is_refused(tmp_path: Path) -> None:
     assert _rows(target, "t") == [{"id": 1, "x": "b"}]
     assert oct((target / "_pgrecv").stat().st_mode & 0o777) == "0o700"
     assert oct((target / "_pgrecv" / "lock").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "reason"),
+    [
+        (["--master", "bogus://x"], {}, "Master must either be yarn or start with spark, k8s, or local"),
+        (["--conf", "spark.driver.memory=lots"], {}, "Invalid maximum heap size: -Xmxlots"),
+        ([], {"JAVA_HOME": "/nonexistent"}, "/nonexistent/bin/java: No such file or directory"),
+    ],
+    ids=["master", "conf", "no-java"],
+)
+def test_spark_that_does_not_start_is_one_line_exit_16(
+    tmp_path: Path, args: list[str], env: dict[str, str], reason: str
+) -> None:
+    """The JVM's launcher fails before pyspark hears why (its error: "Java gateway process exited"):
+    the reason is taken from what the launcher printed, and nothing of the target is touched."""
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", "parquet", *args, env=env)
+    assert proc.returncode == 16, err(proc)
+    assert err(proc).splitlines() == [
+        f"pgrecv: error: Spark did not start (master {'bogus://x' if args[:1] == ['--master'] else 'local[*]'}): "
+        f"{reason}; check --master, --conf and that Java (17 or newer) is installed"
+    ]
+    assert not (target / table_dir_name("s", "t")).exists()
+
+
+def test_target_where_nothing_can_be_made_exits_8(tmp_path: Path) -> None:
+    """A target whose state directory cannot be made (here a file has its name): one line, exit 8,
+    before Spark starts."""
+    target = tmp_path / "lake"
+    target.mkdir()
+    (target / "_pgrecv").write_text("not a directory")
+    proc = _apply(str(_first(tmp_path)), "--target", str(target))
+    assert proc.returncode == 8, err(proc)
+    assert err(proc).startswith(f"pgrecv: error: cannot create the target's state directory {target / '_pgrecv'}: ")
+    assert err(proc).count("\n") == 1 and "Traceback" not in err(proc)
