@@ -264,6 +264,12 @@ def server_message(exc: BaseException) -> str:
     return redact(rest.strip() if fatal else text)
 
 
+def server_hint(exc: BaseException) -> str | None:
+    """The server's HINT, on one line: what it says to do, which it knows better than a guess here."""
+    hint = getattr(getattr(exc, "diag", None), "message_hint", None)
+    return redact(" ".join(hint.split())) if isinstance(hint, str) and hint.strip() else None
+
+
 def sqlstate(exc: BaseException) -> str | None:
     """The server's SQLSTATE, if the error came with one (connection-time errors do not)."""
     state = getattr(exc, "sqlstate", None) or getattr(getattr(exc, "diag", None), "sqlstate", None)
@@ -299,7 +305,8 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
     ):
         if "replication" in low or "superuser" in low or "wal sender" in low or "walsender" in low:
             return no_replication_attribute(msg, detail)
-        return ServerConfigError(f"{msg}: grant the needed privilege or connect as another role", detail=detail)
+        todo = server_hint(exc) or "grant the needed privilege or connect as another role"
+        return ServerConfigError(f"{msg}: {todo}", detail=detail)
     if "wal_level" in low and state in (None, _NOT_IN_PREREQUISITE_STATE):
         return ServerConfigError(
             f"{msg}: set wal_level = logical in postgresql.conf and restart the server", detail=detail
@@ -337,8 +344,9 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
         if "password authentication failed" in low or "no password supplied" in low:
             return ConnectionFailed(f"{msg}: check the password (-W to be asked, or .pgpass)", detail=detail)
         return ConnectionFailed(f"cannot connect: {msg}", detail=detail)
-    if state:  # the server's own words: not a bug here
-        return ServerError(f"server error: {msg}", detail=detail)
+    if state:  # the server's own words: not a bug here, and its hint (if any) says what to do
+        hint = server_hint(exc)
+        return ServerError(f"server error: {msg}" + (f": {hint}" if hint else ""), detail=detail)
     return PgrecvError(f"server error: {msg}", detail=detail)
 
 

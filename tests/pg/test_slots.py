@@ -202,3 +202,13 @@ def test_create_keeps_an_existing_publication_on_failure(db_dsn: str) -> None:
     proc = pgrecv("create", "--slot", "taken", "--publication", "mine", "-d", db_dsn)
     assert proc.returncode == ExitCode.SLOT, err(proc)
     assert _publications(db_dsn) == [("mine",)], "a publication this run did not make is not its to drop"
+
+
+def test_a_refused_name_says_what_the_server_allows(db_dsn: str) -> None:
+    """The server's HINT is the "what to do" of an error pgrecv has no advice of its own for."""
+    proc = pgrecv("create", "-d", db_dsn, "--slot", "Bad-Name")
+    assert proc.returncode == ExitCode.SERVER, err(proc)
+    assert err(proc).splitlines() == [
+        'pgrecv: error: server error: replication slot name "Bad-Name" contains invalid character: '
+        "Replication slot names may only contain lower case letters, numbers, and the underscore character."
+    ]
