@@ -64,20 +64,50 @@ def keys_frame(spark: Any, key_cols: list[str], keys: list[tuple[Any, ...]], sch
 
 
 @contextlib.contextmanager
-def _stderr_to(file: Any) -> Iterator[None]:
-    """The JVM launcher prints banners on fd 2; the JVM inherits whatever fd 2 is at launch.
-    ``file`` (an open file, or None to leave fd 2 alone) keeps them, for a launch that fails."""
-    if file is None:
-        yield
-        return
+def _stderr_to(fd: int) -> Iterator[None]:
+    """The JVM launcher prints banners on fd 2, and the JVM keeps whatever fd 2 is at launch."""
     sys.stderr.flush()
     saved = os.dup(2)
-    os.dup2(file.fileno(), 2)
+    os.dup2(fd, 2)
     try:
         yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def _launch(builder: Any, quiet: bool, master: str) -> Any:
+    """``builder.getOrCreate()``, the launcher's banners and the JVM's stderr sent to /dev/null
+    (quiet). A launch that fails said why only there: it is tried once more with its stderr kept
+    in an unnamed temporary file (a second or two, on failure only; a JVM that starts this time
+    keeps that file as its stderr), and the reason goes into one line."""
+    if not quiet:
+        try:
+            return builder.getOrCreate()
+        except Exception as exc:  # its reason is on the user's stderr already
+            raise _not_started(master, launch_reason("", exc)) from None
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        with _stderr_to(devnull):
+            return builder.getOrCreate()
+    except Exception:
+        pass  # tried again below, its words kept
+    finally:
+        os.close(devnull)
+    with tempfile.TemporaryFile() as printed:
+        try:
+            with _stderr_to(printed.fileno()):
+                return builder.getOrCreate()
+        except Exception as exc:
+            printed.seek(0)
+            raise _not_started(master, launch_reason(printed.read().decode(errors="replace"), exc)) from None
+
+
+def _not_started(master: str, reason: str) -> SparkStartError:
+    return SparkStartError(
+        f"Spark did not start (master {master}): {reason}; check --master, --conf and that Java (17 or newer) "
+        "is installed"
+    )
 
 
 _JVM_ERROR = re.compile(r"[\w.$]*(?:Exception|Error)(?::| in thread \S+ [\w.$]+:) (.+)")
@@ -148,16 +178,7 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for k, v in {**DEFAULT_CONF, **conf}.items():
         builder = builder.config(k, v)
-    with tempfile.TemporaryFile() as printed, _stderr_to(printed if quiet else None):
-        try:
-            spark = builder.getOrCreate()
-        except Exception as exc:  # the launcher's reason is in what it printed, not in pyspark's error
-            printed.seek(0)
-            reason = launch_reason(printed.read().decode(errors="replace"), exc)
-            raise SparkStartError(
-                f"Spark did not start (master {master or 'local[*]'}): {reason}; check --master, --conf "
-                "and that Java (17 or newer) is installed"
-            ) from None
+    spark = _launch(builder, quiet, master or "local[*]")
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
