@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from pgrecv.spark import replay as rp
-from pgrecv.spark.source import ENVELOPE_FIELDS, LSN_FIELDS, _spelling, _urls, lsn_expr
+from pgrecv.spark.source import ENVELOPE_FIELDS, LSN_FIELDS, LSN_PATTERN, _spelling, _urls, lsn_expr
 
 # ``PGRECV_SPARK_DIRECT=0`` sends every input through the staged copy (for comparing the two).
 ENABLED = os.environ.get("PGRECV_SPARK_DIRECT", "1") != "0"
@@ -149,10 +149,17 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
         )
     )
     op = F.col("op")
-    lsn = {n: lsn_expr(F.col(n)) for n in LSN_FIELDS}
+
+    def not_lsn(c: Any) -> Any:
+        return c.isNotNull() & ~c.rlike(LSN_PATTERN)
+
+    # A transaction's lines are grouped by their commit LSN's text, and that text is checked and
+    # converted once per group, after the aggregate; per line, only the other LSNs' pattern (no
+    # conversion). 1M events, warm, alternating: this pass took 3.19-3.47 s, against 3.38-4.15 s
+    # with the conversion and the check per line.
+    in_txn = op.isin("begin", "commit", *rp.ROW_OPS)
     bad = F.col("_corrupt").isNotNull() | op.isNull() | F.col("v").isNull() | (F.col("v") != 1)
-    for n in LSN_FIELDS:
-        bad = bad | (F.col(n).isNotNull() & lsn[n].isNull())
+    bad = bad | not_lsn(F.col("lsn")) | not_lsn(F.col("snapshot_lsn")) | (~in_txn & not_lsn(F.col("commit_lsn")))
     is_change = op.isin(*rp.CHANGE_OPS)
     other = (
         ~op.isin(*PLAIN_OPS)
@@ -174,29 +181,31 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     # the record itself: a list aggregate here would make Spark sort every line) and one for every
     # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
     # committed, and their counts are the tables' facts (``engine._plain_facts``).
-    k = F.when(op.isin("begin", "commit", *rp.ROW_OPS), lsn["commit_lsn"])
     row = op.isin(*rp.ROW_OPS)
+    counts = ("n", "bad", "_parsed", "other", "truncates", "toast", *rp.ROW_OPS)
+    by_text = narrow.groupBy(
+        F.when(in_txn, F.col("commit_lsn")).alias("kt"),
+        F.when(row, F.col("schema")).alias("schema"),
+        F.when(row, F.col("table")).alias("table"),
+        F.when(op == "relation", rel).alias("r"),
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.count(F.when(bad, 1)).alias("bad"),
+        # every field parsed: a value of the wrong type makes its line corrupt, as when staged
+        F.count(F.when(_all_null([_name(f) for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"]), 1)).alias("_parsed"),
+        F.count(F.when(other & ~bad, 1)).alias("other"),
+        F.count(F.when(op == "truncate", 1)).alias("truncates"),
+        F.count(F.when(row & (F.size("unchanged_toast") > 0), 1)).alias("toast"),
+        *[F.count(F.when(op == o, 1)).alias(o) for o in rp.ROW_OPS],
+        F.max(op == "begin").alias("begin"),
+        F.max(op == "commit").alias("commit"),
+    )
+    # texts that spell one LSN alike (case, leading zeros) are one transaction
+    kt = F.col("kt")
     per = (
-        narrow.groupBy(
-            k.alias("k"),
-            F.when(row, F.col("schema")).alias("schema"),
-            F.when(row, F.col("table")).alias("table"),
-            F.when(op == "relation", rel).alias("r"),
-        )
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.count(F.when(bad, 1)).alias("bad"),
-            # every field parsed: a value of the wrong type makes its line corrupt, as when staged
-            F.count(F.when(_all_null([_name(f) for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"]), 1)).alias(
-                "_parsed"
-            ),
-            F.count(F.when(other & ~bad, 1)).alias("other"),
-            F.count(F.when(op == "truncate", 1)).alias("truncates"),
-            F.count(F.when(row & (F.size("unchanged_toast") > 0), 1)).alias("toast"),
-            *[F.count(F.when(op == o, 1)).alias(o) for o in rp.ROW_OPS],
-            F.max(op == "begin").alias("begin"),
-            F.max(op == "commit").alias("commit"),
-        )
+        by_text.withColumn("bad", F.col("bad") + F.when(not_lsn(kt), F.col("n")).otherwise(0))
+        .groupBy(lsn_expr(kt, checked=True).alias("k"), "schema", "table", "r")
+        .agg(*[F.sum(c).alias(c) for c in counts], F.max("begin").alias("begin"), F.max("commit").alias("commit"))
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
     txn = F.col("k").isNotNull() & F.col("schema").isNull()

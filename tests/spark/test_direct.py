@@ -83,6 +83,31 @@ def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
     assert [r["id"] for r in got[True][1]] == [0, 1, 2, 3, 4, 9]
 
 
+def test_one_transaction_whose_lines_spell_its_commit_lsn_differently(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first pass groups a transaction's lines by the text of their commit LSN: spellings of
+    one LSN (case, leading zeros) are still one transaction, committed by its commit record."""
+    lines = _plain_input()
+    lines += [
+        orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/3AB"}).decode(),
+        _insert("t", "0/3ab", "0/2F0", '{"id":8,"v":"lower","n":"1"}'),
+        _insert("t", "00000000/000003AB", "0/2F1", '{"id":9,"v":"padded","n":"1"}'),
+        orjson.dumps({"v": 1, "op": "commit", "xid": 3, "commit_lsn": "0/3Ab", "end_lsn": "0/3AC"}).decode(),
+    ]
+    src = _write(tmp_path / "a.jsonl", lines)
+    got = {}
+    for enabled in (True, False):
+        summary = _run([src], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
+        assert summary.input_read == ("direct" if enabled else "staged")
+        got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
+    assert got[True] == got[False]
+    facts, rows = got[True]
+    assert facts[1:3] == (3, 0)  # three transactions, none incomplete
+    assert facts[4] == [("public.t", "applied", 7, 1, 0, 0, "0/3AB")]
+    assert [r["v"] for r in rows][-2:] == ["lower", "padded"]
+
+
 def _stream_lines() -> list[str]:
     ins = (
         orjson.dumps(
@@ -169,6 +194,9 @@ def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path, m
     [
         ('{"v":1,"op":"insert","schema":"public",', "not a valid JSON record"),
         (_insert("t", "0/300", "-1/-5", '{"id":1}'), "invalid LSN '-1/-5'"),
+        # a transaction's commit LSN is checked once per spelling (after the first pass's aggregate)
+        (_insert("t", "0/0x10", "0/301", '{"id":1}'), "invalid LSN '0/0x10'"),
+        ('{"v":1,"op":"begin","xid":3,"commit_lsn":"0/3g0"}', "invalid LSN '0/3g0'"),
         (_insert("t", "0/300", "0/301", '{"id":1}').replace('"xid":1', '"xid":"one"'), "not a valid JSON record"),
         (
             _insert("t", "0/300", "0/301", '{"id":1}').replace('"unchanged_toast":[]', '"json_nulls":5'),
@@ -176,7 +204,15 @@ def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path, m
         ),
         ('{"v":2,"op":"begin","commit_lsn":"0/300"}', "unsupported format version v=2"),
     ],
-    ids=["cut line", "bad lsn", "xid a string", "json_nulls a number", "format version"],
+    ids=[
+        "cut line",
+        "bad lsn",
+        "bad commit lsn",
+        "bad commit lsn of a begin",
+        "xid a string",
+        "json_nulls a number",
+        "format version",
+    ],
 )
 def test_a_line_the_staged_read_refuses_is_refused_with_its_message(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, line: str, message: str
