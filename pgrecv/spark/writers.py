@@ -27,7 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgrecv.errors import OutputError
+from pgrecv.errors import OutputError, UsageError
 from pgrecv.output.files import fsync_dir
 
 OP_COL = "_pgrecv_op"  # U upsert, D delete, C close (history), N new version (history)
@@ -107,6 +107,18 @@ def close_versions(old: Any, closes: Any, key_cols: list[str], null_safe: bool, 
     return joined.select(*out)
 
 
+# what marks a table directory as one format's: Delta's log, spark-apply's Parquet pointer
+_MARKS = {"delta": ("_delta_log", "a Delta table"), "parquet": (POINTER, "a Parquet table of spark-apply's")}
+
+
+def refuse_other_format(path: Path, fmt: str) -> None:
+    """A table directory of the other format is refused before anything is written: writing
+    into it would leave one directory that holds two tables, each reader seeing only its own."""
+    for other, (mark, name) in _MARKS.items():
+        if other != fmt and (path / mark).exists():
+            raise UsageError(f"{path} is {name}: use --format {other} with this target, or another --target")
+
+
 class Target(ABC):
     """A table under the target path; ``applied``/``schema`` describe it before the batch."""
 
@@ -182,6 +194,7 @@ class DeltaRsTarget(Target):
     def open(self) -> None:
         from deltalake import DeltaTable
 
+        refuse_other_format(self.path, "delta")
         if DeltaTable.is_deltatable(str(self.path)):
             dt = DeltaTable(str(self.path))
             self.applied = dt.transaction_version(self.app_id)
@@ -257,6 +270,7 @@ class DeltaSparkTarget(Target):
         return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, str(self.path))
 
     def open(self) -> None:
+        refuse_other_format(self.path, "delta")
         jvm = self.spark.sparkContext._jvm
         if not jvm.io.delta.tables.DeltaTable.isDeltaTable(self.spark._jsparkSession, str(self.path)):
             return
@@ -373,6 +387,7 @@ class ParquetTarget(Target):
     def open(self) -> None:
         import pyarrow.parquet as pq
 
+        refuse_other_format(self.path, "parquet")
         self._sweep()
         try:
             self.pointer = orjson.loads((self.path / POINTER).read_bytes())

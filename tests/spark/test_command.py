@@ -294,3 +294,21 @@ def test_target_where_nothing_can_be_made_exits_8(tmp_path: Path) -> None:
     assert proc.returncode == 8, err(proc)
     assert err(proc).startswith(f"pgrecv: error: cannot create the target's state directory {target / '_pgrecv'}: ")
     assert err(proc).count("\n") == 1 and "Traceback" not in err(proc)
+
+
+@pytest.mark.parametrize("replay", ["spark", "driver"])
+@pytest.mark.parametrize(("made", "given"), [("parquet", "delta"), ("delta", "parquet")])
+def test_a_table_of_the_other_format_is_refused_untouched(tmp_path: Path, made: str, given: str, replay: str) -> None:
+    """--format that differs from the target's tables: one line, exit 2, the table untouched. (It
+    used to write the other format's table into the same directory: two tables in one.)"""
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    first = pgrecv("spark-apply", str(src), "--target", str(target), "--format", made)
+    assert first.returncode == 0, err(first)
+    table = target / table_dir_name("s", "t")
+    before = sorted(str(p.relative_to(table)) for p in table.rglob("*"))
+    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", given, "--replay", replay)
+    assert proc.returncode == 2, err(proc)
+    name = "a Delta table" if made == "delta" else "a Parquet table of spark-apply's"
+    assert err(proc) == f"pgrecv: error: {table} is {name}: use --format {made} with this target, or another --target\n"
+    assert sorted(str(p.relative_to(table)) for p in table.rglob("*")) == before
