@@ -360,13 +360,14 @@ def _plan_batch(t: TableInput, target: Target, config: ApplyConfig, result: Tabl
     """Skip what is applied, reduce, resolve TOAST, build the Arrow source (None: nothing to do)."""
     history = config.mode == "history"
     applied = target.applied
-    changes = t.changes if applied is None else [c for c in t.changes if c.commit_lsn > applied]
-    if not changes:
-        return None
+    # checked even when nothing is left to apply: a wrong --mode fails on the first run
     if target.schema is not None and ("_current" in target.schema.names) != history:
         raise UsageError(
             f"{target.path} is a {'history' if not history else 'latest'}-mode table: use the same --mode as before"
         )
+    changes = t.changes if applied is None else [c for c in t.changes if c.commit_lsn > applied]
+    if not changes:
+        return None
     position = max(c.commit_lsn for c in changes)
     cols = _plan_columns(t, target.schema, history)
     key_cols, full, append = identity(

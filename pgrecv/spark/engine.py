@@ -175,17 +175,18 @@ def run_frames(
                 f["delete"],
                 f["truncate"],
             )
-            if not f["n"]:  # every change of the input is applied already
-                progress.table_done(f"{s}.{t}")
-                return result
             # each thread's jobs are its own group in Spark's UI (and its description in logs)
             spark.sparkContext.setJobDescription(f"pgrecv spark-apply {s}.{t}")
             try:
+                # checked even when nothing is left to apply: a wrong --mode fails on the first run
                 if target.schema is not None and ("_current" in target.schema.names) != history:
                     raise UsageError(
                         f"{target.path} is a {'latest' if history else 'history'}-mode table: "
                         "use the same --mode as before"
                     )
+                if not f["n"]:  # every change of the input is applied already
+                    progress.table_done(f"{s}.{t}")
+                    return result
                 plan = _plan(
                     s, t, st.relations.get(key, []), target.schema, config.append_only, history, config.keys.get(key)
                 )

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pgrecv.errors import InputError
+from pgrecv.errors import InputError, UsageError
 from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
 from tests.util import pgrecv
 
@@ -330,6 +330,36 @@ def test_history_mode_closes_the_keys_live_at_each_truncate(tmp_path: Path, spar
         (4, 0x60, True, True),
         (5, 0x70, False, True),
     }
+
+
+@pytest.mark.parametrize("replay", ["spark", "driver"])
+@pytest.mark.parametrize(("made", "given"), [("latest", "history"), ("history", "latest")])
+def test_a_table_of_the_other_mode_is_held_back_even_with_nothing_to_apply(
+    tmp_path: Path, spark: Any, made: str, given: str, replay: str
+) -> None:
+    """--mode that differs from the table's is named whether or not the input has changes left to
+    apply (it used to pass as "up to date" until new changes came), and the table is untouched.
+    (The driver's replay stops the run at it; the Spark replay holds the table back.)"""
+    rel = orjson.dumps(_rel("m", [("id", "integer")])).decode()
+    first = _write(tmp_path / "1.jsonl", [rel, *_txn("0/20", [_insert("m", "0/20", "0/10", '{"id":1}')])])
+    more = _write(tmp_path / "2.jsonl", [rel, *_txn("0/30", [_insert("m", "0/30", "0/21", '{"id":2}')])])
+    target = tmp_path / "lake"
+    table = target / table_dir_name("public", "m")
+    made_run = run_apply(ApplyConfig((str(first),), target, fmt="delta", engine="delta-rs", mode=made), spark=spark)
+    assert [t.status for t in made_run.tables] == ["applied"]
+    rows = deltalake.DeltaTable(str(table)).to_pyarrow_table()
+    for sources in ((first,), (first, more)):  # nothing left to apply; then a new change
+        cfg = ApplyConfig(
+            tuple(str(s) for s in sources), target, fmt="delta", engine="delta-rs", mode=given, replay=replay
+        )
+        message = f"{table} is a {made}-mode table: use the same --mode as before"
+        if replay == "driver":
+            with pytest.raises(UsageError) as exc:
+                run_apply(cfg, spark=spark)
+            assert exc.value.message == message
+        else:
+            assert [(t.status, t.error) for t in run_apply(cfg, spark=spark).tables] == [("held back", message)]
+        assert deltalake.DeltaTable(str(table)).to_pyarrow_table() == rows
 
 
 def _change(op: str, table: str, commit: str, lsn: str, new: str | None, old: str | None) -> str:
