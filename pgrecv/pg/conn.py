@@ -264,6 +264,30 @@ def server_message(exc: BaseException) -> str:
     return redact(rest.strip() if fatal else text)
 
 
+def _unwrapped(msg: str) -> str:
+    """libpq's words without psycopg's prefix (``connection failed: connection to server …``)."""
+    for prefix in ("connection is bad: ", "connection failed: "):
+        if msg.startswith(prefix):
+            return msg[len(prefix) :]
+    return msg
+
+
+def _connect_advice(low: str) -> str:
+    """What to do about a connection that failed before the server said why (or said who is
+    unknown): the option that names the thing at fault."""
+    if "role " in low and "does not exist" in low:
+        return "connect as an existing role with -U (or PGUSER)"
+    if "database " in low and "does not exist" in low:
+        return "name an existing database with -d (or PGDATABASE)"
+    if "resolve host" in low or "translate host name" in low:
+        return "check the host name given with -h (or PGHOST)"
+    if "timeout" in low or "timed out" in low:
+        return "check the host and port, and that the network lets the connection through"
+    if "connection refused" in low or "no such file or directory" in low:
+        return "is the server running there? give its host and port with -h and -p (or PGHOST and PGPORT)"
+    return "check the connection options (-d, -h, -p, -U) and that the server is running"
+
+
 def server_hint(exc: BaseException) -> str | None:
     """The server's HINT, on one line: what it says to do, which it knows better than a guess here."""
     hint = getattr(getattr(exc, "diag", None), "message_hint", None)
@@ -343,7 +367,7 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
             return ConnectionFailed(f"{msg}: allow replication connections for this role in pg_hba.conf", detail=detail)
         if "password authentication failed" in low or "no password supplied" in low:
             return ConnectionFailed(f"{msg}: check the password (-W to be asked, or .pgpass)", detail=detail)
-        return ConnectionFailed(f"cannot connect: {msg}", detail=detail)
+        return ConnectionFailed(f"cannot connect: {_unwrapped(msg)}: {_connect_advice(low)}", detail=detail)
     if state:  # the server's own words: not a bug here, and its hint (if any) says what to do
         hint = server_hint(exc)
         return ServerError(f"server error: {msg}" + (f": {hint}" if hint else ""), detail=detail)

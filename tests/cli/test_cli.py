@@ -134,6 +134,29 @@ def test_connection_refused_is_one_line_without_password() -> None:
     assert len(errors) == 1 and errors[0].startswith("pgrecv: error: cannot connect")
 
 
+@pytest.mark.parametrize(
+    ("where", "said", "advice"),
+    [
+        ("host=127.0.0.1 port=1", 'connection to server at "127.0.0.1", port 1 failed: Connection refused', "running"),
+        ("host={tmp} port=1", 'connection to server on socket "{tmp}/.s.PGSQL.1" failed: No such file', "running"),
+        ("host=nosuchhost.invalid port=1", "nosuchhost.invalid", "check the host name given with -h (or PGHOST)"),
+    ],
+    ids=["refused", "no socket", "unknown host"],
+)
+def test_a_server_not_reached_says_which_options_to_check(tmp_path: Path, where: str, said: str, advice: str) -> None:
+    """libpq's reason, without psycopg's "connection failed:" prefix, and what to check."""
+    proc = run("slots", "-d", where.format(tmp=tmp_path) + " dbname=x user=x", "-w")
+    assert proc.returncode == ExitCode.CONNECTION, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith("pgrecv: error: cannot connect: ") and "connection failed:" not in line, line
+    assert said.format(tmp=tmp_path) in line and line.endswith(
+        advice
+        if advice != "running"
+        else "is the server running there? give its host and port with -h and -p (or PGHOST and PGPORT)"
+    ), line
+
+
 def test_bad_conninfo_is_a_usage_error_without_password() -> None:
     proc = run("slots", "-d", "host=x password=hunter2 nonsense")
     assert proc.returncode == ExitCode.USAGE, proc.stderr

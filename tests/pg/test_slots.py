@@ -212,3 +212,16 @@ def test_a_refused_name_says_what_the_server_allows(db_dsn: str) -> None:
         'pgrecv: error: server error: replication slot name "Bad-Name" contains invalid character: '
         "Replication slot names may only contain lower case letters, numbers, and the underscore character."
     ]
+
+
+@pytest.mark.parametrize(
+    ("given", "named", "advice"),
+    [
+        ("user=nosuchrole", 'role "nosuchrole" does not exist', "connect as an existing role with -U (or PGUSER)"),
+        ("dbname=nosuchdb", 'database "nosuchdb" does not exist', "name an existing database with -d (or PGDATABASE)"),
+    ],
+)
+def test_an_unknown_role_or_database_names_the_option_to_fix(db_dsn: str, given: str, named: str, advice: str) -> None:
+    proc = pgrecv("slots", "-d", f"{db_dsn} {given}")
+    assert proc.returncode == ExitCode.CONNECTION, err(proc)
+    assert err(proc) == f"pgrecv: error: cannot connect: {named}: {advice}\n"
