@@ -242,23 +242,24 @@ def slots(
         found += slot_health.problems(
             rows, slot_health.Limits(max_lag, max_retained, max_inactive), standby=standby_rows
         )
-        for line in found:
-            click.echo(line)
+        if found:
+            from pgrecv.output.files import write_stdout
+
+            write_stdout("".join(f"{line}\n" for line in found).encode())
         if found:
             raise Unhealthy(f"{len(found)} problem(s) with replication slots")
         info(f"{len(rows)} slot(s) checked: no problem")
         return
     if fmt == "prometheus":
+        from pgrecv.output.files import write_stdout
         from pgrecv.pg.slot_health import prometheus
 
-        sys.stdout.buffer.write(prometheus(rows))
-        sys.stdout.buffer.flush()
+        write_stdout(prometheus(rows))
         return
-    if fmt == "jsonl":
-        out = sys.stdout.buffer
-        for row in rows:
-            out.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-        out.flush()
+    if fmt == "jsonl":  # one line per slot: few
+        from pgrecv.output.files import write_stdout
+
+        write_stdout(b"".join(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE) for row in rows))
         return
     from pgrecv.pg.slot_table import render_slots
 
@@ -377,7 +378,8 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
         console = PipeConsole()
     else:
         text = io.TextIOWrapper(out.stream, encoding="utf-8", write_through=True)
-        console = PipeConsole(file=text, width=120, force_terminal=False, color_system=None)
+        where = str(out.path) if out.path is not None else "standard output"
+        console = PipeConsole(file=text, width=120, force_terminal=False, color_system=None, where=where)
     renderer = PrettyRenderer(console)
     return renderer.feed, None, renderer.close
 

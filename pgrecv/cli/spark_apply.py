@@ -130,8 +130,9 @@ def _spark_apply(
         import orjson
 
         data: dict[str, Any] = asdict(summary)
-        sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE))
-        sys.stdout.flush()
+        from pgrecv.output.files import write_stdout
+
+        write_stdout(orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE))
     elif not STATE.quiet:
         print_summary(summary)
     held = [t for t in summary.tables if t.status == "held back"]

@@ -23,6 +23,7 @@ import fcntl
 import os
 import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Final
@@ -102,6 +103,19 @@ def output_error(exc: OSError, what: str | os.PathLike[str], doing: str) -> Outp
     """One line: what failed on which path, why, and what to do."""
     hint = _HINTS.get(exc.errno or 0, "check the path, the permissions and the free space")
     return OutputError(f"cannot {doing} {os.fspath(what)}: {exc.strerror or exc}; {hint}")
+
+
+def write_stdout(data: bytes) -> None:
+    """Bytes to standard output, flushed. A failed write (a full disk, an I/O error) is an
+    OutputError naming it, not a traceback; a broken pipe stays a BrokenPipeError, which the CLI
+    reports as the reader going away."""
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise output_error(exc, "standard output", "write") from None
 
 
 # --- locks ---------------------------------------------------------------------------------

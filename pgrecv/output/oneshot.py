@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import BinaryIO
 
 from pgrecv.errors import OutputError
-from pgrecv.output.files import fsync_dir
+from pgrecv.output.files import fsync_dir, output_error
 
 TMP_SUFFIX = ".pgrecv-tmp"
 
@@ -46,16 +46,19 @@ class Output:
             self._tmp = Path(tmp)
             self.stream = os.fdopen(fd, "wb", buffering=1 << 16)
         except OSError as exc:
-            raise OutputError(
-                f"cannot write {self.path}: {exc.strerror}; check the directory and permissions"
-            ) from None
+            raise output_error(exc, self.path, "write") from None
 
     @property
     def is_terminal(self) -> bool:
         return self.path is None and sys.stdout.isatty()
 
     def write(self, data: bytes) -> None:
-        self.stream.write(data)
+        try:
+            self.stream.write(data)
+        except BrokenPipeError:
+            raise  # the CLI's one line for a reader that went away
+        except OSError as exc:  # a full disk, an I/O error: nothing is consumed after this
+            raise output_error(exc, self.path or "standard output", "write") from None
 
     def finish(self) -> None:
         """Make everything written durable; for a file, publish it under its final name."""
@@ -73,7 +76,7 @@ class Output:
         except BrokenPipeError:
             raise OutputError("output pipe closed before all data was written") from None
         except OSError as exc:
-            raise OutputError(f"cannot write {self.path or 'standard output'}: {exc.strerror}") from None
+            raise output_error(exc, self.path or "standard output", "write") from None
 
     def abort(self) -> None:
         """Drop a partial file: nothing incomplete is left under the final name."""
@@ -89,4 +92,3 @@ class Output:
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         if et is not None:
             self.abort()
-

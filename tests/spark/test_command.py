@@ -312,3 +312,22 @@ def test_a_table_of_the_other_format_is_refused_untouched(tmp_path: Path, made: 
     name = "a Delta table" if made == "delta" else "a Parquet table of spark-apply's"
     assert err(proc) == f"pgrecv: error: {table} is {name}: use --format {made} with this target, or another --target\n"
     assert sorted(str(p.relative_to(table)) for p in table.rglob("*")) == before
+
+
+@pytest.mark.parametrize("args", [[], ["--json"]], ids=["table", "json"])
+def test_summary_onto_a_full_disk_is_one_line_exit_8(tmp_path: Path, args: list[str]) -> None:
+    """The tables are applied; the summary that cannot be written is one line, exit 8, where
+    --json's buffered write let ENOSPC through as a traceback (exit 1)."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "lake"
+    cmd = [sys.executable, "-m", "pgrecv", "spark-apply", str(_first(tmp_path)), "--target", str(target)]
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([*cmd, "--format", "delta", *args], stdout=full, stderr=subprocess.PIPE, timeout=300)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 8, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith(
+        "pgrecv: error: cannot write standard output: No space left on device; the file system is full"
+    ), stderr
+    assert _rows(target, "t") == [{"id": 1, "x": "b"}]

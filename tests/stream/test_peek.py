@@ -222,6 +222,54 @@ def test_reader_going_away_consumes_nothing(db_dsn: str, fmt: str) -> None:
     assert len(rows(records(still.stdout))) == 5000
 
 
+FULL = "pgrecv: error: cannot write {}: No space left on device; the file system is full: free space, then run again"
+
+
+@pytest.mark.parametrize("to_file", [False, True], ids=["stdout", "-f"])
+@pytest.mark.parametrize("fmt", ["jsonl", "pretty", "raw", "debezium"])
+def test_a_full_disk_is_one_line_and_consumes_nothing(db_dsn: str, fmt: str, to_file: bool) -> None:
+    """Output onto a full file system (/dev/full): exit 8 and one line naming it, the slot not
+    advanced. Standard output went through rich or a buffered write that let ENOSPC through as a
+    traceback (exit 1) for every format."""
+    import subprocess
+    import sys
+
+    setup_pgoutput(db_dsn)
+    workload(db_dsn)
+    args = ["peek", "-d", db_dsn, "--slot", "s", "--consume", "--format", fmt]
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pgrecv", *args, *(["-f", "/dev/full"] if to_file else [])],
+            stdout=subprocess.DEVNULL if to_file else full,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    stderr = proc.stderr.decode()
+    assert proc.returncode == ExitCode.OUTPUT, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith(FULL.format("/dev/full" if to_file else "standard output"))
+    still = pgrecv("peek", "-d", db_dsn, "--slot", "s", "--format", "jsonl")
+    assert len(rows(records(still.stdout))) == 4
+
+
+@pytest.mark.parametrize("args", [[], ["--format", "jsonl"], ["--format", "prometheus"], ["--check", "--max-lag", "1"]])
+def test_slots_onto_a_full_disk_is_one_line(db_dsn: str, args: list[str]) -> None:
+    import subprocess
+    import sys
+
+    setup_pgoutput(db_dsn)
+    workload(db_dsn)  # the slot lags: --check has a line to print
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pgrecv", "slots", "-d", db_dsn, *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    stderr = proc.stderr.decode()
+    assert proc.returncode == ExitCode.OUTPUT, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith(FULL.format("standard output"))
+
+
 def test_file_that_is_a_device_is_written_in_place(db_dsn: str, tmp_path: Path) -> None:
     """-f /dev/null or a FIFO: never replaced by a renamed temporary file."""
     import threading
