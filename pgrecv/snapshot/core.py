@@ -70,6 +70,7 @@ from pgrecv.output.files import (
     fsync_dir,
     manifest_name,
     open_lock,
+    output_error,
     remove_leftovers,
     snapshot_file_name,
     snapshot_part_name,
@@ -289,7 +290,7 @@ def _run(
         if created:
             _drop_slot(opts, slot, log)
         if isinstance(exc, OSError):
-            raise OutputError(f"cannot write the snapshot in {directory}: {exc}") from None
+            raise output_error(exc, directory, "write the snapshot in") from None
         if isinstance(exc, psycopg.Error):
             raise translate(exc, slot=slot) from None
         raise
@@ -640,6 +641,7 @@ def _next_task(tasks: Any, coordinator: int | None) -> _Item | None:
 
 def _worker_loop(tasks: Any, results: Any, coordinator: int | None) -> None:
     """A worker: copy tasks until the sentinel, importing the snapshot before its first task."""
+    task: Task | None = None
     try:
         delay = failpoints.snapshot_delay()
         item = _next_task(tasks, coordinator)
@@ -687,7 +689,8 @@ def _worker_loop(tasks: Any, results: Any, coordinator: int | None) -> None:
         err = translate(exc)
         results.put(("error", type(err).__name__, err.message))
     except OSError as exc:
-        results.put(("error", "OutputError", f"cannot write the snapshot: {exc}"))
+        where = os.path.dirname(exc.filename or (task.tmp if task is not None else "")) or "its directory"
+        results.put(("error", "OutputError", output_error(exc, where, "write the snapshot in").message))
 
 
 class _Workers:

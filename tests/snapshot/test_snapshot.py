@@ -367,6 +367,36 @@ def test_slot_exists(db_dsn: str, tmp_path: Path) -> None:
     assert _final_files(tmp_path / "o") == []
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_output_that_cannot_be_written_is_one_line_and_drops_the_slot(db_dsn: str, tmp_path: Path, jobs: str) -> None:
+    """A file size limit (EFBIG) stands in for a full disk: one line naming the directory, what
+    happened and what to do (it was "[Errno 27] File too large" with no path), exit 8, the new
+    slot dropped and no file published; the workers (processes with -j 2) report it alike."""
+    import resource
+
+    _setup(db_dsn, rows=3000)
+    out = tmp_path / "o"
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+
+    args = ["snapshot", "-d", db_dsn, "--slot", "full", "--output-dir", str(out), "--jobs", jobs]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgrecv", *args, "--range-size", "64kB"],
+        capture_output=True,
+        preexec_fn=limit,
+        timeout=120,
+    )
+    assert proc.returncode == 8, proc.stderr
+    assert proc.stderr.decode() == (
+        f"pgrecv: error: cannot write the snapshot in {out}: File too large; "
+        "check the path, the permissions and the free space\n"
+    )
+    assert _final_files(out) == []
+    assert sql(db_dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'full'") == [(0,)]
+
+
 def test_table_without_select_privilege(db_dsn: str, tmp_path: Path) -> None:
     _setup(db_dsn, rows=10)
     role = f"r{os.getpid()}_{abs(hash(db_dsn)) % 100000}"
