@@ -125,7 +125,7 @@ _pgrecv() {
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot -f --file --output-dir --rotate-size --rotate-interval --format -o --option --create -P --plugin --if-not-exists --publication --proto-version --binary --messages --origin --streaming --two-phase -I --startpos -E --endpos --until-caught-up -F --fsync-interval -s --status-interval --metrics-file --heartbeat --keep-heartbeats --synchronous -n --no-loop --table --exclude-table --op -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot -f --file --output-dir --rotate-size --rotate-interval --format -o --option --create -P --plugin --if-not-exists --temporary --publication --proto-version --binary --messages --origin --streaming --two-phase -I --startpos -E --endpos --until-caught-up -F --fsync-interval -s --status-interval --metrics-file --heartbeat --keep-heartbeats --synchronous -n --no-loop --table --exclude-table --op -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
     esac
 }
 complete -o default -F _pgrecv pgrecv

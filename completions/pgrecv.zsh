@@ -152,6 +152,7 @@ _pgrecv() {
                 '--create[Create the slot first (see pgrecv create).]' \
                 '(-P --plugin)'{-P,--plugin}'[With --create\: the output plugin (default pgoutput).]:plugin: ' \
                 '--if-not-exists[With --create\: do not fail if the slot exists.]' \
+                '--temporary[With --create\: a temporary slot, made on the streaming connection and dropped by the server when it ends (stop, error or lost connection\: no reconnecting). For one-off reads; nothing stays behind.]' \
                 '--publication[pgoutput\: the publication (default\: the only one).]:name: ' \
                 '--proto-version[pgoutput protocol (default\: the newest the server speaks).]:proto_version: ' \
                 '--binary[pgoutput\: values in binary form (decoded by pgrecv).]' \

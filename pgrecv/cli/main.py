@@ -404,6 +404,12 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 @click.option("--create", "create_slot_first", is_flag=True, help="Create the slot first (see pgrecv create).")
 @click.option("-P", "--plugin", metavar="PLUGIN", help="With --create: the output plugin (default pgoutput).")
 @click.option("--if-not-exists", is_flag=True, help="With --create: do not fail if the slot exists.")
+@click.option(
+    "--temporary",
+    is_flag=True,
+    help="With --create: a temporary slot, made on the streaming connection and dropped by the server when "
+    "it ends (stop, error or lost connection: no reconnecting). For one-off reads; nothing stays behind.",
+)
 @click.option("--publication", type=NAME, metavar="NAME", help="pgoutput: the publication (default: the only one).")
 @click.option(
     "--proto-version", type=click.IntRange(1, 4), help="pgoutput protocol (default: the newest the server speaks)."
@@ -470,6 +476,7 @@ def start(
     create_slot_first: bool,
     plugin: str | None,
     if_not_exists: bool,
+    temporary: bool,
     publication: str | None,
     proto_version: int | None,
     binary: bool,
@@ -518,7 +525,7 @@ def start(
     """
     from pgrecv.decode.plugins import PgOutputSettings, parse_options
     from pgrecv.output.sinks import make_sink
-    from pgrecv.pg.slots import create_slot
+    from pgrecv.pg.slots import create_slot, ensure_publication_for
     from pgrecv.stream.pipeline import parse_ops
     from pgrecv.stream.streamer import StartConfig, Streamer, plan_start
 
@@ -526,8 +533,10 @@ def start(
         raise UsageError("--file and --output-dir exclude each other: pick one")
     if (rotate_size or rotate_interval) and not output_dir:
         raise UsageError("--rotate-size and --rotate-interval need --output-dir")
-    if (plugin or if_not_exists) and not create_slot_first:
-        raise UsageError("-P/--plugin and --if-not-exists go with --create")
+    if (plugin or if_not_exists or temporary) and not create_slot_first:
+        raise UsageError("-P/--plugin, --if-not-exists and --temporary go with --create")
+    if temporary and if_not_exists:
+        raise UsageError("--temporary makes a new slot that lives as long as this run: drop --if-not-exists")
     if keep_heartbeats and heartbeat is None:
         raise UsageError("--keep-heartbeats goes with --heartbeat")
     if heartbeat is not None and heartbeat <= 0:
@@ -541,7 +550,10 @@ def start(
         raise UsageError("--output-dir writes jsonl or raw files, not pretty tables")
     if two_phase and fmt.startswith("debezium"):
         raise UsageError("--format debezium writes committed rows only: it cannot go with --two-phase")
-    if create_slot_first:
+    if temporary:  # the slot itself is made on the streaming connection
+        if publication and (plugin or "pgoutput") == "pgoutput" and ensure_publication_for(opts, publication):
+            info(f'created publication "{publication}" (FOR ALL TABLES)')
+    elif create_slot_first:
         made = create_slot(
             opts, slot, plugin or "pgoutput", if_not_exists=if_not_exists, two_phase=two_phase, publication=publication
         )
@@ -563,6 +575,7 @@ def start(
         publication=publication,
         settings=settings,
         user_options=parse_options(plugin_options),
+        temporary=temporary,
     )
     if heartbeat is not None and slot_plugin not in ("pgoutput", "test_decoding"):
         raise UsageError(f"--heartbeat needs a plugin pgrecv decodes (pgoutput, test_decoding), not {slot_plugin}")
@@ -591,6 +604,8 @@ def start(
         exclude_tables=exclude_tables,
         ops=ops,
         assemble=slot_plugin == "pgoutput" and option_map.get("streaming", "off") in ("on", "parallel", "true"),
+        temporary=temporary,
+        two_phase_slot=temporary and two_phase,
     )
     suffix = ".jsonl" if fmt == "jsonl" else ".raw"
     make_formatter = _stream_formatter(fmt, to_terminal)

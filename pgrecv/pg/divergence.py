@@ -26,14 +26,17 @@ def only_publication(conn: psycopg.Connection[Any], name: str | None) -> str | N
     return pubs[0] if len(pubs) == 1 else None
 
 
-def warnings(conn: psycopg.Connection[Any], publication: str | None, slot: dict[str, Any] | None) -> list[str]:
+def warnings(
+    conn: psycopg.Connection[Any], publication: str | None, slot: dict[str, Any] | None, *, temporary: bool = False
+) -> list[str]:
     """One line per risk: the publication's filters and partitions, the server's
-    max_slot_wal_keep_size, and the slot's wal_status (``slot`` is its pg_replication_slots row)."""
+    max_slot_wal_keep_size, and the slot's wal_status (``slot`` is its pg_replication_slots row).
+    A ``temporary`` slot keeps no WAL once its consumer stops: no word on the WAL limit."""
     major = server_major(conn)
     out: list[str] = []
     if publication is not None:
         out += _publication(conn, publication, major)
-    if major >= 13:
+    if major >= 13 and not temporary:
         row = conn.execute("SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'").fetchone()
         if row is not None and row[0] == "-1":
             out.append(

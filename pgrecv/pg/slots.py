@@ -148,20 +148,29 @@ def drop_publication(conn: psycopg.Connection[Any], name: str) -> None:
 
 
 def create_slot_command(
-    slot: str, plugin: str, major: int, *, export: bool = False, two_phase: bool, failover: bool
+    slot: str,
+    plugin: str,
+    major: int,
+    *,
+    export: bool = False,
+    two_phase: bool,
+    failover: bool,
+    temporary: bool = False,
 ) -> sql.Composed:
     """CREATE_REPLICATION_SLOT for a logical slot; ``export``: with a snapshot for other sessions to
-    import (``pgrecv snapshot``), else none."""
+    import (``pgrecv snapshot``), else none. ``temporary``: the server drops it when the session
+    that made it ends (``pgrecv start --create --temporary``)."""
     ident, plug = sql.Identifier(slot), sql.Identifier(plugin)
+    head = "CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL {}" if temporary else "CREATE_REPLICATION_SLOT {} LOGICAL {}"
     if major < 15:
         tail = (" EXPORT_SNAPSHOT" if export else " NOEXPORT_SNAPSHOT") + (" TWO_PHASE" if two_phase else "")
-        return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {}" + tail).format(ident, plug)
+        return sql.SQL(head + tail).format(ident, plug)
     options = [sql.SQL("SNAPSHOT 'export'" if export else "SNAPSHOT 'nothing'")]
     if two_phase:
         options.append(sql.SQL("TWO_PHASE true"))
     if failover:
         options.append(sql.SQL("FAILOVER true"))
-    return sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} ({})").format(ident, plug, sql.SQL(", ").join(options))
+    return sql.SQL(head + " ({})").format(ident, plug, sql.SQL(", ").join(options))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +194,16 @@ class PublicationOptions:
         if self.via_root:
             parts.append(sql.SQL("publish_via_partition_root = true"))
         return sql.SQL(" WITH ({})").format(sql.SQL(", ").join(parts)) if parts else sql.SQL("")
+
+
+def ensure_publication_for(opts: ConnOptions, name: str) -> bool:
+    """The publication ``--publication`` names, made FOR ALL TABLES if missing (as with --create)
+    on a connection of its own: a temporary slot is made later, on the streaming connection."""
+    with connect(opts) as conn:
+        try:
+            return ensure_publication(conn, name, ())
+        except psycopg.Error as exc:
+            raise translate(exc, publication=name) from None
 
 
 def ensure_publication(

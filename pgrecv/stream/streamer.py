@@ -50,7 +50,7 @@ from pgrecv.output.jsonl import JsonlEncoder
 from pgrecv.output.sinks import Resume, Sink
 from pgrecv.output.status_line import StatusLine
 from pgrecv.pg.conn import ConnOptions, connect
-from pgrecv.pg.slots import logical_slot
+from pgrecv.pg.slots import get_slot, logical_slot
 from pgrecv.stream.connection import ReplicationConnection, StreamConnection, StreamEnded
 from pgrecv.stream.feedback import Feedback
 from pgrecv.stream.heartbeat import Heartbeat
@@ -87,6 +87,8 @@ class StartConfig:
     heartbeat: float | None = None  # emit a heartbeat message after this long without changes
     keep_heartbeats: bool = False  # write heartbeat transactions to the output like any other
     assemble: bool = False  # pgoutput streaming is on: make streamed transactions whole
+    temporary: bool = False  # make the slot on the streaming connection, TEMPORARY: no reconnecting
+    two_phase_slot: bool = False  # with temporary: the slot decodes prepared transactions
     memory_limit: int = 64 << 20
 
     @property
@@ -239,6 +241,12 @@ class Streamer:
                 if not self._started_once:
                     raise  # never got going: a configuration problem, not a broken stream
                 self._after_loss(rc)
+                if self.cfg.temporary:
+                    raise StreamLost(
+                        f"{exc.message}; the temporary slot ended with its connection, so pgrecv does not "
+                        "reconnect (a new one would miss the changes made meanwhile): use a permanent slot "
+                        "(pgrecv create) to resume"
+                    ) from None
                 if self.cfg.no_loop:
                     raise StreamLost(f"{exc.message}; not reconnecting (--no-loop)") from None
                 attempt += 1
@@ -266,6 +274,15 @@ class Streamer:
 
     def _stream(self, rc: StreamConnection) -> None:
         cfg = self.cfg
+        if cfg.temporary and not self._started_once:
+            if self.resume_start:
+                raise PositionError(
+                    f"the output already holds transactions up to {lsn_str(self.resume_start)}, and a temporary "
+                    "slot starts at the server's current position: the changes in between would be missing; "
+                    "write to a new output, or resume with a permanent slot"
+                )
+            at = rc.create_temporary_slot(cfg.slot, cfg.plugin, two_phase=cfg.two_phase_slot)
+            self.log(f'created temporary slot "{cfg.slot}" ({cfg.plugin}) at {lsn_str(at)}')
         if not self._started_once:
             self._check_positions(rc)
         if cfg.until_caught_up and self.target is None:
@@ -597,13 +614,20 @@ def plan_start(
     publication: str | None,
     settings: PgOutputSettings,
     user_options: Sequence[tuple[str, str]],
+    temporary: bool = False,
 ) -> tuple[str, list[tuple[str, str]], list[str]]:
     """The slot's plugin, the options to stream it with (checked before anything is written) and
-    the warnings where the output can differ from the source."""
+    the warnings where the output can differ from the source. ``temporary``: the slot is made
+    later, on the streaming connection; no slot of that name may exist now."""
     from pgrecv.pg import divergence
 
     with connect(opts) as conn:
-        info = logical_slot(conn, slot)
+        if temporary:
+            if get_slot(conn, slot) is not None:
+                raise SlotError(f'replication slot "{slot}" already exists: give the temporary slot another name')
+            info: dict[str, Any] = {"slot_name": slot, "plugin": plugin or "pgoutput"}
+        else:
+            info = logical_slot(conn, slot)
         slot_plugin = str(info["plugin"])
         if plugin is not None and plugin != slot_plugin:
             raise SlotError(
@@ -615,4 +639,4 @@ def plan_start(
         pub = None
         if slot_plugin == "pgoutput" and "publication_names" not in {n for n, _ in user_options}:
             pub = divergence.only_publication(conn, publication)
-        return slot_plugin, options, divergence.warnings(conn, pub, info)
+        return slot_plugin, options, divergence.warnings(conn, pub, None if temporary else info, temporary=temporary)

@@ -49,6 +49,17 @@ def _plain_input() -> list[str]:
     return lines
 
 
+def _direct_as_staged(src: Path, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """(facts, rows) of the direct read, checked equal to the staged read's."""
+    got = {}
+    for enabled in (True, False):
+        summary = _run([src], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
+        assert summary.input_read == ("direct" if enabled else "staged")
+        got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
+    assert got[True] == got[False]
+    return got[True]
+
+
 def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -59,13 +70,7 @@ def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
         _insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}'),
     ]
     src = _write(tmp_path / "a.jsonl", lines)
-    got = {}
-    for enabled in (True, False):
-        summary = _run([src], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
-        assert summary.input_read == ("direct" if enabled else "staged")
-        got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
-    assert got[True] == got[False]
-    facts, rows = got[True]
+    facts, rows = _direct_as_staged(src, tmp_path, spark, monkeypatch)
     assert facts[1:3] == (2, 1)  # two transactions, one incomplete
     assert facts[4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
     assert [r["v"] for r in rows] == ["a0", "b", "a2", "a3", "a4"]
@@ -74,6 +79,7 @@ def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
         tmp_path / "b.jsonl",
         _txn("0/300", [_insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}')]),
     )
+    got = {}
     for enabled in (True, False):
         summary = _run([src, rest], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
         got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
@@ -96,13 +102,7 @@ def test_one_transaction_whose_lines_spell_its_commit_lsn_differently(
         orjson.dumps({"v": 1, "op": "commit", "xid": 3, "commit_lsn": "0/3Ab", "end_lsn": "0/3AC"}).decode(),
     ]
     src = _write(tmp_path / "a.jsonl", lines)
-    got = {}
-    for enabled in (True, False):
-        summary = _run([src], tmp_path / f"lake{enabled}", spark, monkeypatch, enabled)
-        assert summary.input_read == ("direct" if enabled else "staged")
-        got[enabled] = (_facts(summary), _rows(tmp_path / f"lake{enabled}", "t"))
-    assert got[True] == got[False]
-    facts, rows = got[True]
+    facts, rows = _direct_as_staged(src, tmp_path, spark, monkeypatch)
     assert facts[1:3] == (3, 0)  # three transactions, none incomplete
     assert facts[4] == [("public.t", "applied", 7, 1, 0, 0, "0/3AB")]
     assert [r["v"] for r in rows][-2:] == ["lower", "padded"]

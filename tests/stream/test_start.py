@@ -495,3 +495,71 @@ def test_password_is_asked_once_across_reconnects(pg_server: Any, tmp_path: Path
     assert b"reconnecting" in term.output  # the reconnect did happen, without a prompt
     ids = sorted(r["new"]["id"] for t in committed(records(out.read_bytes())) for r in t)
     assert ids == sorted(i * 1000 + g for i in range(1, 5) for g in range(1, 4))
+
+
+def _temporary(dsn: str, slot: str) -> list[tuple[Any, ...]]:
+    return sql(dsn, "SELECT temporary, active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+
+
+def test_a_temporary_slot_streams_for_its_run_and_is_gone_after(table: str, tmp_path: Path) -> None:
+    """--create --temporary: the slot is made on the streaming connection (TEMPORARY, active while
+    the run streams), every change made meanwhile reaches the output, and nothing stays behind."""
+    out, log = tmp_path / "out.jsonl", tmp_path / "log"
+    args = ["--slot", "tmp", "--create", "--temporary", "-f", str(out), "-F", "100ms", "-v"]
+    proc = spawn("start", "-d", table, *args, stderr_path=log)
+    try:
+        wait_for(lambda: _temporary(table, "tmp") == [(True, True)], what="the temporary slot, streaming")
+        insert_txns(table, 1, 3)
+        wait_for(lambda: out.exists() and out.read_bytes().count(b'"op":"commit"') == 3, what="output")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    ids = sorted(r["new"]["id"] for t in committed(records(out.read_bytes())) for r in t)
+    assert ids == sorted(i * 1000 + g for i in range(1, 4) for g in range(1, 4))
+    assert 'created temporary slot "tmp" (pgoutput)' in log.read_text()
+    wait_for(lambda: _temporary(table, "tmp") == [], what="the slot to go with its session")
+
+
+def test_a_temporary_slot_is_not_resumed_after_a_lost_connection(table: str, tmp_path: Path) -> None:
+    """Its slot went with the connection: a new one would start past the changes made in between,
+    so the run ends (exit 11) and says why, instead of reconnecting."""
+    log = tmp_path / "log"
+    proc = spawn("start", "-d", table, "--slot", "tmp", "--create", "--temporary", "-f", "-", stderr_path=log)
+    try:
+        wait_for(lambda: _temporary(table, "tmp") == [(True, True)], what="the temporary slot, streaming")
+        sql(table, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'tmp'")
+        assert proc.wait(30) == ExitCode.STREAM_LOST
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert "the temporary slot ended with its connection, so pgrecv does not reconnect" in text, text
+    assert "Traceback" not in text and "reconnecting in" not in text
+    wait_for(lambda: _temporary(table, "tmp") == [], what="the slot to go with its session")
+
+
+@pytest.mark.parametrize("case", ["slot exists", "no --create", "--if-not-exists", "output holds changes"])
+def test_a_temporary_slot_that_cannot_serve_is_refused_before_it_is_made(table: str, tmp_path: Path, case: str) -> None:
+    out = tmp_path / "out.jsonl"
+    args = ["start", "-d", table, "--slot", "tmp", "--create", "--temporary", "-f", str(out), "-E", "0/1"]
+    code, said = ExitCode.USAGE, "go with --create"
+    if case == "slot exists":
+        assert pgrecv("create", "-d", table, "--slot", "tmp").returncode == 0
+        code, said = ExitCode.SLOT, 'replication slot "tmp" already exists: give the temporary slot another name'
+    elif case == "no --create":
+        args.remove("--create")
+    elif case == "--if-not-exists":
+        args.append("--if-not-exists")
+        said = "--temporary makes a new slot that lives as long as this run: drop --if-not-exists"
+    else:  # a file a permanent slot's run wrote: a temporary slot would leave a gap after it
+        assert pgrecv("create", "-d", table, "--slot", "perm").returncode == 0
+        insert_txns(table, 1, 1)
+        end = sql(table, "SELECT pg_current_wal_lsn()::text")[0][0]
+        assert pgrecv("start", "-d", table, "--slot", "perm", "-f", str(out), "-E", end).returncode == 0
+        code, said = ExitCode.POSITION, "a temporary slot starts at the server's current position"
+    proc = pgrecv(*args)
+    assert proc.returncode == code, err(proc)
+    assert err(proc).count("\n") == 1 and said in err(proc), err(proc)
+    assert [r[0] for r in sql(table, "SELECT temporary FROM pg_replication_slots WHERE slot_name = 'tmp'")] == (
+        [False] if case == "slot exists" else []
+    )
