@@ -246,7 +246,6 @@ def slots(
             from pgrecv.output.files import write_stdout
 
             write_stdout("".join(f"{line}\n" for line in found).encode())
-        if found:
             raise Unhealthy(f"{len(found)} problem(s) with replication slots")
         info(f"{len(rows)} slot(s) checked: no problem")
         return
@@ -551,7 +550,9 @@ def start(
     if two_phase and fmt.startswith("debezium"):
         raise UsageError("--format debezium writes committed rows only: it cannot go with --two-phase")
     if temporary:  # the slot itself is made on the streaming connection
-        if publication and (plugin or "pgoutput") == "pgoutput" and ensure_publication_for(opts, publication):
+        if publication and (plugin or "pgoutput") != "pgoutput":
+            raise UsageError(f"--publication applies to the pgoutput plugin only, not {plugin}")
+        if publication and ensure_publication_for(opts, publication):
             info(f'created publication "{publication}" (FOR ALL TABLES)')
     elif create_slot_first:
         made = create_slot(

@@ -505,7 +505,7 @@ def test_a_temporary_slot_streams_for_its_run_and_is_gone_after(table: str, tmp_
     """--create --temporary: the slot is made on the streaming connection (TEMPORARY, active while
     the run streams), every change made meanwhile reaches the output, and nothing stays behind."""
     out, log = tmp_path / "out.jsonl", tmp_path / "log"
-    args = ["--slot", "tmp", "--create", "--temporary", "-f", str(out), "-F", "100ms", "-v"]
+    args = ["--slot", "tmp", "--create", "--temporary", "--publication", "made", "-f", str(out), "-F", "100ms", "-v"]
     proc = spawn("start", "-d", table, *args, stderr_path=log)
     try:
         wait_for(lambda: _temporary(table, "tmp") == [(True, True)], what="the temporary slot, streaming")
@@ -518,6 +518,7 @@ def test_a_temporary_slot_streams_for_its_run_and_is_gone_after(table: str, tmp_
     ids = sorted(r["new"]["id"] for t in committed(records(out.read_bytes())) for r in t)
     assert ids == sorted(i * 1000 + g for i in range(1, 4) for g in range(1, 4))
     assert 'created temporary slot "tmp" (pgoutput)' in log.read_text()
+    assert 'created publication "made" (FOR ALL TABLES)' in log.read_text()  # as --create makes one
     wait_for(lambda: _temporary(table, "tmp") == [], what="the slot to go with its session")
 
 
@@ -538,7 +539,9 @@ def test_a_temporary_slot_is_not_resumed_after_a_lost_connection(table: str, tmp
     wait_for(lambda: _temporary(table, "tmp") == [], what="the slot to go with its session")
 
 
-@pytest.mark.parametrize("case", ["slot exists", "no --create", "--if-not-exists", "output holds changes"])
+@pytest.mark.parametrize(
+    "case", ["slot exists", "no --create", "--if-not-exists", "publication of test_decoding", "output holds changes"]
+)
 def test_a_temporary_slot_that_cannot_serve_is_refused_before_it_is_made(table: str, tmp_path: Path, case: str) -> None:
     out = tmp_path / "out.jsonl"
     args = ["start", "-d", table, "--slot", "tmp", "--create", "--temporary", "-f", str(out), "-E", "0/1"]
@@ -551,6 +554,9 @@ def test_a_temporary_slot_that_cannot_serve_is_refused_before_it_is_made(table: 
     elif case == "--if-not-exists":
         args.append("--if-not-exists")
         said = "--temporary makes a new slot that lives as long as this run: drop --if-not-exists"
+    elif case == "publication of test_decoding":
+        args += ["-P", "test_decoding", "--publication", "pub"]
+        said = "--publication applies to the pgoutput plugin only, not test_decoding"
     else:  # a file a permanent slot's run wrote: a temporary slot would leave a gap after it
         assert pgrecv("create", "-d", table, "--slot", "perm").returncode == 0
         insert_txns(table, 1, 1)
