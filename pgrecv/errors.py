@@ -32,7 +32,7 @@ class ExitCode(IntEnum):
     OUTPUT = 8, "cannot write the output or make it durable (nothing was consumed)"
     INPUT = 9, "`spark-apply`: bad input files"
     SERVER_ENV = 10, "no PostgreSQL binaries for a throwaway server (`demo`)"
-    STREAM_LOST = 11, "`start --no-loop`: the stream ended or the connection broke"
+    STREAM_LOST = 11, "`start --no-loop` (or `--temporary`): the stream ended or the connection broke"
     SERVER = 12, "the server refused a statement for a reason of its own (its message follows)"
     POSITION = 13, "`start`: a start or resume position ahead of the server's WAL (nothing confirmed)"
     UNHEALTHY = (
