@@ -226,7 +226,8 @@ class PrettyRenderer:
         table.add_column("key", overflow="fold", max_width=max(10, min(28, width // 6)))
         table.add_column("changes", overflow="fold", ratio=1)
         for r in txn.rows:
-            table.add_row(Text(r.op, style=OP_STYLE.get(r.op, "")), r.table, r.key, r.changes)
+            # names are data: Text, so that rich never reads "[bold]" in a table's name as markup
+            table.add_row(Text(r.op, style=OP_STYLE.get(r.op, "")), Text(r.table), r.key, r.changes)
         if txn.hidden:
             table.add_row("", Text(f"… {_plural(txn.hidden, 'more change')}", style="dim"), "", "")
         self.console.print(table)

@@ -22,6 +22,7 @@ def human_bytes(n: int | None) -> str:
 def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     # rich here, not at import: `start` imports this module (human_bytes) and never draws a table
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
     from pgrecv.output.console import PipeConsole
@@ -65,10 +66,11 @@ def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> 
             lag = r.get("flush_lag_seconds")
             flags.append(f"{r['sync_state']}" + (f", flush lag {lag * 1000:.1f} ms" if lag is not None else ""))
         if r.get("invalidation_reason"):
-            flags.append(f"[red]invalidated: {r['invalidation_reason']}[/]")
+            flags.append(f"[red]invalidated: {escape(r['invalidation_reason'])}[/]")
         plugin = r.get("plugin") or r.get("slot_type") or "-"
+        where = f"{plugin} · {r.get('database') or '-'}"  # a database's name may hold "[b]": escaped
         table.add_row(
-            f"[bold]{r['slot_name']}[/]\n[dim]{plugin} · {r.get('database') or '-'}[/]",
+            f"[bold]{escape(r['slot_name'])}[/]\n[dim]{escape(where)}[/]",
             active,
             str(r.get("confirmed_flush_lsn") or "-"),
             human_bytes(r.get("lag_bytes")),

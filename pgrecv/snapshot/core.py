@@ -794,7 +794,7 @@ class _Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._p = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),  # a table's name, not markup
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[rate]} rows/s"),

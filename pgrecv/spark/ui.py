@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from pgrecv.output.console import PipeConsole
 from pgrecv.spark.apply import Progress as Hooks
@@ -53,7 +54,7 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
         table.add_column(col, justify="right" if col in ("inserted", "updated", "deleted", "truncated") else "left")
     for t in summary.tables:
         table.add_row(
-            t.table,
+            Text(t.table),  # a name is data: "[b]" in it is not rich's markup
             t.status,
             str(t.inserts),
             str(t.updates),
@@ -63,12 +64,14 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
             t.applied_lsn or "-",
         )
     console.print(table)
+    # one line each, however long, so that a log keeps every warning whole (and greppable)
     console.print(
         f"{summary.files} files, {summary.lines} lines, {summary.transactions} committed transactions; "
         f"{summary.incomplete} incomplete and {summary.rolled_back} rolled back skipped; "
-        f"{summary.pending_prepared} prepared pending; {summary.seconds:.1f} s"
+        f"{summary.pending_prepared} prepared pending; {summary.seconds:.1f} s",
+        soft_wrap=True,
     )
     if not summary.tables:
         console.print("no changes for any (selected) table in the input")
     for w in summary.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(Text.assemble(("warning:", "yellow"), " ", w), soft_wrap=True)

@@ -203,3 +203,12 @@ def test_control_characters_are_shown_escaped() -> None:
     assert not any(ch in out for ch in "\x1b\x00\x07")
     assert "red\\x1b[31m\\x00 and↵next" in out and "we\\x1bird" in out and "bell\\x07" in out
     assert "prepared 'g\\x1b'" in out
+
+
+def test_names_that_look_like_markup_are_shown_as_they_are() -> None:
+    # PostgreSQL allows "[bold]x" as a table's name; rich would read it as markup and show "x"
+    rel = ev.Relation(5, "[red]s", "[bold]x", "d", (col("[b]id", 23, "integer", key=True), col("v", 25, "text")))
+    out = render([*txn(ev.Insert(rel, ("1", "[dim]v"))), *txn(ev.Message(True, 0x99, "[i]p", b"[u]c"), lsn=0x2000)])
+    assert "[red]s.[bold]x" in line_with(out, "insert")
+    assert "[b]id=1" in line_with(out, "insert") and "v=[dim]v" in line_with(out, "insert")
+    assert "[i]p" in line_with(out, "message") and "[u]c" in line_with(out, "message")

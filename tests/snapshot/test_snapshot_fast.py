@@ -564,3 +564,16 @@ def test_snapshot_of_the_new_kinds_from_the_server(
         assert b'"f8":' + value + b"," in got
     if native == "c":
         assert counting.calls["encode"] > 20 and counting.declined == 0
+
+
+def test_progress_shows_a_table_name_that_looks_like_markup() -> None:
+    from pgrecv import events as ev
+    from pgrecv.snapshot.core import Table, Task, _Progress
+
+    rel = ev.Relation(1, "public", "[bold]x", "d", (ev.Column("id", 23, -1, "integer", True),))
+    bar = _Progress([Task(1, Table(rel, ("id",), None, 1, 10), None, None, "tmp", "name")])
+    try:
+        task = bar._p.tasks[0]
+        assert bar._p.columns[0].render(task).plain == "public.[bold]x"
+    finally:
+        bar.stop()
