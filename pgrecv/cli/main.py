@@ -16,6 +16,8 @@ from pgrecv import __version__
 from pgrecv.cli.options import (
     DURATION,
     NAME,
+    POSITIVE_DURATION,
+    POSITIVE_SIZE,
     SIZE,
     STATE,
     LSNType,
@@ -394,8 +396,10 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 @click.option(
     "--output-dir", type=PathType(), metavar="DIR", help="Write rotated files here, named by LSN (batch consumers)."
 )
-@click.option("--rotate-size", type=SIZE, help="--output-dir: start a new file past this size (e.g. 64MB).")
-@click.option("--rotate-interval", type=DURATION, help="--output-dir: start a new file after this long (e.g. 5m).")
+@click.option("--rotate-size", type=POSITIVE_SIZE, help="--output-dir: start a new file past this size (e.g. 64MB).")
+@click.option(
+    "--rotate-interval", type=POSITIVE_DURATION, help="--output-dir: start a new file after this long (e.g. 5m)."
+)
 @format_option
 @click.option(
     "-o", "--option", "plugin_options", multiple=True, metavar="NAME[=VALUE]", help="Option for the output plugin."

@@ -154,12 +154,15 @@ def _option_name(param: click.Parameter | None) -> str:
 class _UnitType(click.ParamType):  # type: ignore[type-arg]
     """A size or duration with a unit; bounded, so no later arithmetic or timeout overflows."""
 
-    def __init__(self, name: str, units: dict[str, Any], example: str, maximum: float, most: str) -> None:
+    def __init__(
+        self, name: str, units: dict[str, Any], example: str, maximum: float, most: str, positive: bool = False
+    ) -> None:
         self.name = name
         self.units = units
         self.example = example
         self.maximum = maximum
         self.most = most
+        self.positive = positive  # 0 refused here, before any connection, not after
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -177,12 +180,17 @@ class _UnitType(click.ParamType):  # type: ignore[type-arg]
         result = amount * self.units[unit]
         if result > self.maximum:  # also inf
             raise UsageError(f"{option} {value!r} is too large: at most {self.most}")
-        return int(result) if self.name == "SIZE" else result
+        out = int(result) if self.name == "SIZE" else result
+        if self.positive and not out > 0:
+            raise UsageError(f"{option} {value!r} must be more than 0: write it like {self.example}")
+        return out
 
 
 SIZE = _UnitType("SIZE", _SIZE_UNITS, "64MB or 1GiB", float(1 << 50), "1PiB")
+POSITIVE_SIZE = _UnitType("SIZE", _SIZE_UNITS, "64MB or 1GiB", float(1 << 50), "1PiB", positive=True)
 # A wait of more than 2**31-1 ms overflows poll()/select() timeouts: 24 days is far below that.
 DURATION = _UnitType("DURATION", _TIME_UNITS, "10, 10s, 500ms or 5m", 24 * 86400.0, "24 days")
+POSITIVE_DURATION = _UnitType("DURATION", _TIME_UNITS, "10, 10s, 500ms or 5m", 24 * 86400.0, "24 days", positive=True)
 
 NAMEDATALEN = 64  # PostgreSQL's identifier limit, terminator included
 

@@ -10,7 +10,7 @@ import click
 
 from pgrecv.cli.options import (
     NAME,
-    SIZE,
+    POSITIVE_SIZE,
     STATE,
     PathType,
     common_options,
@@ -44,7 +44,7 @@ from pgrecv.cli.options import (
 )
 @click.option(
     "--range-size",
-    type=SIZE,
+    type=POSITIVE_SIZE,
     default="64MiB",
     show_default=True,
     help="With --jobs > 1: split tables bigger than this into ctid ranges of about this size.",

@@ -44,6 +44,9 @@ def confirmed(dsn: str) -> object:
 CATCH_UP = ["start", "-S", "sp", "--until-caught-up", "-f", "out.jsonl"]
 BAD = {
     "rotate-size-overflow": ["start", "-S", "sp", "--until-caught-up", "--output-dir", "d", "--rotate-size", "1e400"],
+    "rotate-size-zero": ["start", "-S", "sp", "--until-caught-up", "--output-dir", "d", "--rotate-size", "0"],
+    "rotate-interval-zero": ["start", "-S", "sp", "--until-caught-up", "--output-dir", "d", "--rotate-interval", "0s"],
+    "range-size-zero": ["snapshot", "-S", "snap", "--output-dir", "snap", "-j", "2", "--range-size", "0"],
     "wait-overflow": [*CATCH_UP, "-F", "1e10", "-s", "1e10"],
     "duration-nan": [*CATCH_UP, "-s", "nan"],
     "proto-version-text": ["peek", "-S", "sp", "-o", "proto_version=abc"],
@@ -89,6 +92,8 @@ def test_one_line_messages_say_what_to_do(slot_dsn: str, tmp_path: Path) -> None
     assert proc.stderr.count("\n") == 1 and "insert" in proc.stderr, proc.stderr
     proc = run(tmp_path, *CATCH_UP, "-F", "1e10", "-d", slot_dsn)
     assert proc.stderr.count("\n") == 1 and "at most" in proc.stderr, proc.stderr
+    proc = run(tmp_path, "snapshot", "-S", "snap", "--output-dir", "snap", "--range-size", "0kB", "-d", slot_dsn)
+    assert proc.stderr == "pgrecv: error: --range-size '0kB' must be more than 0: write it like 64MB or 1GiB\n"
 
 
 def test_name_of_63_bytes_is_fine(slot_dsn: str, tmp_path: Path) -> None:
