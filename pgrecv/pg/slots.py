@@ -50,6 +50,32 @@ def logical_slot(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any]:
     return info
 
 
+def _check_existing(
+    existing: dict[str, Any], slot: str, plugin: str, dbname: str, *, two_phase: bool, failover: bool
+) -> None:
+    """--if-not-exists takes an existing slot only if it is the one asked for: a slot of another
+    kind would fail later (another database, physical) or decode otherwise than asked (prepared
+    transactions at COMMIT PREPARED, no synchronisation to standbys) with nothing said."""
+    other = "use another slot name, or drop it with 'pgrecv drop --slot " + slot + "' and create it again"
+    if existing["slot_type"] != "logical":
+        raise SlotError(f'replication slot "{slot}" exists as a physical slot: {other}')
+    if existing["database"] != dbname:
+        raise SlotError(
+            f'replication slot "{slot}" exists in database "{existing["database"]}": connect to it with -d, or {other}'
+        )
+    if existing["plugin"] != plugin:
+        raise SlotError(
+            f'replication slot "{slot}" exists with plugin {existing["plugin"]}, not {plugin}: '
+            "pass the same --plugin or use another slot name"
+        )
+    if two_phase and not existing.get("two_phase"):
+        raise SlotError(
+            f'replication slot "{slot}" exists without two-phase decoding: leave out --two-phase, or {other}'
+        )
+    if failover and not existing.get("failover"):
+        raise SlotError(f'replication slot "{slot}" exists without failover: leave out --failover, or {other}')
+
+
 def create_slot(
     opts: ConnOptions,
     slot: str,
@@ -86,11 +112,7 @@ def create_slot(
                     f'replication slot "{slot}" already exists: use --if-not-exists, '
                     f"or drop it with 'pgrecv drop --slot {slot}'"
                 )
-            if existing["plugin"] != plugin:
-                raise SlotError(
-                    f'replication slot "{slot}" exists with plugin {existing["plugin"]}, not {plugin}: '
-                    "pass the same --plugin or use another slot name"
-                )
+            _check_existing(existing, slot, plugin, conn.info.dbname, two_phase=two_phase, failover=failover)
             pub_created = ensure_publication(conn, publication, tables, pub_options) if publication else False
             return CreatedSlot(slot, plugin, None, created=False, publication_created=pub_created)
         pub_created = ensure_publication(conn, publication, tables, pub_options) if publication else False

@@ -59,6 +59,32 @@ def test_create_existing_and_if_not_exists(db_dsn: str) -> None:
     assert proc.returncode == ExitCode.SLOT and "test_decoding" in err(proc)
 
 
+def test_if_not_exists_takes_only_the_slot_asked_for(db_dsn: str, pg_server) -> None:  # type: ignore[no-untyped-def]
+    """An existing slot that is not the one asked for would fail later or decode otherwise than
+    asked: --if-not-exists refuses it, one line, exit 5, and makes nothing."""
+    assert pgrecv("create", "-d", db_dsn, "--slot", "s1", "-P", "test_decoding").returncode == 0
+    sql(db_dsn, "SELECT pg_create_physical_replication_slot('ph')")
+    try:
+        before = slot_rows(db_dsn)
+        cases = [
+            (["--slot", "s1", "-P", "test_decoding", "--two-phase"], "without two-phase decoding"),
+            (["--slot", "ph", "-P", "test_decoding"], "physical slot"),
+            (["--slot", "s1", "-P", "test_decoding", "-d", f"{db_dsn} dbname=postgres"], "exists in database"),
+        ]
+        if pg_server.version >= 17:
+            cases.append((["--slot", "s1", "-P", "test_decoding", "--failover"], "without failover"))
+        for args, says in cases:
+            proc = pgrecv("create", "-d", db_dsn, "--if-not-exists", *args)
+            assert proc.returncode == ExitCode.SLOT, err(proc)
+            assert err(proc).count("\n") == 1 and says in err(proc) and "Traceback" not in err(proc), err(proc)
+        assert slot_rows(db_dsn) == before
+        # the slot asked for is taken as it is
+        proc = pgrecv("create", "-d", db_dsn, "--slot", "s1", "-P", "test_decoding", "--if-not-exists")
+        assert proc.returncode == 0 and "already exists" in err(proc)
+    finally:  # a physical slot belongs to no database: the fixture would not drop it
+        sql(db_dsn, "SELECT pg_drop_replication_slot('ph')")
+
+
 @pytest.mark.parametrize("flag", ["--two-phase", "--enable-two-phase"])  # the second: pg_recvlogical 18's
 def test_two_phase(db_dsn: str, flag: str) -> None:
     proc = pgrecv("create", "-d", db_dsn, "--slot", "tp", "-P", "test_decoding", flag)
