@@ -11,7 +11,7 @@ complete -c pgrecv -n '__fish_use_subcommand' -a spark-apply -d 'Apply JSONL cha
 complete -c pgrecv -n '__fish_use_subcommand' -a start -d 'Stream a slot\'s changes over the replication protocol, like pg_recvlogical --start.'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -s S -l slot -x -d 'Name of the logical replication slot.'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -s P -l plugin -x -d 'Output plugin: pgoutput, test_decoding or another installed plugin.'
-complete -c pgrecv -n '__fish_seen_subcommand_from create' -l if-not-exists -d 'Do not fail if the slot already exists.'
+complete -c pgrecv -n '__fish_seen_subcommand_from create' -l if-not-exists -d 'Do not fail if the slot already exists as asked (plugin, database, --two-phase, --failover).'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -l two-phase -l enable-two-phase -d 'Decode prepared transactions at PREPARE (PostgreSQL 14+; --enable-two-phase as in pg_recvlogical 18).'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -l failover -l enable-failover -d 'Synchronise the slot to standbys (PostgreSQL 17+; --enable-failover as in pg_recvlogical 18).'
 complete -c pgrecv -n '__fish_seen_subcommand_from create' -l publication -x -d 'pgoutput: create this publication if missing (FOR ALL TABLES, or the --table list).'

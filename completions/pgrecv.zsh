@@ -27,7 +27,7 @@ _pgrecv() {
                 '--help[show help]' \
                 '(-S --slot)'{-S,--slot}'[Name of the logical replication slot.]:slot: ' \
                 '(-P --plugin)'{-P,--plugin}'[Output plugin\: pgoutput, test_decoding or another installed plugin.]:plugin: ' \
-                '--if-not-exists[Do not fail if the slot already exists.]' \
+                '--if-not-exists[Do not fail if the slot already exists as asked (plugin, database, --two-phase, --failover).]' \
                 '(--two-phase --enable-two-phase)'{--two-phase,--enable-two-phase}'[Decode prepared transactions at PREPARE (PostgreSQL 14+; --enable-two-phase as in pg_recvlogical 18).]' \
                 '(--failover --enable-failover)'{--failover,--enable-failover}'[Synchronise the slot to standbys (PostgreSQL 17+; --enable-failover as in pg_recvlogical 18).]' \
                 '--publication[pgoutput\: create this publication if missing (FOR ALL TABLES, or the --table list).]:name: ' \

@@ -70,7 +70,11 @@ format_option = click.option(
     metavar="PLUGIN",
     help="Output plugin: pgoutput, test_decoding or another installed plugin.",
 )
-@click.option("--if-not-exists", is_flag=True, help="Do not fail if the slot already exists.")
+@click.option(
+    "--if-not-exists",
+    is_flag=True,
+    help="Do not fail if the slot already exists as asked (plugin, database, --two-phase, --failover).",
+)
 @click.option(
     "--two-phase",
     "--enable-two-phase",
