@@ -118,7 +118,7 @@ def create_slot(
         pub_created = ensure_publication(conn, publication, tables, pub_options) if publication else False
         command = create_slot_command(slot, plugin, major, two_phase=two_phase, failover=failover)
         try:
-            with _told_if_slow(conn, on_wait):
+            with told_if_slow(conn, on_wait):
                 row = conn.execute(command).fetchone()
         except BaseException as exc:
             if pub_created and publication:
@@ -134,7 +134,7 @@ STANDBY_WAIT = 3.0
 
 
 @contextlib.contextmanager
-def _told_if_slow(conn: psycopg.Connection[Any], on_wait: Callable[[str], None] | None) -> Iterator[None]:
+def told_if_slow(conn: psycopg.Connection[Any], on_wait: Callable[[str], None] | None) -> Iterator[None]:
     """On a standby, slot creation waits for the primary's next running-transactions record,
     which an idle primary writes only at checkpoints: say so, and how to end the wait, rather
     than hang silently."""

@@ -48,7 +48,9 @@ class StreamConnection(Protocol):
     def wal_position(self) -> LSN: ...
     def slot_confirmed(self, slot: str) -> LSN | None: ...
     def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None: ...
-    def create_temporary_slot(self, slot: str, plugin: str, *, two_phase: bool) -> LSN: ...
+    def create_temporary_slot(
+        self, slot: str, plugin: str, *, two_phase: bool, on_wait: Callable[[str], None] | None = None
+    ) -> LSN: ...
     def wait(self, timeout: float) -> None: ...
     def pause(self, *, latency: bool) -> None: ...
     def keepalive(self, buf: Any, *, idle: bool) -> tuple[Keepalive, bool]: ...
@@ -108,18 +110,21 @@ class ReplicationConnection:
             return None
         return LSN.parse(str(row[0])) if row is not None and row[0] is not None else None
 
-    def create_temporary_slot(self, slot: str, plugin: str, *, two_phase: bool) -> LSN:
+    def create_temporary_slot(
+        self, slot: str, plugin: str, *, two_phase: bool, on_wait: Callable[[str], None] | None = None
+    ) -> LSN:
         """A slot that lives as long as this session: made here, so that the stream started on
         this connection is its only reader, and the server drops it when the session ends.
-        Returns its consistent point."""
+        Returns its consistent point. ``on_wait``: as for :func:`pgrecv.pg.slots.create_slot`."""
         from pgrecv.pg.conn import server_major
-        from pgrecv.pg.slots import create_slot_command
+        from pgrecv.pg.slots import create_slot_command, told_if_slow
 
         try:
             command = create_slot_command(
                 slot, plugin, server_major(self.conn), two_phase=two_phase, failover=False, temporary=True
             )
-            row = self.conn.execute(command).fetchone()
+            with told_if_slow(self.conn, on_wait):
+                row = self.conn.execute(command).fetchone()
         except psycopg.Error as exc:
             raise translate(exc, slot=slot) from None
         assert row is not None

@@ -281,7 +281,9 @@ class Streamer:
                     "slot starts at the server's current position: the changes in between would be missing; "
                     "write to a new output, or resume with a permanent slot"
                 )
-            at = rc.create_temporary_slot(cfg.slot, cfg.plugin, two_phase=cfg.two_phase_slot)
+            at = rc.create_temporary_slot(
+                cfg.slot, cfg.plugin, two_phase=cfg.two_phase_slot, on_wait=lambda m: self.log(m, 0)
+            )
             self.log(f'created temporary slot "{cfg.slot}" ({cfg.plugin}) at {lsn_str(at)}')
         if not self._started_once:
             self._check_positions(rc)

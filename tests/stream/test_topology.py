@@ -122,6 +122,26 @@ def test_decoding_on_a_hot_standby(pair: tuple[TempServer, TempServer], tmp_path
     assert proc.returncode == 0, err(proc)
     assert sorted(_ids(out)) == list(range(1, 101))
 
+    # A temporary slot made by `start` waits the same way, and says so the same way.
+    sql(primary.dsn(), "SELECT pg_log_standby_snapshot()")
+    _wait(_replayed(primary, standby), "the standby to replay the snapshot record")
+    args = ["start", "-d", on_standby, "--create", "--temporary", "--slot", "tmp1", "--until-caught-up"]
+    temporary = subprocess.Popen(
+        [sys.executable, "-m", "pgrecv", *args, "-f", str(tmp_path / "temporary.jsonl")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    first = temporary.stderr.readline().decode()  # type: ignore[union-attr]
+    assert "standby" in first and "pg_log_standby_snapshot()" in first, first
+    assert temporary.poll() is None
+    _wait(
+        lambda: temporary.poll() is not None,
+        "the temporary slot's run on the standby",
+        poke=lambda: sql(primary.dsn(), "SELECT pg_log_standby_snapshot()"),
+    )
+    assert temporary.returncode == 0, temporary.stderr.read().decode()  # type: ignore[union-attr]
+    assert sql(standby.dsn(DB), "SELECT slot_name FROM pg_replication_slots WHERE slot_name = 'tmp1'") == []
+
 
 def test_failover_slot_survives_promotion(pair: tuple[TempServer, TempServer], tmp_path: Path) -> None:
     """Consume on the primary, fail over to the standby once its copy of the slot is persisted,
