@@ -22,7 +22,14 @@ import pyarrow as pa
 from pgrecv.errors import InputError, UsageError
 from pgrecv.spark import reduce as rd
 from pgrecv.spark.keys import identity
-from pgrecv.spark.read import Reader, ReadResult, TableInput, check_snapshots, expand_sources
+from pgrecv.spark.read import (
+    Reader,
+    ReadResult,
+    TableInput,
+    check_snapshots,
+    expand_sources,
+    ignored_in_directories,
+)
 from pgrecv.spark.types import ColumnType, column_type, convert_value, fast_column, same_type
 from pgrecv.spark.writers import (
     HISTORY_COLS,
@@ -155,7 +162,9 @@ def run_apply(
 ) -> Summary:
     try:
         with target_lock(config.target):
-            return _run_apply(config, spark, progress, after_table)
+            summary = _run_apply(config, spark, progress, after_table)
+        summary.warnings[:0] = ignored_in_directories(config.sources)
+        return summary
     finally:
         gc.unfreeze()  # what no_gc() froze: back under the collector (its records are freed by now)
 
@@ -212,7 +221,9 @@ def _run_apply(
                 "--delta-engine spark (Delta's Spark connector) goes with --replay driver; "
                 "the Spark replay writes Delta through delta-rs (--delta-engine auto or delta-rs)"
             )
-        if spark is None:
+        # nothing to read (a cron run before the stream's first file): no JVM started for it
+        has_input = bool(files) or (state.is_dir() and any(state.glob("*.jsonl")))
+        if spark is None and has_input:
             from pgrecv.spark.sparkops import start_session
 
             spark = start_session(config.master, config.conf)

@@ -140,6 +140,29 @@ def expand_sources(sources: Iterable[str]) -> list[Path]:
     return out
 
 
+def ignored_in_directories(sources: Iterable[str]) -> list[str]:
+    """A warning per directory SOURCE holding ``.jsonl`` files that it does not take (a
+    ``changes.jsonl`` of `pgrecv peek -f`, say): the run would otherwise say "0 files" and
+    exit 0, as if there were nothing to apply."""
+    out = []
+    for source in sources:
+        path = Path(source)
+        if not path.is_dir():
+            continue
+        names = sorted(
+            e.name
+            for e in os.scandir(path)
+            if e.is_file() and e.name.endswith(".jsonl") and not e.name.startswith(".") and not is_record_file(e.name)
+        )
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            out.append(
+                f"{path}: {len(names)} file(s) not taken ({shown}): a directory gives only the files that "
+                "`pgrecv start --output-dir` names (FIRST-LAST.jsonl); give other files as SOURCE themselves"
+            )
+    return out
+
+
 def check_snapshots(files: list[Path]) -> dict[Path, dict[str, Any]]:
     """Snapshot files must be listed in their manifest (written last): else they are incomplete."""
     manifests: dict[Path, dict[str, Any]] = {}
