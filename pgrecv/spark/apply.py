@@ -247,7 +247,9 @@ def _run_apply(
         res = reader.result()
 
     engine = config.engine
-    if (config.fmt == "parquet" or engine in ("auto", "spark")) and spark is None:
+    todo = [t for t in res.tables.values() if t.changes]
+    # no table to write (nothing read, or only prepared transactions carried over): no JVM started
+    if (config.fmt == "parquet" or engine in ("auto", "spark")) and spark is None and todo:
         from pgrecv.spark.sparkops import start_session
 
         spark = start_session(config.master, config.conf)
@@ -255,8 +257,8 @@ def _run_apply(
         if engine == "auto":
             from pgrecv.spark.sparkops import has_delta_connector
 
-            engine = "spark" if has_delta_connector(spark) else "delta-rs"
-        elif engine == "spark":
+            engine = "spark" if spark is not None and has_delta_connector(spark) else "delta-rs"
+        elif engine == "spark" and spark is not None:
             from pgrecv.spark.sparkops import has_delta_connector
 
             if not has_delta_connector(spark):
@@ -276,7 +278,6 @@ def _run_apply(
         pending_prepared=len(res.pending),
     )
     _carry_pending(state, res)
-    todo = [t for t in res.tables.values() if t.changes]
     progress.tables(len(todo))
     for t in sorted(todo, key=lambda t: (t.schema, t.table)):
         path = config.target / table_dir_name(t.schema, t.table)

@@ -333,7 +333,10 @@ def test_summary_onto_a_full_disk_is_one_line_exit_8(tmp_path: Path, args: list[
     assert _rows(target, "t") == [{"id": 1, "x": "b"}]
 
 
-def test_a_directory_without_finished_files_starts_no_spark_and_names_what_it_did_not_take(tmp_path: Path) -> None:
+@pytest.mark.parametrize("replay", ["spark", "driver"])
+def test_a_directory_without_finished_files_starts_no_spark_and_names_what_it_did_not_take(
+    tmp_path: Path, replay: str
+) -> None:
     """A cron run before the stream's first file has nothing to read: it starts no JVM (here none
     could start) and exits 0. A .jsonl file that a directory does not take (not named by `pgrecv
     start --output-dir`) is named in a warning, not passed over in silence."""
@@ -343,7 +346,7 @@ def test_a_directory_without_finished_files_starts_no_spark_and_names_what_it_di
     (src / ".tmp-abc.part").write_bytes(b"{}")  # a file being written: not taken, not named
     target = tmp_path / "lake"
     proc = pgrecv(
-        "spark-apply", str(src), "--target", str(target), "--format", "parquet", "--json",
+        "spark-apply", str(src), "--target", str(target), "--format", "parquet", "--json", "--replay", replay,
         env={"JAVA_HOME": "/nonexistent"},
     )  # fmt: skip
     assert proc.returncode == 0, err(proc)
