@@ -7,6 +7,12 @@ unset (the normal case) it does nothing. None changes what pgrecv writes or conf
     Each ``pgrecv snapshot`` worker sleeps this long after importing the snapshot and after each
     file it copies: time for a test to interrupt the copy, kill the exporting connection, or look
     at the temporary files (tests/snapshot/test_snapshot.py, tests/output/test_output_tempfiles.py).
+
+``PGRECV_STOP_DRAIN_DELAY=SECONDS``
+    On a clean stop, ``pgrecv start`` sleeps this long after sending CopyDone and before it reads
+    on: a client that slow lets the socket fill, and a walsender in the middle of a large
+    transaction then answers CopyDone at once and goes on sending the transaction after it
+    (tests/stream/test_stop.py).
 """
 
 from __future__ import annotations
@@ -15,8 +21,14 @@ import os
 from typing import Final
 
 SNAPSHOT_DELAY: Final = "PGRECV_SNAPSHOT_DELAY"
+STOP_DRAIN_DELAY: Final = "PGRECV_STOP_DRAIN_DELAY"
 
 
 def snapshot_delay() -> float:
     """Seconds a snapshot worker waits at its failpoints (0: none)."""
     return float(os.environ.get(SNAPSHOT_DELAY, "0") or 0)
+
+
+def stop_drain_delay() -> float:
+    """Seconds a stopping stream waits between its CopyDone and the rest of the server's data (0: none)."""
+    return float(os.environ.get(STOP_DRAIN_DELAY, "0") or 0)

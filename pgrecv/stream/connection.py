@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import pq, sql
 
+from pgrecv import failpoints
 from pgrecv.errors import ConnectionFailed
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.pg.conn import ConnOptions, connect, server_message, translate
@@ -247,6 +248,8 @@ class ReplicationConnection:
                 self.send(final_status)
             self.pgconn.put_copy_end()
             self.pgconn.flush()
+            if (delay := failpoints.stop_drain_delay()) > 0:
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             get = self.pgconn.get_copy_data
             countdown = 1024
             while True:
@@ -260,16 +263,32 @@ class ReplicationConnection:
                     countdown = 1024
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self.streaming = False
-                    self.conn.close()  # the walsender sees the connection go and stops
+                    self._abandon()
                     return
                 if n == 0:
                     self.wait(min(left, 0.1))
-            while self.pgconn.get_result() is not None:
-                pass
+            # The server's CopyDone can come before the rest of its transaction (a walsender
+            # answers CopyDone at once, then finishes sending the transaction it is in): a
+            # blocking get_result() would read all of that, so the results are collected without
+            # blocking, against the same deadline.
+            while True:
+                if self.pgconn.is_busy():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._abandon()
+                        return
+                    self.wait(min(left, 0.1))
+                    continue
+                if self.pgconn.get_result() is None:
+                    break
         except (psycopg.OperationalError, StreamEnded):
             pass
         self.streaming = False
+
+    def _abandon(self) -> None:
+        """Past the stop's deadline: close the connection; the walsender sees it go and stops."""
+        self.streaming = False
+        self.conn.close()
 
     def close(self) -> None:
         self._selector.close()

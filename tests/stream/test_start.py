@@ -21,9 +21,11 @@ from pgrecv.lsn import LSN
 from tests.util import Terminal, err, pgrecv, sql
 
 
-def spawn(*args: str, stdout: Any = subprocess.DEVNULL, stderr_path: Path | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    *args: str, stdout: Any = subprocess.DEVNULL, stderr_path: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     stderr = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
-    return subprocess.Popen([sys.executable, "-m", "pgrecv", *args], stdout=stdout, stderr=stderr)
+    return subprocess.Popen([sys.executable, "-m", "pgrecv", *args], stdout=stdout, stderr=stderr, env=env)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:

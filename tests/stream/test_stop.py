@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pgrecv import failpoints
 from tests.stream.test_start import commit_ends, committed, records, slot_info, spawn, wait_for
 from tests.util import err, pgrecv, sql
 
@@ -30,8 +31,17 @@ def table(db_dsn: str) -> str:
     return db_dsn
 
 
-@pytest.mark.parametrize("streaming", ["on", "off"])
-def test_sigterm_in_a_large_transaction_stops_within_fsync_interval(table: str, tmp_path: Path, streaming: str) -> None:
+@pytest.mark.parametrize(
+    ("streaming", "drain_delay"),
+    [("on", None), ("off", None), ("off", "0.5")],
+    ids=["on", "off", "off-slow-drain"],
+)
+def test_sigterm_in_a_large_transaction_stops_within_fsync_interval(
+    table: str, tmp_path: Path, streaming: str, drain_delay: str | None
+) -> None:
+    """``off-slow-drain``: pgrecv pauses after its CopyDone (a failpoint), as a loaded machine
+    makes it, so that the walsender answers CopyDone before the rest of its transaction; the stop
+    must not then read all of that transaction before it leaves."""
     from psycopg.conninfo import make_conninfo
 
     assert pgrecv("create", "-d", table, "--slot", "s").returncode == 0
@@ -43,7 +53,8 @@ def test_sigterm_in_a_large_transaction_stops_within_fsync_interval(table: str, 
     dsn = make_conninfo(table, options="-c logical_decoding_work_mem=64kB")
     out, log = tmp_path / "out.jsonl", tmp_path / "log"
     args = ["start", "-d", dsn, "--slot", "s", "-f", str(out), "-F", f"{FSYNC}s", "-s", "1h", "-v"]
-    proc = spawn(*args, "--streaming", streaming, stderr_path=log)
+    env = {**os.environ, failpoints.STOP_DRAIN_DELAY: drain_delay} if drain_delay else None
+    proc = spawn(*args, "--streaming", streaming, stderr_path=log, env=env)
     try:
         # the big transaction is being written: well past the first one's few hundred bytes
         wait_for(lambda: out.exists() and out.stat().st_size > 4 << 20, timeout=120, what="the big transaction")
