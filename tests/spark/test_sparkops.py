@@ -1,4 +1,5 @@
-"""The SparkSession's private config directory: nothing another local user prepared is used."""
+"""The SparkSession pgrecv starts: its private config directory (nothing another local user
+prepared is used), and the settings it starts with."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +53,14 @@ def test_a_planted_config_directory_is_never_used(tmp_path: Path) -> None:
     assert count == "3"
     assert not Path(conf_dir).exists(), "the private config directory outlives the process"
     assert stat.S_ISDIR(planted.lstat().st_mode)  # the other user's directory is left alone
+
+
+def test_no_call_site_round_trips_per_dataframe_call(spark: Any) -> None:
+    """PySpark's DataFrame debugging (on by default) costs several py4j round trips for every
+    function and DataFrame call; a table's plan makes some 1,700 of them (bench/NOTES.md)."""
+    from pyspark.errors.utils import is_debugging_enabled
+    from pyspark.sql import functions as F
+
+    spark.range(1).select(F.lit(1)).collect()  # a call that would ask for the setting
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert is_debugging_enabled() is False
