@@ -32,6 +32,7 @@ SEED = 1010
 # the driver on loopback too; 2 shuffle partitions as in the local `spark` fixture
 LOOPBACK = ("--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1")
 CONF = ("--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.default.parallelism=2")
+NO_CALL_SITES = ("--conf", "spark.python.sql.dataFrameDebugging.enabled=false")
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +143,8 @@ def test_spark_submit_uses_its_master(spark_cluster: Any, stream: tuple[Gen, lis
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     args = ["spark-apply", *map(str, files), "--target", str(target), "--format", "parquet", "--replay", "spark"]
     proc = subprocess.run(
-        [submit, "--master", spark_cluster.url, *LOOPBACK, *CONF, main, *args, "-q"],
+        # the README's command: PySpark's call-site capture is a static conf, set at launch
+        [submit, "--master", spark_cluster.url, *LOOPBACK, *CONF, *NO_CALL_SITES, main, *args, "-q"],
         env=env,
         capture_output=True,
         timeout=1200,
