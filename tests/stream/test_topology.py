@@ -4,7 +4,9 @@ slot (17+) that survives the promotion of its standby. PostgreSQL 18 primary + s
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pgrecv.errors import ExitCode
@@ -92,23 +95,41 @@ def _ids(path: Path) -> list[int]:
     return out
 
 
+@contextlib.contextmanager
+def _open_xact(dsn: str) -> Iterator[None]:
+    """A transaction with an xid, open on the primary: a slot being created on the standby cannot
+    become consistent until it ends, whatever running-xacts records arrive meanwhile (the
+    primary's bgwriter logs one by itself within 15 s of any "important" WAL, autoanalyze's
+    included, so waiting on the absence of such records alone is a race)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_current_xact_id()")
+        yield
+        conn.execute("COMMIT")
+
+
+def _says_it_waits(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stderr is not None
+    # bounded: a pgrecv that never says so would otherwise hang here behind the open transaction
+    ready, _, _ = select.select([proc.stderr], [], [], 60)
+    assert ready, "nothing on stderr within 60 s of waiting on the standby"
+    first = proc.stderr.readline().decode()
+    assert "standby" in first and "pg_log_standby_snapshot()" in first, first
+    assert proc.poll() is None, "created before the primary's open transaction ended?"
+
+
 def test_decoding_on_a_hot_standby(pair: tuple[TempServer, TempServer], tmp_path: Path) -> None:
     primary, standby = pair
     on_standby = standby.dsn(DB)
-    # Creating a slot on a standby waits for the primary's next running-xacts record: pgrecv says
-    # so after a few seconds, naming the fix, and nobody gives it that record until then. (The
-    # primary's bgwriter logs one by itself only after "important" WAL since its last one: logging
-    # one now, once the fixture's DDL is done, keeps it from doing so during the wait.)
-    sql(primary.dsn(), "SELECT pg_log_standby_snapshot()")
-    _wait(_replayed(primary, standby), "the standby to replay the fixture")
-    creating = subprocess.Popen(
-        [sys.executable, "-m", "pgrecv", "create", "-d", on_standby, "--slot", "s1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    first = creating.stderr.readline().decode()  # type: ignore[union-attr]
-    assert "standby" in first and "pg_log_standby_snapshot()" in first, first
-    assert creating.poll() is None, "created without a running-xacts record from the primary?"
+    # Creating a slot on a standby waits for the primary's running-xacts records: pgrecv says so
+    # after a few seconds, naming the fix. The open transaction holds the wait that long.
+    with _open_xact(primary.dsn(DB)):
+        creating = subprocess.Popen(
+            [sys.executable, "-m", "pgrecv", "create", "-d", on_standby, "--slot", "s1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _says_it_waits(creating)
     _wait(
         lambda: creating.poll() is not None,
         "the slot on the standby",
@@ -123,17 +144,14 @@ def test_decoding_on_a_hot_standby(pair: tuple[TempServer, TempServer], tmp_path
     assert sorted(_ids(out)) == list(range(1, 101))
 
     # A temporary slot made by `start` waits the same way, and says so the same way.
-    sql(primary.dsn(), "SELECT pg_log_standby_snapshot()")
-    _wait(_replayed(primary, standby), "the standby to replay the snapshot record")
     args = ["start", "-d", on_standby, "--create", "--temporary", "--slot", "tmp1", "--until-caught-up"]
-    temporary = subprocess.Popen(
-        [sys.executable, "-m", "pgrecv", *args, "-f", str(tmp_path / "temporary.jsonl")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    first = temporary.stderr.readline().decode()  # type: ignore[union-attr]
-    assert "standby" in first and "pg_log_standby_snapshot()" in first, first
-    assert temporary.poll() is None
+    with _open_xact(primary.dsn(DB)):
+        temporary = subprocess.Popen(
+            [sys.executable, "-m", "pgrecv", *args, "-f", str(tmp_path / "temporary.jsonl")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _says_it_waits(temporary)
     _wait(
         lambda: temporary.poll() is not None,
         "the temporary slot's run on the standby",
