@@ -1,22 +1,29 @@
-"""`pgrecv spark-apply` as cron and people run it: a subprocess, its exit codes, stdout and stderr.
+"""`pgrecv spark-apply` as cron and people run it: its exit codes, stdout and stderr.
 
-Hand-written JSONL (docs/event-format.md); Delta through delta-rs needs no JVM, so these stay fast;
-one Parquet run checks that Spark's console noise stays off.
+Hand-written JSONL (docs/event-format.md). Most runs go through the CLI's own entry point in this
+process, on the test session's SparkSession (the command takes the active one, as under
+spark-submit): a JVM start per run made this file the suite's slowest. What only a process of its
+own shows (Spark's console noise kept off, a JVM that does not start, stdout on a full disk, no
+JVM when there is nothing to read) runs as a subprocess.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from pgrecv.cli.main import main
 from pgrecv.spark.apply import table_dir_name
 from tests.util import err, pgrecv
 
 pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
+# every run here may take the session's SparkSession (started once per test process)
+pytestmark = pytest.mark.usefixtures("spark")
 
 WIDE = {"COLUMNS": "200"}
 
@@ -76,14 +83,30 @@ def _rows(target: Path, table: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["id"])
 
 
-def _apply(*args: str, env: dict[str, str] | None = None) -> Any:
-    return pgrecv("spark-apply", *args, "--format", "delta", "--delta-engine", "delta-rs", env=env)
+def _here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """``pgrecv ARGS`` through ``main``, the entry point ``python -m pgrecv`` calls, with its own
+    stdout, stderr and environment: exit codes and messages as a user gets them."""
+    from click.testing import CliRunner
+
+    with CliRunner().isolation(env=env) as (out, error, _):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        return subprocess.CompletedProcess(["pgrecv", *args], code, out.getvalue(), error.getvalue())
+
+
+def _apply(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    return _here("spark-apply", *args, "--format", "delta", "--delta-engine", "delta-rs", env=env)
 
 
 def test_json_summary_and_rerun_up_to_date(tmp_path: Path) -> None:
     src = _first(tmp_path)
     target = tmp_path / "lake"
-    proc = _apply(str(src), "--target", str(target), "--json")
+    # one run as a process of its own (the JVM it starts stays quiet); the rest in this process
+    delta = ("--format", "delta", "--delta-engine", "delta-rs")
+    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--json", *delta)
     assert proc.returncode == 0, err(proc)
     assert proc.stderr == b""
     summary = orjson.loads(proc.stdout)
@@ -223,7 +246,6 @@ def test_parquet_run_keeps_spark_quiet(tmp_path: Path) -> None:
 def test_second_run_on_a_busy_target_is_refused(tmp_path: Path) -> None:
     """Two runs on one target would both apply the same changes (``--append-only`` appended them
     twice): while one holds the target, another says so in one line, exit 8, and writes nothing."""
-    import subprocess
     import sys
 
     src = _first(tmp_path)
@@ -303,11 +325,11 @@ def test_a_table_of_the_other_format_is_refused_untouched(tmp_path: Path, made: 
     used to write the other format's table into the same directory: two tables in one.)"""
     src = _first(tmp_path)
     target = tmp_path / "lake"
-    first = pgrecv("spark-apply", str(src), "--target", str(target), "--format", made)
+    first = _here("spark-apply", str(src), "--target", str(target), "--format", made)
     assert first.returncode == 0, err(first)
     table = target / table_dir_name("s", "t")
     before = sorted(str(p.relative_to(table)) for p in table.rglob("*"))
-    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", given, "--replay", replay)
+    proc = _here("spark-apply", str(src), "--target", str(target), "--format", given, "--replay", replay)
     assert proc.returncode == 2, err(proc)
     name = "a Delta table" if made == "delta" else "a Parquet table of spark-apply's"
     assert err(proc) == f"pgrecv: error: {table} is {name}: use --format {made} with this target, or another --target\n"
@@ -318,13 +340,14 @@ def test_a_table_of_the_other_format_is_refused_untouched(tmp_path: Path, made: 
 def test_summary_onto_a_full_disk_is_one_line_exit_8(tmp_path: Path, args: list[str]) -> None:
     """The tables are applied; the summary that cannot be written is one line, exit 8, where
     --json's buffered write let ENOSPC through as a traceback (exit 1)."""
-    import subprocess
     import sys
 
     target = tmp_path / "lake"
     cmd = [sys.executable, "-m", "pgrecv", "spark-apply", str(_first(tmp_path)), "--target", str(target)]
     with open("/dev/full", "wb") as full:
-        proc = subprocess.run([*cmd, "--format", "delta", *args], stdout=full, stderr=subprocess.PIPE, timeout=300)
+        # the driver replay through delta-rs starts no JVM: what is tested is the summary's write
+        cmd += ["--format", "delta", "--delta-engine", "delta-rs", "--replay", "driver", *args]
+        proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, timeout=300)
     stderr = proc.stderr.decode()
     assert proc.returncode == 8, stderr
     assert stderr.count("\n") == 1 and stderr.startswith(
