@@ -135,9 +135,9 @@ STANDBY_WAIT = 3.0
 
 @contextlib.contextmanager
 def told_if_slow(conn: psycopg.Connection[Any], on_wait: Callable[[str], None] | None) -> Iterator[None]:
-    """On a standby, slot creation waits for the primary's next running-transactions record,
-    which an idle primary writes only at checkpoints: say so, and how to end the wait, rather
-    than hang silently."""
+    """On a standby, slot creation waits for the primary's next running-transactions record
+    (which an idle primary writes only at checkpoints), and for the transactions it lists to
+    end: say so, and how to end the wait, rather than hang silently."""
     if on_wait is None or not _in_recovery(conn):
         yield
         return
@@ -146,7 +146,8 @@ def told_if_slow(conn: psycopg.Connection[Any], on_wait: Callable[[str], None] |
         on_wait,
         [
             "this server is a standby: the slot is created once the primary logs its running "
-            "transactions; run SELECT pg_log_standby_snapshot() on the primary to end the wait"
+            "transactions and those open now have ended; run SELECT pg_log_standby_snapshot() "
+            "on the primary to end the wait"
         ],
     )
     timer.daemon = True

@@ -114,7 +114,7 @@ def _says_it_waits(proc: subprocess.Popen[bytes]) -> None:
     ready, _, _ = select.select([proc.stderr], [], [], 60)
     assert ready, "nothing on stderr within 60 s of waiting on the standby"
     first = proc.stderr.readline().decode()
-    assert "standby" in first and "pg_log_standby_snapshot()" in first, first
+    assert "standby" in first and "those open now have ended" in first and "pg_log_standby_snapshot()" in first, first
     assert proc.poll() is None, "created before the primary's open transaction ended?"
 
 
