@@ -10,6 +10,7 @@ JVM when there is nothing to read) runs as a subprocess.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -246,8 +247,6 @@ def test_parquet_run_keeps_spark_quiet(tmp_path: Path) -> None:
 def test_second_run_on_a_busy_target_is_refused(tmp_path: Path) -> None:
     """Two runs on one target would both apply the same changes (``--append-only`` appended them
     twice): while one holds the target, another says so in one line, exit 8, and writes nothing."""
-    import sys
-
     src = _first(tmp_path)
     target = tmp_path / "lake"
     holder = subprocess.Popen(
@@ -340,8 +339,6 @@ def test_a_table_of_the_other_format_is_refused_untouched(tmp_path: Path, made: 
 def test_summary_onto_a_full_disk_is_one_line_exit_8(tmp_path: Path, args: list[str]) -> None:
     """The tables are applied; the summary that cannot be written is one line, exit 8, where
     --json's buffered write let ENOSPC through as a traceback (exit 1)."""
-    import sys
-
     target = tmp_path / "lake"
     cmd = [sys.executable, "-m", "pgrecv", "spark-apply", str(_first(tmp_path)), "--target", str(target)]
     with open("/dev/full", "wb") as full:
