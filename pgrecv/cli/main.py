@@ -28,6 +28,7 @@ from pgrecv.cli.options import (
     filter_options,
     info,
     log,
+    route_library_logs,
 )
 from pgrecv.errors import ExitCode, PgrecvError, Unhealthy, UsageError
 from pgrecv.lsn import LSN
@@ -679,6 +680,7 @@ def demo(bindir: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    route_library_logs()
     try:
         # make_context + invoke rather than cli.main: Click's main turns a broken pipe into a silent
         # exit 1, and every error here must be one line with its own exit code

@@ -7,6 +7,7 @@ without importing the command tree.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,6 +34,25 @@ def log(message: str, level: int = 1) -> None:
     """A diagnostic line on stderr, shown from verbosity ``level`` on (never with -q)."""
     if not STATE.quiet and STATE.verbose >= level:
         click.echo(f"pgrecv: {redact(message)}", err=True)
+
+
+class _LibraryLog(logging.Handler):
+    """A library's log records as -v lines. psycopg logs a warning when it ignores a second error
+    while leaving a COPY or a transaction on the first; without a handler Python prints it on
+    stderr, above pgrecv's one-line error for that first one."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            log(f"{record.name}: {record.getMessage()}")
+        except Exception:
+            self.handleError(record)
+
+
+def route_library_logs() -> None:
+    lib = logging.getLogger("psycopg")
+    if not any(isinstance(h, _LibraryLog) for h in lib.handlers):
+        lib.addHandler(_LibraryLog())
+        lib.propagate = False
 
 
 def info(message: str) -> None:

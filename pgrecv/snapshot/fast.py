@@ -211,8 +211,10 @@ def read_blocks(
     :mod:`pgrecv._copyfast` is built and bound to psycopg's libpq (:func:`native_reader`), else one
     ``get_copy_data`` call per row from Python, appending to one buffer (a fraction of the cost of
     psycopg's per-row generator, but still about half of the snapshot's CPU). A block holds about
-    ``size`` bytes (default BLOCK_BYTES). Ends after the COPY's final result; raises the server's
-    error as psycopg does. ``check`` runs at each wait (at most every second).
+    ``size`` bytes (default BLOCK_BYTES). The last block comes after the COPY's final result, so
+    that leaving the loop on it never finds libpq between the CopyDone and the result (psycopg's
+    ``copy()`` exit would cancel a COPY no longer there, and log two warnings onto pgrecv's
+    error); raises the server's error as psycopg does. ``check`` runs at each wait (at most every second).
     """
     size = BLOCK_BYTES if size is None else size
     pgconn = conn.pgconn
@@ -233,15 +235,14 @@ def read_blocks(
             if data:
                 parts.append(data)
                 have += len(data)
-                if have >= size:
+                if have >= size and status >= 0:  # with the COPY's end, the rows wait for its result
                     yield parts[0] if len(parts) == 1 else b"".join(parts)
                     parts, have = [], 0
             if status == 0:
                 wait()
             elif status < 0:
                 break
-        if parts:
-            yield b"".join(parts)
+        last = b"".join(parts)
     else:
         get = pgconn.get_copy_data
         buf = bytearray()
@@ -256,8 +257,7 @@ def read_blocks(
                 yield bytes(buf)
                 buf.clear()
             wait()
-        if buf:
-            yield bytes(buf)
+        last = bytes(buf)
     if status == -2:
         raise psycopg.OperationalError(pgconn.get_error_message())
     while pgconn.is_busy():
@@ -268,6 +268,8 @@ def read_blocks(
             error = psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
     if error is not None:
         raise error
+    if last:  # only now: a consumer that fails on it leaves a connection with no COPY half-ended
+        yield last
 
 
 _bound: bool | None = None  # pgrecv._copyfast bound to psycopg's libpq: not yet tried, yes, no

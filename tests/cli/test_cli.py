@@ -176,6 +176,33 @@ def test_main_maps_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
     assert exc.value.code == ExitCode.USAGE
 
 
+def test_psycopg_warnings_are_verbose_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """psycopg's "error ignored ..." warnings come with an error pgrecv reports itself in one line:
+    without a handler Python printed them above it (CI, 2026-11-29); now they are -v lines."""
+    import logging
+
+    from pgrecv.cli import options
+
+    monkeypatch.setattr(logging.getLogger("psycopg"), "handlers", [])
+    monkeypatch.setattr(logging.getLogger("psycopg"), "propagate", True)
+    options.route_library_logs()
+    options.route_library_logs()  # once only, however often main() runs in a process
+    assert len(logging.getLogger("psycopg").handlers) == 1
+    said = "error ignored terminating <psycopg.Copy [ACTIVE] (host=h user=u)>: no COPY in progress"
+    monkeypatch.setattr(options.STATE, "verbose", 0)
+    logging.getLogger("psycopg._copy").warning(
+        "error ignored terminating %s: %s", "<psycopg.Copy [ACTIVE] (host=h user=u)>", "no COPY in progress"
+    )
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(options.STATE, "verbose", 1)
+    logging.getLogger("psycopg._copy").warning(
+        "error ignored terminating %s: %s", "<psycopg.Copy [ACTIVE] (host=h user=u)>", "no COPY in progress"
+    )
+    assert capsys.readouterr().err == f"pgrecv: psycopg._copy: {said}\n"
+
+
 def test_a_finished_command_skips_only_the_interpreter_teardown(db_conn: psycopg.Connection[Any]) -> None:
     """`main()` as the program ends with os._exit: exit handlers still run and what was written
     reaches standard output, but no module is freed (the object below would say so)."""

@@ -330,6 +330,33 @@ def test_read_blocks_raises_the_servers_error(db_dsn: str, native: bool) -> None
     assert 0 < seen < 15000  # rows before the error came through; the error was raised, not swallowed
 
 
+class _Full(Exception):
+    pass
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("at", ["first", "last"])
+def test_read_blocks_left_by_an_error_leaves_the_connection_clean(
+    db_dsn: str, native: bool, at: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer fails on a block (a full disk): leaving the COPY must not leave libpq between
+    the end of the data and the COPY's result, where psycopg's cancel found "no COPY in progress",
+    its rollback "another command is already in progress", and both were logged onto pgrecv's
+    one-line error (CI, 2026-11-29). "last" is the block yielded after the server's CopyDone."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("psycopg"), "propagate", True)  # main() in-process stops it
+    query = "COPY (SELECT g, repeat('x', 40) FROM generate_series(1, 3000) g) TO STDOUT"
+    with psycopg.connect(db_dsn) as conn:
+        with pytest.raises(_Full), conn.cursor().copy(query):
+            blocks = fast.read_blocks(conn, size=20000 if at == "first" else 10**9, native=native)
+            next(blocks)
+            raise _Full
+        assert not [r for r in caplog.records if r.name.startswith("psycopg")], caplog.text
+        conn.rollback()
+        assert conn.execute("SELECT 3").fetchone() == (3,)
+
+
 def _c(enc: fast.BlockEncoder, block: bytes) -> tuple[bytes, int] | None:
     """The C encoder alone: (JSON lines, rows), or None where it declines."""
     assert enc._native is not None
