@@ -196,6 +196,7 @@ def run_frames(
                     batch = _history_batch(own, plan, target, f, spark, result, config)
                 else:
                     batch = _batch(own, plan, target, f, spark, result, config, one_pass=True)
+                    batch.upserts_at_most = f["insert"] + f["update"]
                 target.path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     result.bytes_written = target.write_frames(batch)
@@ -204,6 +205,7 @@ def run_frames(
                         raise
                     # a problem the one pass cannot name: step by step, it is reported or handled
                     batch = _batch(own, plan, target, f, spark, result, config)
+                    batch.upserts_at_most = f["insert"] + f["update"]
                     result.bytes_written = target.write_frames(batch)
                 result.status = "applied"
                 result.version = target.version

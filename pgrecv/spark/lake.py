@@ -52,6 +52,9 @@ class FrameBatch:
     # one pass (see :class:`_Rewrite`): the final events (``_kind`` U or D, the key as the
     # struct ``_k``, the typed values as the struct ``_v``) instead of ``upserts`` and ``keys``
     final: Any = None
+    # at most this many rows come from the batch (its inserts and updates; None: not known): with
+    # the rows of the files it rewrites, what tells :meth:`_Rewrite.write` that one file holds all
+    upserts_at_most: int | None = None
 
 
 ONE_PASS_FAILED = "pgrecv: the batch needs the step-by-step apply"  # raise_error's text, matched below
@@ -87,9 +90,15 @@ class _Rewrite:
         self.batch = batch
         self.files = files  # local paths of the current data files
         self.current_schema = current_schema
+        self.dropped: list[str] | None = None  # what plan() chose
 
     def plan(self) -> tuple[list[str], Any]:
         """(files to drop, DataFrame of the rows to write)."""
+        dropped, rows = self._plan()
+        self.dropped = dropped
+        return dropped, rows
+
+    def _plan(self) -> tuple[list[str], Any]:
         from pyspark.sql import functions as F
 
         b = self.batch
@@ -151,6 +160,21 @@ class _Rewrite:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
         return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*[file_url(Path(f)) for f in files])
 
+    def _one_file(self) -> bool:
+        """Whether the rows to write fit one file, by counts the driver has (the batch's upserts,
+        the footers of the files it drops): a table with few rows is written by one task without
+        the range partitioner, whose sample is a job of its own (bench/NOTES.md: many small tables)."""
+        import pyarrow.parquet as pq
+
+        most = self.batch.upserts_at_most
+        if most is None:
+            return False
+        for f in self.files if self.dropped is None else self.dropped:
+            most += pq.read_metadata(f).num_rows
+            if most > ROWS_PER_FILE:
+                return False
+        return most <= ROWS_PER_FILE
+
     def write(self, rows: Any, out: Path) -> list[Path]:
         """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths."""
         b = self.batch
@@ -158,7 +182,8 @@ class _Rewrite:
             from pyspark.sql import functions as F
 
             keys = [F.col(_q(k)) for k in b.key_cols]
-            rows = rows.repartitionByRange(*keys).sortWithinPartitions(*keys)
+            rows = rows.repartition(1) if self._one_file() else rows.repartitionByRange(*keys)
+            rows = rows.sortWithinPartitions(*keys)
         rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
 

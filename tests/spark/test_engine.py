@@ -544,3 +544,90 @@ def test_row_count_reads_footers_until_the_count_passes_the_question(
     assert Table().row_count(above=3) == 7 and read == files[:2]
     read.clear()
     assert Table().row_count(above=12) == 12 and read == files
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_a_small_table_is_written_as_one_file_sorted_by_key(
+    tmp_path: Path, spark: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows that fit one file are written by one task without the range partitioner (its sample
+    is a Spark job of its own, a cost per table that a run over many small tables paid for each):
+    each batch writes one data file, its rows in key order. A batch of new keys keeps the old file
+    beside it; the one-pass batch after it rewrites both into one. (Adaptive execution gave one
+    file here before too; what changed is that no range partitioner is asked for.)"""
+    DataFrame = type(spark.range(1))  # PySpark 4's classic DataFrame, which defines the method
+    ranged: list[int] = []
+    real = DataFrame.repartitionByRange
+
+    def spied(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ranged.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DataFrame, "repartitionByRange", spied)
+    import random
+
+    import pyarrow.parquet as pq
+
+    rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
+    ids = list(range(300))
+    random.Random(3).shuffle(ids)
+    target = tmp_path / "lake"
+    table = target / table_dir_name("public", "t")
+    batches = [
+        [_insert("t", "0/1000", f"0/{0x10 + i:X}", f'{{"id":{k},"v":"a"}}') for i, k in enumerate(ids)],
+        [_insert("t", "0/2000", f"0/{0x1010 + i:X}", f'{{"id":{1000 + k},"v":"b"}}') for i, k in enumerate(ids[:20])],
+        [
+            _change("update", "t", "0/3000", f"0/{0x2010 + i:X}", f'{{"id":{k},"v":"c"}}', None)
+            for i, k in enumerate(ids)
+        ],
+    ]
+    before: set[str] = set()
+    for n, rows in enumerate(batches):
+        src = _write(tmp_path / f"{n}.jsonl", [rel, *_txn(f"0/{n + 1}000", rows)])
+        run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+        if fmt == "delta":
+            files = set(deltalake.DeltaTable(str(table)).file_uris())
+        else:
+            files = {p.name for p in (table / "current").glob("*.parquet") if not p.name.startswith(("_", "."))}
+        assert len(files) == (2 if n == 1 else 1), (n, files)
+        written = files - before
+        assert len(written) == 1, (n, files, before)
+        path = written.pop()
+        got = pq.read_table(path if fmt == "delta" else table / "current" / path).column("id").to_pylist()
+        assert got == sorted(got) and len(got) == [300, 20, 320][n], n
+        before = files
+    assert ranged == []
+    assert {r["id"]: r["v"] for r in _table(target, "t", fmt)} == {k: "c" for k in ids} | {
+        1000 + k: "b" for k in ids[:20]
+    }
+
+
+def test_the_one_file_write_counts_the_rows_of_the_files_it_rewrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One task only when the batch's upserts and the rows of the files it drops fit one file;
+    a batch whose upserts are not counted (history mode) keeps the range partitioner."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pgrecv.spark import lake
+
+    monkeypatch.setattr(lake, "ROWS_PER_FILE", 100)
+    files = []
+    for i, n in enumerate((40, 50)):
+        f = tmp_path / f"part-{i}.parquet"
+        pq.write_table(pa.table({"id": list(range(n))}), f)
+        files.append(str(f))
+
+    def one_file(upserts: int | None, dropped: list[str] | None) -> bool:
+        batch = lake.FrameBatch(pa.schema([("id", pa.int32())]), ["id"], False, False, None, None, 0)
+        batch.upserts_at_most = upserts
+        rw = lake._Rewrite(None, batch, files, None)
+        rw.dropped = dropped
+        return rw._one_file()
+
+    assert one_file(10, files) and one_file(10, None)  # 100 rows: one file
+    assert not one_file(11, files)
+    assert one_file(60, files[:1]) and not one_file(61, files[:1])  # the kept file's rows are not written
+    assert one_file(100, []) and not one_file(101, [])
+    assert not one_file(None, [])
