@@ -164,16 +164,11 @@ class _Rewrite:
         """Whether the rows to write fit one file, by counts the driver has (the batch's upserts,
         the footers of the files it drops): a table with few rows is written by one task without
         the range partitioner, whose sample is a job of its own (bench/NOTES.md: many small tables)."""
-        import pyarrow.parquet as pq
-
         most = self.batch.upserts_at_most
-        if most is None:
+        if most is None or most > ROWS_PER_FILE:
             return False
-        for f in self.files if self.dropped is None else self.dropped:
-            most += pq.read_metadata(f).num_rows
-            if most > ROWS_PER_FILE:
-                return False
-        return most <= ROWS_PER_FILE
+        dropped = self.files if self.dropped is None else self.dropped
+        return most + rows_in(dropped, above=ROWS_PER_FILE - most) <= ROWS_PER_FILE
 
     def write(self, rows: Any, out: Path) -> list[Path]:
         """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths."""
@@ -186,6 +181,20 @@ class _Rewrite:
             rows = rows.sortWithinPartitions(*keys)
         rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
+
+
+def rows_in(files: list[str], above: int | None = None) -> int:
+    """The rows of Parquet files, from their footers (read by the driver, one per file). With
+    ``above``, the reading stops once the count passes it: a large table answers a small batch's
+    question ("more than this?") from its first files."""
+    import pyarrow.parquet as pq
+
+    n = 0
+    for f in files:
+        n += pq.read_metadata(f).num_rows
+        if above is not None and n > above:
+            break
+    return n
 
 
 def _missing(path: Path) -> list[Path]:
@@ -226,17 +235,8 @@ class _Frames:
         raise NotImplementedError
 
     def row_count(self, above: int | None = None) -> int:
-        """The current rows, from the data files' footers (read by the driver, one per file).
-        With ``above``, the reading stops once the count passes it: a large table answers a
-        small batch's question ("more than this?") from its first files."""
-        import pyarrow.parquet as pq
-
-        n = 0
-        for f in self.data_files():
-            n += pq.read_metadata(f).num_rows
-            if above is not None and n > above:
-                break
-        return n
+        """The current rows (see :func:`rows_in`)."""
+        return rows_in(self.data_files(), above)
 
     def frame(self) -> Any:
         files = self.data_files()
