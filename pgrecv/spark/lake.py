@@ -90,15 +90,9 @@ class _Rewrite:
         self.batch = batch
         self.files = files  # local paths of the current data files
         self.current_schema = current_schema
-        self.dropped: list[str] | None = None  # what plan() chose
 
     def plan(self) -> tuple[list[str], Any]:
         """(files to drop, DataFrame of the rows to write)."""
-        dropped, rows = self._plan()
-        self.dropped = dropped
-        return dropped, rows
-
-    def _plan(self) -> tuple[list[str], Any]:
         from pyspark.sql import functions as F
 
         b = self.batch
@@ -160,24 +154,24 @@ class _Rewrite:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
         return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*[file_url(Path(f)) for f in files])
 
-    def _one_file(self) -> bool:
+    def _one_file(self, dropped: list[str]) -> bool:
         """Whether the rows to write fit one file, by counts the driver has (the batch's upserts,
         the footers of the files it drops): a table with few rows is written by one task without
         the range partitioner, whose sample is a job of its own (bench/NOTES.md: many small tables)."""
         most = self.batch.upserts_at_most
         if most is None or most > ROWS_PER_FILE:
             return False
-        dropped = self.files if self.dropped is None else self.dropped
         return most + rows_in(dropped, above=ROWS_PER_FILE - most) <= ROWS_PER_FILE
 
-    def write(self, rows: Any, out: Path) -> list[Path]:
-        """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths."""
+    def write(self, rows: Any, out: Path, dropped: list[str]) -> list[Path]:
+        """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths.
+        ``dropped``: the files :meth:`plan` replaces, whose rows are among ``rows``."""
         b = self.batch
         if b.key_cols:
             from pyspark.sql import functions as F
 
             keys = [F.col(_q(k)) for k in b.key_cols]
-            rows = rows.repartition(1) if self._one_file() else rows.repartitionByRange(*keys)
+            rows = rows.repartition(1) if self._one_file(dropped) else rows.repartitionByRange(*keys)
             rows = rows.sortWithinPartitions(*keys)
         rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
@@ -270,7 +264,7 @@ class FrameParquetTarget(_Frames, ParquetTarget):
             shutil.rmtree(final)
         tmp = base / f".tmp-v{version:06d}-{uuid.uuid4().hex}"
         try:
-            written = rw.write(rows, tmp)
+            written = rw.write(rows, tmp, dropped)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # what the failed job left
             _unmake(made)
@@ -334,7 +328,7 @@ class FrameDeltaRsTarget(_Frames, DeltaRsTarget):
         made = _missing(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         try:
-            written = rw.write(rows, self.path / sub)
+            written = rw.write(rows, self.path / sub, dropped)
         except BaseException:
             shutil.rmtree(self.path / sub, ignore_errors=True)  # no commit names these files
             _unmake(made)

@@ -555,6 +555,10 @@ def test_a_small_table_is_written_as_one_file_sorted_by_key(
     each batch writes one data file, its rows in key order. A batch of new keys keeps the old file
     beside it; the one-pass batch after it rewrites both into one. (Adaptive execution gave one
     file here before too; what changed is that no range partitioner is asked for.)"""
+    import random
+
+    import pyarrow.parquet as pq
+
     DataFrame = type(spark.range(1))  # PySpark 4's classic DataFrame, which defines the method
     ranged: list[int] = []
     real = DataFrame.repartitionByRange
@@ -564,10 +568,6 @@ def test_a_small_table_is_written_as_one_file_sorted_by_key(
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(DataFrame, "repartitionByRange", spied)
-    import random
-
-    import pyarrow.parquet as pq
-
     rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
     ids = list(range(300))
     random.Random(3).shuffle(ids)
@@ -619,14 +619,12 @@ def test_the_one_file_write_counts_the_rows_of_the_files_it_rewrites(
         pq.write_table(pa.table({"id": list(range(n))}), f)
         files.append(str(f))
 
-    def one_file(upserts: int | None, dropped: list[str] | None) -> bool:
+    def one_file(upserts: int | None, dropped: list[str]) -> bool:
         batch = lake.FrameBatch(pa.schema([("id", pa.int32())]), ["id"], False, False, None, None, 0)
         batch.upserts_at_most = upserts
-        rw = lake._Rewrite(None, batch, files, None)
-        rw.dropped = dropped
-        return rw._one_file()
+        return lake._Rewrite(None, batch, files, None)._one_file(dropped)
 
-    assert one_file(10, files) and one_file(10, None)  # 100 rows: one file
+    assert one_file(10, files)  # 100 rows: one file
     assert not one_file(11, files)
     assert one_file(60, files[:1]) and not one_file(61, files[:1])  # the kept file's rows are not written
     assert one_file(100, []) and not one_file(101, [])
