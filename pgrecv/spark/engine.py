@@ -547,10 +547,22 @@ def _batch(
     toast = [c for c in facts["toast"] if c in plan.columns]
     events = rp.table_changes(changes, plan, target.applied, facts["truncate_at"], dedupe=bool(toast))
     if one_pass and _one_pass_fits(facts, target, config, toast):
-        final = _typed(rp.final_changes(events, plan, [], moves=False), plan)
-        bad = F.col("_problem").isNotNull() | ~_all_ok(names)
-        final = final.where(F.when(bad, F.raise_error(F.lit(ONE_PASS_FAILED))).otherwise(F.lit(True)))
-        final = final.select(F.col("kind").alias("_kind"), F.col("key").alias("_k"), F.col("tv").alias("_v"))
+        # typed and checked in one select and one filter (each DataFrame step is analysed on the
+        # driver, per table: bench/NOTES.md, many small tables)
+        values, oks = rp.typed({n: F.col(f"v.`{n}`") for n in names}, plan)
+        bad = F.col("_problem").isNotNull()
+        for n in names:
+            bad = bad | ~oks[n]
+        final = (
+            rp.final_changes(events, plan, [], moves=False)
+            .select(
+                F.col("kind").alias("_kind"),
+                F.col("key").alias("_k"),
+                F.struct(*[values[n].alias(n) for n in names]).alias("_v"),
+                bad.alias("_bad"),
+            )
+            .where(F.when(F.col("_bad"), F.raise_error(F.lit(ONE_PASS_FAILED))).otherwise(F.lit(True)))
+        )
         return FrameBatch(schema, plan.key_cols, plan.full, truncate, None, None, facts["position"], final=final)
     final = rp.final_changes(events, plan, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
     final = _typed(final, plan)

@@ -50,7 +50,8 @@ class FrameBatch:
     history: bool = False
     closes: Any = None
     # one pass (see :class:`_Rewrite`): the final events (``_kind`` U or D, the key as the
-    # struct ``_k``, the typed values as the struct ``_v``) instead of ``upserts`` and ``keys``
+    # struct ``_k``, the typed values as the struct ``_v``; other columns are ignored) instead of
+    # ``upserts`` and ``keys``
     final: Any = None
     # at most this many rows come from the batch (its inserts and updates; None: not known): with
     # the rows of the files it rewrites, what tells :meth:`_Rewrite.write` that one file holds all

@@ -423,11 +423,14 @@ def table_changes(
     looked up along the key (the copies then replay identically), and it saves a shuffle of every
     row with its images."""
     F = _F()
-    t = changes.where((F.col("schema") == plan.schema) & (F.col("table") == plan.table) & (F.col("op") != "truncate"))
+    # one filter, not three: Spark analyses every DataFrame step of every table on the driver
+    # (bench/NOTES.md, many small tables)
+    mine = (F.col("schema") == plan.schema) & (F.col("table") == plan.table) & (F.col("op") != "truncate")
     if applied is not None:
-        t = t.where(F.col("c") > applied)
+        mine = mine & (F.col("c") > applied)
     if truncate_at is not None:
-        t = t.where(order_col() > order_lit(truncate_at))
+        mine = mine & (order_col() > order_lit(truncate_at))
+    t = changes.where(mine)
     # at-least-once delivery: a change that came twice (a transaction sent again after a restart,
     # a cut one in stdout output, a prepared one both carried over and in the input again) has the
     # same commit and change LSN; one copy stays. (Copies left in would break the lookup of a key
@@ -493,8 +496,8 @@ def table_changes(
         .when(F.col("op").isin("insert", "update") & _not_object(t, "new"), F.lit(NOT_OBJECT))
         .when(_not_object(t, "old"), F.lit(NOT_OBJECT))
     )
-    out = t.select("op", *ORDER, "_path", "lsn", "commit_time", problem.alias("_problem"), F.explode(events).alias("e"))
-    return out.select("op", *ORDER, "_path", "lsn", "commit_time", "_problem", "e.*")
+    # inline: the events' fields as columns in this one step (explode, then "e.*", took two)
+    return t.select("op", *ORDER, "_path", "lsn", "commit_time", problem.alias("_problem"), F.inline(events))
 
 
 def _not_object(rows: Any, image: str) -> Any:
@@ -516,20 +519,29 @@ def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], moves: bo
     from pyspark.sql import Window
 
     F = _F()
-    ev = fill_toast(events, toast_cols, moves, max_rounds)
     # per key, the latest event (a PK change's delete of the old key and upsert of the new one have
     # the same order but different keys)
     w = Window.partitionBy(*by_key()).orderBy(*[F.col(c).desc() for c in ORDER], F.col("kind").desc())
-    return ev.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
+    last = F.row_number().over(w)
+    if toast_cols:
+        ev = fill_toast(events, toast_cols, moves, max_rounds).withColumn("_n", last)
+    else:  # fill_toast's two columns and the rank in one step
+        ev = events.withColumns({**_nothing_to_fill(), "_n": last})
+    return ev.where("_n = 1").drop("_n")
 
 
 def fill_toast(events: Any, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> Any:
     """Every event with its unchanged-TOAST columns filled from the batch where it can (``need``:
     the columns left to the target's row of the key ``root``)."""
-    F = _F()
     if toast_cols:
         return _fill_toast(events, toast_cols, max_rounds if moves else 0)
-    return events.withColumn("root", F.col("key")).withColumn("need", F.array().cast("array<string>"))
+    return events.withColumns(_nothing_to_fill())
+
+
+def _nothing_to_fill() -> dict[str, Any]:
+    """fill_toast's columns when no column has an unchanged TOAST value: every row is its own root."""
+    F = _F()
+    return {"root": F.col("key"), "need": F.array().cast("array<string>")}
 
 
 def _fill_toast(ev: Any, cols: list[str], max_rounds: int) -> Any:
