@@ -550,9 +550,7 @@ def _batch(
         # typed and checked in one select and one filter (each DataFrame step is analysed on the
         # driver, per table: bench/NOTES.md, many small tables)
         values, oks = rp.typed({n: F.col(f"v.`{n}`") for n in names}, plan)
-        bad = F.col("_problem").isNotNull()
-        for n in names:
-            bad = bad | ~oks[n]
+        bad = F.col("_problem").isNotNull() | ~rp.all_of([oks[n] for n in names])
         final = (
             rp.final_changes(events, plan, [], moves=False)
             .select(
@@ -792,10 +790,7 @@ def _apply_policy(rows: Any, plan: rp.TablePlan, target: Any, config: Any, resul
 def _all_ok(names: list[str]) -> Any:
     from pyspark.sql import functions as F
 
-    ok = F.lit(True)
-    for n in names:
-        ok = ok & F.col(f"ok.`{n}`")
-    return ok
+    return rp.all_of([F.col(f"ok.`{n}`") for n in names])
 
 
 def _check_values(rows: Any, plan: rp.TablePlan, names: list[str], note: str = "") -> None:

@@ -550,7 +550,7 @@ def _fill_toast(ev: Any, cols: list[str], max_rounds: int) -> Any:
     F = _F()
     moved = (F.col("kind") == "U") & (F.col("src") != F.col("key"))
     ev = ev.withColumn("_mv", moved)
-    ev = ev.withColumn("_res", ~moved | _all([F.col(f"has.{c}") for c in cols]))
+    ev = ev.withColumn("_res", ~moved | all_of([F.col(f"has.{c}") for c in cols]))
     ev = ev.withColumn("root", F.when(moved, F.col("src")).otherwise(F.col("key")))
     if max_rounds == 0:  # no key change lacks a value: one pass along each key does it all
         ev = _carry(ev, cols)
@@ -646,7 +646,8 @@ def _resolve_moves(ev: Any, cols: list[str]) -> Any:
     return rest.unionByName(cand)
 
 
-def _all(conds: list[Any]) -> Any:
+def all_of(conds: list[Any]) -> Any:
+    """The conjunction of boolean columns (true for none)."""
     F = _F()
     out = F.lit(True)
     for c in conds:
