@@ -55,9 +55,11 @@ def table_names(tables: int) -> list[str]:
     return ["t"] if tables == 1 else [f"t{j}" for j in range(tables)]
 
 
-def write_input(path: Path, events: int, keys: int, tables: int = 1) -> None:
+def write_input(path: Path, events: int, keys: int, tables: int = 1, first_lsn: int = 1 << 32) -> int:
+    """Writes the change records; returns the position after the last transaction (the next
+    input's ``first_lsn``: a later batch must not reuse LSNs that the target has applied)."""
     rng = random.Random(1)
-    pos = 1 << 32
+    pos = first_lsn
     names = table_names(tables)
     with open(path, "wb") as f:
         for j, name in enumerate(names):
@@ -114,6 +116,7 @@ def write_input(path: Path, events: int, keys: int, tables: int = 1) -> None:
                 batch = []
         if batch:
             txn(batch)
+    return pos + 1000
 
 
 FLOOR_SCHEMA = "op string, commit_lsn string, lsn string, new struct<id:int, v:string, n:string>, old struct<id:int>"
@@ -160,8 +163,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         base_in, changes = base / "base.jsonl", base / "changes.jsonl"
-        write_input(base_in, args.keys, args.keys, args.tables)  # the 200k rows
-        write_input(changes, args.events, args.keys, args.tables)
+        after_base = write_input(base_in, args.keys, args.keys, args.tables)  # the 200k rows
+        # after the base's LSNs: every change is new to the target, as for the floor (before
+        # 2026-11-30 the changes reused the base's LSNs, and spark-apply skipped their first 200k
+        # as applied while the floor replayed all of them)
+        write_input(changes, args.events, args.keys, args.tables, first_lsn=after_base)
 
         def config(sources: tuple[str, ...], fmt: str) -> ApplyConfig:
             return ApplyConfig(sources, base / fmt, fmt=fmt, engine="delta-rs", replay=args.replay)
