@@ -870,7 +870,10 @@ def _carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> t
     count = pending.select("gid", "xid").distinct().count()
     if not count:
         return 0, None
-    tables = {(r["schema"], r["table"]) for r in pending.select("schema", "table").distinct().collect()}
+    # the tables of its row changes, and those its TRUNCATEs list (their records name no table)
+    named = pending.where(F.col("table").isNotNull()).select("schema", "table")
+    truncated = pending.where(F.col("tables").isNotNull()).select(F.inline("tables"))
+    tables = {(r["schema"], r["table"]) for r in named.unionByName(truncated).distinct().collect()}
     rel_lines = [
         orjson.dumps({"v": FORMAT_VERSION, "op": "relation", **rel}).decode()
         for k in sorted(tables)
