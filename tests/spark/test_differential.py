@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -26,6 +27,10 @@ from tests.spark.changegen import Gen, TableModel
 
 pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
+
+# Random streams per test and format: a few in the suite (each is a minute of Spark jobs); a longer
+# hunt sets PGRECV_DIFFERENTIAL_EXAMPLES (README, Development). One found the carried TRUNCATE bug.
+EXAMPLES = int(os.environ.get("PGRECV_DIFFERENTIAL_EXAMPLES") or 0) or None
 
 
 def _files(lines: list[str], where: Path, rng_cut: int) -> list[Path]:
@@ -113,7 +118,10 @@ def _json_back(t: TableModel, col: str, v: Any) -> Any:
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 @settings(
-    max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate)
+    max_examples=EXAMPLES or 1,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.generate),
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000))
 # found by a longer run: a prepared transaction both carried over and in the input again, with a
@@ -170,7 +178,10 @@ def _version_set(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 @settings(
-    max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate)
+    max_examples=EXAMPLES or 1,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.generate),
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000))
 # the old replay once failed here ("unchanged TOAST column(s) big of table public.t3, but the
@@ -220,7 +231,10 @@ def test_history_equals_the_truth(
 
 @pytest.mark.parametrize(("fmt", "mode"), [("parquet", "latest"), ("delta", "latest"), ("delta", "history")])
 @settings(
-    max_examples=2, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate)
+    max_examples=EXAMPLES or 2,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.generate),
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000), tables=st.sampled_from([1, 3]))
 @example(seed=3, cut=40, tables=1)
