@@ -655,7 +655,8 @@ def test_a_carried_prepared_transaction_with_a_truncate(
     truncate = {"op": "truncate", "tables": [{"schema": "public", "table": "t"}], "cascade": False}
     truncate |= {"restart_identity": False, "lsn": "0/1F0"}
     insert = {"op": "insert", "schema": "public", "table": "t", "lsn": "0/1F8", "key": ["id"], "new": {"id": 2}}
-    held = [truncate, {**insert, "unchanged_toast": []}] if with_row else [truncate]
+    insert["unchanged_toast"] = []
+    held = [truncate, insert] if with_row else [truncate]
     committed = _txn("0/100", [_insert("t", "0/100", "0/90", '{"id":1}')])
     first = _write(tmp_path / "a.jsonl", [orjson.dumps(t).decode(), *committed, *_prepared("g", "0/200", held)])
     target = tmp_path / "lake"
