@@ -33,6 +33,10 @@ from pgrecv.spark.types import ColumnType, column_type, same_type
 
 SAMPLE = 5  # poison values named per table
 TABLE_THREADS = 4  # tables applied side by side (each a few Spark jobs)
+# a batch of at most this many changes onto a table of one file is applied by one task
+# (single_task); ``PGRECV_SPARK_SINGLE_TASK=0`` turns that off (for comparing the two)
+SINGLE_TASK_CHANGES = 50_000
+SINGLE_TASK = os.environ.get("PGRECV_SPARK_SINGLE_TASK", "1") != "0"
 
 
 def run_frames(
@@ -138,7 +142,8 @@ def run_frames(
             [(s, t, i) for i, (s, t) in enumerate(wanted)] or [("", "", -1)], "schema string, `table` string, _tid int"
         )
         changes = changes.join(F.broadcast(ids), ["schema", "table"])
-        if len(wanted) > 1 or st.chunked or st.prepared:
+        own_files = len(wanted) > 1 or st.chunked or st.prepared  # each table's rows in files of its own
+        if own_files:
             shape = changes.schema
             changes.write.partitionBy("_tid").parquet(file_url(by_table))
             changes = spark.read.schema(shape).parquet(file_url(by_table))
@@ -192,11 +197,17 @@ def run_frames(
                 )
                 if config.fmt == "delta":
                     _delta_names(plan)
+                single = single_task(f, target)
+                if single:
+                    # its own files are few: one task reads them; else one shuffle of its rows
+                    # (a coalesce would read the whole input in that task)
+                    own = own.coalesce(1) if own_files else own.repartition(1)
                 if history:
                     batch = _history_batch(own, plan, target, f, spark, result, config)
                 else:
                     batch = _batch(own, plan, target, f, spark, result, config, one_pass=True)
                     batch.upserts_at_most = f["insert"] + f["update"]
+                batch.single = single
                 target.path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     result.bytes_written = target.write_frames(batch)
@@ -206,6 +217,7 @@ def run_frames(
                     # a problem the one pass cannot name: step by step, it is reported or handled
                     batch = _batch(own, plan, target, f, spark, result, config)
                     batch.upserts_at_most = f["insert"] + f["update"]
+                    batch.single = single
                     result.bytes_written = target.write_frames(batch)
                 result.status = "applied"
                 result.version = target.version
@@ -255,6 +267,22 @@ def run_frames(
         shutil.rmtree(stage, ignore_errors=True)
         shutil.rmtree(by_table, ignore_errors=True)
         shutil.rmtree(links, ignore_errors=True)
+
+
+def single_task(facts: dict[str, Any], target: Any) -> bool:
+    """Whether a table's batch is replayed and written by one task: few changes (at most
+    :data:`SINGLE_TASK_CHANGES`) onto a table that stays within one file. Each shuffle between the
+    replay and the write is a Spark job of its own, with its tasks, files and planning, which is
+    what a small table's apply is made of (bench/NOTES.md, many small tables); one partition
+    from the input on needs none of them."""
+    from pgrecv.spark import lake
+
+    if not SINGLE_TASK or facts["n"] > SINGLE_TASK_CHANGES:
+        return False
+    most = facts["insert"] + facts["update"]
+    if most > lake.ROWS_PER_FILE:
+        return False
+    return bool(most + target.row_count(above=lake.ROWS_PER_FILE - most) <= lake.ROWS_PER_FILE)
 
 
 def _image_type(wanted: list[tuple[str, str]], st: rp.Structure, targets: dict[Any, Any], config: Any) -> str | None:

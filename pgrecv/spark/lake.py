@@ -56,6 +56,10 @@ class FrameBatch:
     # at most this many rows come from the batch (its inserts and updates; None: not known): with
     # the rows of the files it rewrites, what tells :meth:`_Rewrite.write` that one file holds all
     upserts_at_most: int | None = None
+    # the batch's input and the table's current rows are small enough for one task: the input
+    # arrives in one partition (:func:`pgrecv.spark.engine.single_task`), the current rows are read
+    # into one, and nothing is shuffled between the replay and the write
+    single: bool = False
 
 
 ONE_PASS_FAILED = "pgrecv: the batch needs the step-by-step apply"  # raise_error's text, matched below
@@ -153,7 +157,8 @@ class _Rewrite:
 
     def _read(self, files: list[str]) -> Any:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
-        return self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*[file_url(Path(f)) for f in files])
+        rows = self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*[file_url(Path(f)) for f in files])
+        return rows.coalesce(1) if self.batch.single else rows
 
     def _one_file(self, dropped: list[str]) -> bool:
         """Whether the rows to write fit one file, by counts the driver has (the batch's upserts,
@@ -172,7 +177,12 @@ class _Rewrite:
             from pyspark.sql import functions as F
 
             keys = [F.col(_q(k)) for k in b.key_cols]
-            rows = rows.repartition(1) if self._one_file(dropped) else rows.repartitionByRange(*keys)
+            if self.batch.single:  # one partition already: no shuffle
+                rows = rows.coalesce(1)
+            elif self._one_file(dropped):
+                rows = rows.repartition(1)
+            else:
+                rows = rows.repartitionByRange(*keys)
             rows = rows.sortWithinPartitions(*keys)
         rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))

@@ -117,6 +117,9 @@ def _json_back(t: TableModel, col: str, v: Any) -> Any:
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
+# the streams' tables are small: each is applied by one task (engine.single_task), unless that is
+# off, as for a larger batch
+@pytest.mark.parametrize("single", [True, False], ids=["one task", "shuffled"])
 @settings(
     max_examples=EXAMPLES or 1,
     deadline=None,
@@ -128,8 +131,17 @@ def _json_back(t: TableModel, col: str, v: Any) -> Any:
 # key change that kept an unchanged TOAST value (the second copy of the move met the first's delete)
 @example(seed=22, cut=22)
 def test_engine_equals_the_truth(
-    spark: Any, tmp_path_factory: pytest.TempPathFactory, fmt: str, seed: int, cut: int
+    spark: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
+    single: bool,
+    seed: int,
+    cut: int,
 ) -> None:
+    from pgrecv.spark import engine
+
+    monkeypatch.setattr(engine, "SINGLE_TASK", single)
     where = tmp_path_factory.mktemp("diff") / "a dir ü"  # paths Spark spells percent-encoded
     where.mkdir()
     gen = Gen(seed)

@@ -631,6 +631,82 @@ def test_the_one_file_write_counts_the_rows_of_the_files_it_rewrites(
     assert not one_file(None, [])
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_a_small_tables_batch_is_replayed_and_written_without_a_shuffle(
+    tmp_path: Path, spark: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small batch onto a table of one file reads its input into one partition and is replayed,
+    joined with the current rows and written in one task (engine.single_task): a run over several
+    small tables takes fewer Spark jobs, at least two fewer a table (each shuffle of the shuffled
+    plan is a job), and leaves the same tables. Batches that do not fit keep the shuffled plan."""
+    from pgrecv.spark import engine
+
+    names = ["a", "b", "c"]
+    rels = [orjson.dumps(_rel(t, [("id", "integer"), ("v", "text")])).decode() for t in names]
+    base = [
+        _insert(t, "0/100", f"0/{0x10 + 10 * j + i:X}", f'{{"id":{i},"v":"base"}}')
+        for j, t in enumerate(names)
+        for i in range(10)
+    ]
+    src0 = _write(tmp_path / "0.jsonl", [*rels, *_txn("0/100", base)])
+    rows = [
+        _change("update", t, "0/200", f"0/{0x110 + 10 * j + i:X}", f'{{"id":{i},"v":"new {i}"}}', None)
+        for j, t in enumerate(names)
+        for i in range(8)
+    ]
+    rows += [_change("delete", t, "0/200", f"0/{0x170 + j:X}", None, '{"id":9}') for j, t in enumerate(names)]
+    rows += [_insert(t, "0/200", f"0/{0x180 + j:X}", f'{{"id":{100 + j},"v":"n"}}') for j, t in enumerate(names)]
+    src1 = _write(tmp_path / "1.jsonl", [*rels, *_txn("0/200", rows)])
+    tracker = spark.sparkContext.statusTracker()
+    jobs, tables = {}, {}
+    for single in (True, False):
+        monkeypatch.setattr(engine, "SINGLE_TASK", single)
+        target = tmp_path / f"lake-{single}"
+        run_apply(ApplyConfig((str(src0),), target, fmt=fmt, replay="spark"), spark=spark)
+        before = set(tracker.getJobIdsForGroup())
+        s = run_apply(ApplyConfig((str(src1),), target, fmt=fmt, replay="spark"), spark=spark)
+        jobs[single] = len(set(tracker.getJobIdsForGroup()) - before)
+        assert [(t.status, t.applied_lsn) for t in s.tables] == [("applied", "0/200")] * 3
+        tables[single] = [_table(target, t, fmt) for t in names]
+    assert jobs[True] <= jobs[False] - 2 * len(names), jobs
+    assert tables[True] == tables[False]
+    want = {i: f"new {i}" for i in range(8)} | {8: "base"}
+    assert [{r["id"]: r["v"] for r in t} for t in tables[True]] == [want | {100 + j: "n"} for j in range(3)]
+
+
+def test_single_task_takes_only_small_batches_onto_one_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine.single_task: at most SINGLE_TASK_CHANGES changes, and the batch's upserts with the
+    table's current rows (from its files' footers) within one file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pgrecv.spark import engine, lake
+
+    monkeypatch.setattr(lake, "ROWS_PER_FILE", 1000)
+    monkeypatch.setattr(engine, "SINGLE_TASK_CHANGES", 2000)
+
+    class Target(lake._Frames):
+        def __init__(self, files: list[str]) -> None:
+            self.files = files
+
+        def data_files(self) -> list[str]:
+            return self.files
+
+    f = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"id": list(range(100))}), f)
+
+    def single(n: int, inserts: int, updates: int, files: list[str]) -> bool:
+        return engine.single_task({"n": n, "insert": inserts, "update": updates}, Target(files))
+
+    assert single(10, 5, 5, [str(f)]) and single(10, 5, 5, [])
+    assert single(2000, 400, 500, [str(f)])  # 900 upserts and the file's 100 rows: one file
+    assert not single(2000, 400, 501, [str(f)])
+    assert single(2000, 1000, 0, []) and not single(2000, 1001, 0, [])
+    assert not single(2001, 0, 0, [])  # too many changes, whatever they are
+    monkeypatch.setattr(engine, "SINGLE_TASK", False)
+    assert not single(10, 5, 5, [])
+
+
 def _prepared(gid: str, at: str, rows: list[dict[str, Any]]) -> list[str]:
     """A prepared transaction (no outcome): its begin_prepare, ``rows`` and prepare."""
     env = {"xid": 2, "gid": gid, "prepare_lsn": at, "end_lsn": at, "prepare_time": None}
