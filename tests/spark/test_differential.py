@@ -188,7 +188,12 @@ def _version_set(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+# one task per small table (engine.single_task) in both formats, the shuffled plan in one
+@pytest.mark.parametrize(
+    ("fmt", "single"),
+    [("parquet", True), ("delta", True), ("delta", False)],
+    ids=["parquet", "delta", "delta-shuffled"],
+)
 @settings(
     max_examples=EXAMPLES or 1,
     deadline=None,
@@ -200,10 +205,19 @@ def _version_set(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
 # target has no row"): a redelivered key change met its first copy's delete (6 of seeds 0-39)
 @example(seed=15, cut=105)
 def test_history_equals_the_truth(
-    spark: Any, tmp_path_factory: pytest.TempPathFactory, fmt: str, seed: int, cut: int
+    spark: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
+    single: bool,
+    seed: int,
+    cut: int,
 ) -> None:
     """--mode history on the Spark replay: the live versions are the true tables, every key's
     versions form one chain, and the old replay has the same versions."""
+    from pgrecv.spark import engine
+
+    monkeypatch.setattr(engine, "SINGLE_TASK", single)
     where = tmp_path_factory.mktemp("hist") / "a dir ü"
     where.mkdir()
     gen = Gen(seed)
