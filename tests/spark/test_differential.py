@@ -116,10 +116,20 @@ def _json_back(t: TableModel, col: str, v: Any) -> Any:
     return orjson.dumps(v).decode() if col in t.json_cols and v is not None else v
 
 
+@pytest.fixture
+def single(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The stream's small tables each applied by one task (engine.single_task, the default), or
+    by the shuffled plan that larger batches take."""
+    from pgrecv.spark import engine
+
+    monkeypatch.setattr(engine, "SINGLE_TASK", request.param)
+    return bool(request.param)
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 # the streams' tables are small: each is applied by one task (engine.single_task), unless that is
 # off, as for a larger batch
-@pytest.mark.parametrize("single", [True, False], ids=["one task", "shuffled"])
+@pytest.mark.parametrize("single", [True, False], ids=["one task", "shuffled"], indirect=True)
 @settings(
     max_examples=EXAMPLES or 1,
     deadline=None,
@@ -131,17 +141,8 @@ def _json_back(t: TableModel, col: str, v: Any) -> Any:
 # key change that kept an unchanged TOAST value (the second copy of the move met the first's delete)
 @example(seed=22, cut=22)
 def test_engine_equals_the_truth(
-    spark: Any,
-    tmp_path_factory: pytest.TempPathFactory,
-    monkeypatch: pytest.MonkeyPatch,
-    fmt: str,
-    single: bool,
-    seed: int,
-    cut: int,
+    spark: Any, tmp_path_factory: pytest.TempPathFactory, fmt: str, single: bool, seed: int, cut: int
 ) -> None:
-    from pgrecv.spark import engine
-
-    monkeypatch.setattr(engine, "SINGLE_TASK", single)
     where = tmp_path_factory.mktemp("diff") / "a dir ü"  # paths Spark spells percent-encoded
     where.mkdir()
     gen = Gen(seed)
@@ -193,6 +194,7 @@ def _version_set(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
     ("fmt", "single"),
     [("parquet", True), ("delta", True), ("delta", False)],
     ids=["parquet", "delta", "delta-shuffled"],
+    indirect=["single"],
 )
 @settings(
     max_examples=EXAMPLES or 1,
@@ -205,19 +207,10 @@ def _version_set(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
 # target has no row"): a redelivered key change met its first copy's delete (6 of seeds 0-39)
 @example(seed=15, cut=105)
 def test_history_equals_the_truth(
-    spark: Any,
-    tmp_path_factory: pytest.TempPathFactory,
-    monkeypatch: pytest.MonkeyPatch,
-    fmt: str,
-    single: bool,
-    seed: int,
-    cut: int,
+    spark: Any, tmp_path_factory: pytest.TempPathFactory, fmt: str, single: bool, seed: int, cut: int
 ) -> None:
     """--mode history on the Spark replay: the live versions are the true tables, every key's
     versions form one chain, and the old replay has the same versions."""
-    from pgrecv.spark import engine
-
-    monkeypatch.setattr(engine, "SINGLE_TASK", single)
     where = tmp_path_factory.mktemp("hist") / "a dir ü"
     where.mkdir()
     gen = Gen(seed)
