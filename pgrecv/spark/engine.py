@@ -279,10 +279,7 @@ def single_task(facts: dict[str, Any], target: Any) -> bool:
 
     if not SINGLE_TASK or facts["n"] > SINGLE_TASK_CHANGES:
         return False
-    most = facts["insert"] + facts["update"]
-    if most > lake.ROWS_PER_FILE:
-        return False
-    return bool(most + target.row_count(above=lake.ROWS_PER_FILE - most) <= lake.ROWS_PER_FILE)
+    return lake.fits_one_file(facts["insert"] + facts["update"], target.data_files())
 
 
 def _image_type(wanted: list[tuple[str, str]], st: rp.Structure, targets: dict[Any, Any], config: Any) -> str | None:

@@ -164,10 +164,7 @@ class _Rewrite:
         """Whether the rows to write fit one file, by counts the driver has (the batch's upserts,
         the footers of the files it drops): a table with few rows is written by one task without
         the range partitioner, whose sample is a job of its own (bench/NOTES.md: many small tables)."""
-        most = self.batch.upserts_at_most
-        if most is None or most > ROWS_PER_FILE:
-            return False
-        return most + rows_in(dropped, above=ROWS_PER_FILE - most) <= ROWS_PER_FILE
+        return fits_one_file(self.batch.upserts_at_most, dropped)
 
     def write(self, rows: Any, out: Path, dropped: list[str]) -> list[Path]:
         """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths.
@@ -186,6 +183,13 @@ class _Rewrite:
             rows = rows.sortWithinPartitions(*keys)
         rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
+
+
+def fits_one_file(most: int | None, files: list[str]) -> bool:
+    """Whether ``most`` new rows (None: not known) and the rows of ``files`` fit one data file."""
+    if most is None or most > ROWS_PER_FILE:
+        return False
+    return most + rows_in(files, above=ROWS_PER_FILE - most) <= ROWS_PER_FILE
 
 
 def rows_in(files: list[str], above: int | None = None) -> int:
