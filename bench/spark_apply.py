@@ -55,9 +55,12 @@ def table_names(tables: int) -> list[str]:
     return ["t"] if tables == 1 else [f"t{j}" for j in range(tables)]
 
 
-def write_input(path: Path, events: int, keys: int, tables: int = 1, first_lsn: int = 1 << 32) -> int:
-    """Writes the change records; returns the position after the last transaction (the next
-    input's ``first_lsn``: a later batch must not reuse LSNs that the target has applied)."""
+def write_input(
+    path: Path, events: int, keys: int, tables: int = 1, first_lsn: int = 1 << 32, txn_size: int = 500
+) -> int:
+    """Writes the change records, ``txn_size`` changes a transaction; returns the position after
+    the last transaction (the next input's ``first_lsn``: a later batch must not reuse LSNs that
+    the target has applied)."""
     rng = random.Random(1)
     pos = first_lsn
     names = table_names(tables)
@@ -111,7 +114,7 @@ def write_input(path: Path, events: int, keys: int, tables: int = 1, first_lsn: 
                 batch.append(
                     {"op": "update", "_k": k, "new": row, "old": None, "old_kind": None, "unchanged_toast": []}
                 )
-            if len(batch) == 500:
+            if len(batch) == txn_size:
                 txn(batch)
                 batch = []
         if batch:
@@ -155,6 +158,9 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=200_000)
     ap.add_argument("--tables", type=int, default=1)
+    ap.add_argument(
+        "--txn-size", type=int, default=500, help="changes a transaction (1: a transaction per change, as OLTP has it)"
+    )
     ap.add_argument("--replay", choices=["spark", "driver"], default="spark")
     ap.add_argument("--format", dest="fmts", action="append", choices=["parquet", "delta"])
     args = ap.parse_args()
@@ -167,7 +173,7 @@ def main() -> None:
         # after the base's LSNs: every change is new to the target, as for the floor (before
         # 2026-11-30 the changes reused the base's LSNs, and spark-apply skipped their first 200k
         # as applied while the floor replayed all of them)
-        write_input(changes, args.events, args.keys, args.tables, first_lsn=after_base)
+        write_input(changes, args.events, args.keys, args.tables, first_lsn=after_base, txn_size=args.txn_size)
 
         def config(sources: tuple[str, ...], fmt: str) -> ApplyConfig:
             return ApplyConfig(sources, base / fmt, fmt=fmt, engine="delta-rs", replay=args.replay)
@@ -191,7 +197,10 @@ def main() -> None:
             run_apply(config((str(changes),), fmt), spark=spark)
             results[fmt] = time.monotonic() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"events {args.events}, keys {args.keys}, tables {args.tables}, local[2], --replay {args.replay}")
+    print(
+        f"events {args.events}, keys {args.keys}, tables {args.tables}, {args.txn_size} a transaction, local[2], "
+        f"--replay {args.replay}"
+    )
     print(f"floor (Spark: read JSONL with schema, max_by per key, write the final table; best of 2): {floor:.2f} s")
     print(f"old floor (read with schema, write every event; best of 2): {old_floor:.2f} s")
     for fmt, secs in results.items():
