@@ -63,6 +63,15 @@ class Plain:
     toast: int  # row changes with unchanged TOAST values
     per: Any  # the first pass's cached rows: counts per transaction and table
 
+    @property
+    def broadcast(self) -> bool:
+        """Whether :meth:`commit_keys` are broadcast (``rp.commit_hint``)."""
+        return self.structure.transactions <= rp.BROADCAST_COMMITS
+
+    def commit_keys(self) -> Any:
+        """The commit LSNs, to semi-join changes to, with ``rp.commit_hint``'s join hint."""
+        return rp.commit_hint(self.commits, self.structure)
+
     def records(self, images: str | None = None) -> Any:
         """The records as the replay reads them (rp.committed), over the JSON itself. ``images``:
         the row images' type when every change is of one table without json columns (a struct

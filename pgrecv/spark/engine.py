@@ -83,7 +83,7 @@ def run_frames(
                 restores.pop()()
                 shutil.rmtree(links, ignore_errors=True)  # the staged read makes its own
         if plain is not None:
-            df, st, commits, any_truncate = None, plain.structure, plain.commits, plain.truncates > 0
+            df, st, commits, any_truncate = None, plain.structure, plain.commit_keys(), plain.truncates > 0
             summary.input_read = "direct"
         else:
             records = read_records(spark, files, carried, stage, links)
@@ -142,19 +142,24 @@ def run_frames(
             [(s, t, i) for i, (s, t) in enumerate(wanted)] or [("", "", -1)], "schema string, `table` string, _tid int"
         )
         changes = changes.join(F.broadcast(ids), ["schema", "table"])
-        own_files = len(wanted) > 1 or st.chunked or st.prepared  # each table's rows in files of its own
+        # each table's rows in files of its own: several tables, the staged rules, or commits too
+        # many to broadcast (each pass would shuffle the input to its commits again)
+        own_files = len(wanted) > 1 or st.chunked or st.prepared or (plain is not None and not plain.broadcast)
         if own_files:
             shape = changes.schema
             changes.write.partitionBy("_tid").parquet(file_url(by_table))
             changes = spark.read.schema(shape).parquet(file_url(by_table))
         # else one table of plain transactions: its few passes each redo a cheap semi-join to the
-        # commits over the staged input, less work than writing every change once more
+        # broadcast commits over the input, less work than writing every change once more
         summary.lines = st.lines
         summary.pending_prepared, carry_file = _carry_pending(pending, st, state, spark)
 
         history = config.mode == "history"
         applied = {k: v.applied for k, v in targets.items()}
-        facts = _plain_facts(plain, applied) if plain is not None else None
+        # from the first pass's counts, unless they would need its transactions sorted and
+        # merged with their commits (too many to broadcast): the copy of the changes above holds
+        # only committed ones, and counting it needs no join
+        facts = _plain_facts(plain, applied) if plain is not None and plain.broadcast else None
         if facts is None:
             facts = _table_facts(changes, applied, spark)
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
@@ -413,7 +418,7 @@ def _plain_facts(plain: direct.Plain, applied: dict[tuple[str, str], int | None]
         return None
     rows = (
         plain.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
-        .join(F.broadcast(plain.commits), F.col("k") == F.col("c"), "left_semi")
+        .join(plain.commit_keys(), F.col("k") == F.col("c"), "left_semi")
         .join(F.broadcast(_applied_frame(plain.spark, applied)), ["schema", "table"])
     )
     live = F.col("k") > F.col("_applied")

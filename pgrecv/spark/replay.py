@@ -204,13 +204,30 @@ def _two_phase(r: Any, is_change: Any, stream_prepared: Any) -> tuple[Any, Any]:
     return two_phase, pending
 
 
+# The most commit LSNs that are broadcast to the changes' semi-join. They are one per transaction,
+# and a broadcast is built in the driver's JVM: OLTP's one-change transactions would make the
+# driver's memory grow with the input (5M of them ran out of the default 1 GB, "Not enough memory
+# to build and broadcast the table"). Past this, a sort-merge join. Spark's own broadcast
+# threshold, 10 MB, admits about as many by its size estimate of a long.
+BROADCAST_COMMITS = 500_000
+
+
+def commit_hint(commits: Any, st: Structure) -> Any:
+    """The commit LSNs with their join hint: broadcast while the input's transactions are few,
+    else sorted and merged. The merge needs its hint too: the adaptive plan would broadcast them
+    anyway once their shuffle is under its threshold, and a few MB of compressed LSNs can be
+    millions of them."""
+    F = _F()
+    return F.broadcast(commits) if st.transactions <= BROADCAST_COMMITS else commits.hint("merge")
+
+
 def committed(
     records: Any, manifests: list[tuple[str, str, int]], st: Structure, commits: Any = None
 ) -> tuple[Any, Any]:
     """(committed changes, pending prepared rows or None) from all records. The rules for streamed
     and two-phase transactions join the plan only when the input has such records (``st``).
     ``commits``: the commit LSNs (``c``) when the caller has them (a plain input read directly,
-    :mod:`pgrecv.spark.direct`: no snapshot rows either)."""
+    :mod:`pgrecv.spark.direct`: no snapshot rows either), with :func:`commit_hint`'s join hint."""
     F = _F()
     r = records
     is_change = F.col("op").isin(*CHANGE_OPS)
@@ -218,9 +235,7 @@ def committed(
     # plain transactions: the row's commit_lsn has a commit record
     direct = commits is not None
     if commits is None:
-        commits = r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct()
-    else:
-        commits = F.broadcast(commits)
+        commits = commit_hint(r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct(), st)
     plain = (
         r.where(is_change & F.col("commit_lsn_i").isNotNull())
         .join(commits, F.col("commit_lsn_i") == F.col("c"), "left_semi")

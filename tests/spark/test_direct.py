@@ -313,3 +313,37 @@ class _Empty:
 class _Config:
     append_only = False
     mode = "latest"
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["broadcast", "shuffled"])
+def test_commits_too_many_to_broadcast_are_joined_to_the_changes_by_a_shuffle(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, many: bool
+) -> None:
+    """The first pass keeps one commit LSN per transaction. A broadcast of them is built in the
+    driver's JVM, so OLTP's one-change transactions would make the driver's memory grow with the
+    input: past replay.BROADCAST_COMMITS they are sorted and merged (and the one table gets its
+    copy of the changes, so that its passes do not shuffle the input again), with the same result,
+    staged or direct."""
+    if many:
+        monkeypatch.setattr(rp, "BROADCAST_COMMITS", 1)
+    lines = [
+        *_plain_input(),  # and a cut transaction, which must stay out either way
+        orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/300"}).decode(),
+        _insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}'),
+    ]
+    src = _write(tmp_path / "a.jsonl", lines)
+    plain = direct.read_plain(spark, [src], tmp_path / "links")
+    assert plain is not None and plain.structure.transactions == 2
+    assert plain.broadcast is not many
+    changes, _ = rp.committed(plain.records(), [], plain.structure, plain.commit_keys())
+    assert len(changes.collect()) == 6
+    # the plan as it ran: tiny as they are here, the commits would be broadcast but for the hint
+    plan = changes._jdf.queryExecution().executedPlan().toString()
+    plain.per.unpersist()
+    assert "isFinalPlan=true" in plan
+    assert ("SortMergeJoin" in plan) is many
+    assert ("BroadcastHashJoin" in plan) is not many
+    facts, rows = _direct_as_staged(src, tmp_path, spark, monkeypatch)
+    assert facts[1:3] == (2, 1)
+    assert facts[4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
+    assert [r["v"] for r in rows] == ["a0", "b", "a2", "a3", "a4"]
