@@ -65,8 +65,8 @@ class Plain:
 
     @property
     def broadcast(self) -> bool:
-        """Whether :meth:`commit_keys` are broadcast (``rp.commit_hint``)."""
-        return self.structure.transactions <= rp.BROADCAST_COMMITS
+        """Whether :meth:`commit_keys` are broadcast."""
+        return rp.broadcasts_commits(self.structure)
 
     def commit_keys(self) -> Any:
         """The commit LSNs, to semi-join changes to, with ``rp.commit_hint``'s join hint."""

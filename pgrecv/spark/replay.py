@@ -212,13 +212,18 @@ def _two_phase(r: Any, is_change: Any, stream_prepared: Any) -> tuple[Any, Any]:
 BROADCAST_COMMITS = 500_000
 
 
+def broadcasts_commits(st: Structure) -> bool:
+    """Whether the input's transactions are few enough for :func:`commit_hint` to broadcast."""
+    return st.transactions <= BROADCAST_COMMITS
+
+
 def commit_hint(commits: Any, st: Structure) -> Any:
     """The commit LSNs with their join hint: broadcast while the input's transactions are few,
     else sorted and merged. The merge needs its hint too: the adaptive plan would broadcast them
     anyway once their shuffle is under its threshold, and a few MB of compressed LSNs can be
     millions of them."""
     F = _F()
-    return F.broadcast(commits) if st.transactions <= BROADCAST_COMMITS else commits.hint("merge")
+    return F.broadcast(commits) if broadcasts_commits(st) else commits.hint("merge")
 
 
 def committed(
