@@ -63,11 +63,6 @@ class Plain:
     toast: int  # row changes with unchanged TOAST values
     per: Any  # the first pass's cached rows: counts per transaction and table
 
-    @property
-    def broadcast(self) -> bool:
-        """Whether :meth:`commit_keys` are broadcast."""
-        return rp.broadcasts_commits(self.structure)
-
     def commit_keys(self) -> Any:
         """The commit LSNs, to semi-join changes to, with ``rp.commit_hint``'s join hint."""
         return rp.commit_hint(self.commits, self.structure)

@@ -143,8 +143,8 @@ def run_frames(
         )
         changes = changes.join(F.broadcast(ids), ["schema", "table"])
         # each table's rows in files of its own: several tables, the staged rules, or commits too
-        # many to broadcast (each pass would shuffle the input to its commits again)
-        own_files = len(wanted) > 1 or st.chunked or st.prepared or (plain is not None and not plain.broadcast)
+        # many to broadcast (each pass would sort and merge the input with its commits again)
+        own_files = len(wanted) > 1 or st.chunked or st.prepared or not rp.broadcasts_commits(st)
         if own_files:
             shape = changes.schema
             changes.write.partitionBy("_tid").parquet(file_url(by_table))
@@ -156,10 +156,7 @@ def run_frames(
 
         history = config.mode == "history"
         applied = {k: v.applied for k, v in targets.items()}
-        # from the first pass's counts, unless they would need its transactions sorted and
-        # merged with their commits (too many to broadcast): the copy of the changes above holds
-        # only committed ones, and counting it needs no join
-        facts = _plain_facts(plain, applied) if plain is not None and plain.broadcast else None
+        facts = _plain_facts(plain, applied) if plain is not None else None
         if facts is None:
             facts = _table_facts(changes, applied, spark)
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
@@ -411,10 +408,12 @@ def _table_facts(
 def _plain_facts(plain: direct.Plain, applied: dict[tuple[str, str], int | None]) -> dict[Any, Any] | None:
     """:func:`_table_facts` from the direct read's cached counts, without reading the input again;
     None when the input has TRUNCATEs or unchanged TOAST values (whose facts are lists that the
-    counts do not hold: :func:`_table_facts` finds them)."""
+    counts do not hold: :func:`_table_facts` finds them), or commits too many to broadcast (the
+    cached rows, two per transaction, would be sorted and merged with them; the per-table copy of
+    the committed changes needs no join to be counted)."""
     from pyspark.sql import functions as F
 
-    if plain.truncates or plain.toast:
+    if plain.truncates or plain.toast or not rp.broadcasts_commits(plain.structure):
         return None
     rows = (
         plain.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())

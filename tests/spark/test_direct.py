@@ -322,8 +322,8 @@ def test_commits_too_many_to_broadcast_are_joined_to_the_changes_by_a_shuffle(
     """The first pass keeps one commit LSN per transaction. A broadcast of them is built in the
     driver's JVM, so OLTP's one-change transactions would make the driver's memory grow with the
     input: past replay.BROADCAST_COMMITS they are sorted and merged (and the one table gets its
-    copy of the changes, so that its passes do not shuffle the input again), with the same result,
-    staged or direct."""
+    copy of the changes, so that its passes do not sort the input again, and its counts come from
+    that copy), with the same result, staged or direct."""
     if many:
         monkeypatch.setattr(rp, "BROADCAST_COMMITS", 1)
     lines = [
@@ -334,7 +334,7 @@ def test_commits_too_many_to_broadcast_are_joined_to_the_changes_by_a_shuffle(
     src = _write(tmp_path / "a.jsonl", lines)
     plain = direct.read_plain(spark, [src], tmp_path / "links")
     assert plain is not None and plain.structure.transactions == 2
-    assert plain.broadcast is not many
+    assert rp.broadcasts_commits(plain.structure) is not many
     changes, _ = rp.committed(plain.records(), [], plain.structure, plain.commit_keys())
     assert len(changes.collect()) == 6
     # the plan as it ran: tiny as they are here, the commits would be broadcast but for the hint
