@@ -62,10 +62,32 @@ class Plain:
     truncates: int
     toast: int  # row changes with unchanged TOAST values
     per: Any  # the first pass's cached rows: counts per transaction and table
+    last_commit: int | None  # the highest commit LSN with a commit record (None: no commit)
+    # the commit LSNs of changes without a commit record (a transaction cut at a file's end), or
+    # None when there are more than UNCOMMITTED_LISTED of them
+    uncommitted: list[int] | None
 
     def commit_keys(self) -> Any:
         """The commit LSNs, to semi-join changes to, with ``rp.commit_hint``'s join hint."""
         return rp.commit_hint(self.commits, self.structure)
+
+    def keep(self) -> Any:
+        """The committed changes as a predicate over ``commit_lsn_i``, when the first pass could
+        list the uncommitted ones (else None: join to :meth:`commit_keys`). A change of the input
+        has a commit record if its commit LSN is not listed uncommitted; a line appended after the
+        first pass is kept only below the highest commit it saw (pgoutput writes transactions in
+        commit order, so a transaction added meanwhile is left for the next run). A filter, not a
+        join: no broadcast of every commit LSN, nor a sort and merge of them with the changes for
+        OLTP's millions of one-change transactions."""
+        from pyspark.sql import functions as F
+
+        if self.uncommitted is None:
+            return None
+        if self.last_commit is None:
+            return F.lit(False)
+        c = F.col("commit_lsn_i")
+        rule = c <= F.lit(self.last_commit)
+        return rule & ~c.isin(*self.uncommitted) if self.uncommitted else rule
 
     def records(self, images: str | None = None) -> Any:
         """The records as the replay reads them (rp.committed), over the JSON itself. ``images``:
@@ -95,6 +117,10 @@ class Plain:
             )
         )
 
+
+# The most commit LSNs of uncommitted changes that Plain.keep lists in its filter (a hash set in
+# the plan); past that, the changes are joined to the commit LSNs.
+UNCOMMITTED_LISTED = 10_000
 
 SNIFF_BYTES = 64 << 10  # of each file's head that looks_plain reads
 SNIFF_FILES = 16  # files it reads: the driver's work stays bounded, however many files there are
@@ -218,6 +244,7 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
         F.collect_list("r").alias("r"),
         F.count(F.when(txn & F.col("commit"), 1)).alias("transactions"),
         F.count(F.when(txn & F.col("begin") & ~F.col("commit"), 1)).alias("incomplete"),
+        F.max(F.when(txn & F.col("commit"), F.col("k"))).alias("last_commit"),
     ).first()
     assert head is not None
     rels = head["r"] or []
@@ -228,7 +255,28 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     for r in sorted(rels, key=lambda r: (rank[r["p"]["f"]], r["p"]["b"], r["p"]["m"])):
         st.relations.setdefault((r["schema"], r["table"]), []).append(rp.relation_record(r))
     commits = per.where(txn & F.col("commit")).select(F.col("k").alias("c"))
-    return Plain(spark, urls, st, commits, int(head["truncates"] or 0), int(head["toast"] or 0), per)
+    # changes whose commit LSN has no commit record: a small aggregate over the cached rows (two
+    # per transaction), to filter on instead of joining the changes to every commit LSN
+    open_ = (
+        per.where(F.col("k").isNotNull())
+        .groupBy("k")
+        .agg(F.max("commit").alias("commit"), F.max(F.col("schema").isNotNull()).alias("changes"))
+        .where(F.col("changes") & ~F.col("commit"))
+        .limit(UNCOMMITTED_LISTED + 1)
+        .collect()
+    )
+    uncommitted = sorted(r["k"] for r in open_) if len(open_) <= UNCOMMITTED_LISTED else None
+    return Plain(
+        spark,
+        urls,
+        st,
+        commits,
+        int(head["truncates"] or 0),
+        int(head["toast"] or 0),
+        per,
+        head["last_commit"],
+        uncommitted,
+    )
 
 
 def _all_null(names: list[str]) -> Any:

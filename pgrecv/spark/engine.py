@@ -82,8 +82,10 @@ def run_frames(
             if plain is None:
                 restores.pop()()
                 shutil.rmtree(links, ignore_errors=True)  # the staged read makes its own
+        keep = None  # the direct read's committed changes as a filter, when it can say them so
         if plain is not None:
-            df, st, commits, any_truncate = None, plain.structure, plain.commit_keys(), plain.truncates > 0
+            df, st, keep, any_truncate = None, plain.structure, plain.keep(), plain.truncates > 0
+            commits = plain.commit_keys() if keep is None else None
             summary.input_read = "direct"
         else:
             records = read_records(spark, files, carried, stage, links)
@@ -125,7 +127,7 @@ def run_frames(
             targets[(s, t)] = target
         if plain is not None:
             df = plain.records(_image_type(wanted, st, targets, config))
-        changes, pending = rp.committed(df, snap, st, commits)
+        changes, pending = rp.committed(df, snap, st, commits, keep)
         # a TRUNCATE concerns every table it lists: one row per table
         if any_truncate:
             trunc = (
@@ -143,14 +145,16 @@ def run_frames(
         )
         changes = changes.join(F.broadcast(ids), ["schema", "table"])
         # each table's rows in files of its own: several tables, the staged rules, or commits too
-        # many to broadcast (each pass would sort and merge the input with its commits again)
-        own_files = len(wanted) > 1 or st.chunked or st.prepared or not rp.broadcasts_commits(st)
+        # many to broadcast to a join (each pass would sort and merge the input with them again)
+        joined = keep is None and not rp.broadcasts_commits(st)
+        own_files = len(wanted) > 1 or st.chunked or st.prepared or joined
         if own_files:
             shape = changes.schema
             changes.write.partitionBy("_tid").parquet(file_url(by_table))
             changes = spark.read.schema(shape).parquet(file_url(by_table))
-        # else one table of plain transactions: its few passes each redo a cheap semi-join to the
-        # broadcast commits over the input, less work than writing every change once more
+        # else one table of plain transactions: its few passes each redo a cheap filter (or a
+        # semi-join to the broadcast commits) over the input, less work than writing every change
+        # once more
         summary.lines = st.lines
         summary.pending_prepared, carry_file = _carry_pending(pending, st, state, spark)
 
@@ -408,18 +412,22 @@ def _table_facts(
 def _plain_facts(plain: direct.Plain, applied: dict[tuple[str, str], int | None]) -> dict[Any, Any] | None:
     """:func:`_table_facts` from the direct read's cached counts, without reading the input again;
     None when the input has TRUNCATEs or unchanged TOAST values (whose facts are lists that the
-    counts do not hold: :func:`_table_facts` finds them), or commits too many to broadcast (the
-    cached rows, two per transaction, would be sorted and merged with them; the per-table copy of
-    the committed changes needs no join to be counted)."""
+    counts do not hold: :func:`_table_facts` finds them), or uncommitted changes too many to list
+    and commits too many to broadcast (the cached rows, two per transaction, would be sorted and
+    merged with them; the per-table copy of the committed changes needs no join to be counted)."""
     from pyspark.sql import functions as F
 
-    if plain.truncates or plain.toast or not rp.broadcasts_commits(plain.structure):
+    if plain.truncates or plain.toast:
         return None
-    rows = (
-        plain.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
-        .join(plain.commit_keys(), F.col("k") == F.col("c"), "left_semi")
-        .join(F.broadcast(_applied_frame(plain.spark, applied)), ["schema", "table"])
-    )
+    rows = plain.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
+    if plain.uncommitted is not None:  # the cached rows are the input's, as the first pass saw it
+        if plain.uncommitted:
+            rows = rows.where(~F.col("k").isin(*plain.uncommitted))
+    elif rp.broadcasts_commits(plain.structure):
+        rows = rows.join(plain.commit_keys(), F.col("k") == F.col("c"), "left_semi")
+    else:
+        return None
+    rows = rows.join(F.broadcast(_applied_frame(plain.spark, applied)), ["schema", "table"])
     live = F.col("k") > F.col("_applied")
     n = sum((F.col(o) for o in rp.ROW_OPS[1:]), F.col(rp.ROW_OPS[0]))
     return _fact_dicts(

@@ -227,25 +227,27 @@ def commit_hint(commits: Any, st: Structure) -> Any:
 
 
 def committed(
-    records: Any, manifests: list[tuple[str, str, int]], st: Structure, commits: Any = None
+    records: Any, manifests: list[tuple[str, str, int]], st: Structure, commits: Any = None, keep: Any = None
 ) -> tuple[Any, Any]:
     """(committed changes, pending prepared rows or None) from all records. The rules for streamed
     and two-phase transactions join the plan only when the input has such records (``st``).
     ``commits``: the commit LSNs (``c``) when the caller has them (a plain input read directly,
-    :mod:`pgrecv.spark.direct`: no snapshot rows either), with :func:`commit_hint`'s join hint."""
+    :mod:`pgrecv.spark.direct`: no snapshot rows either), with :func:`commit_hint`'s join hint;
+    ``keep``: instead, a predicate over ``commit_lsn_i`` that says it (``direct.Plain.keep``)."""
     F = _F()
     r = records
     is_change = F.col("op").isin(*CHANGE_OPS)
 
     # plain transactions: the row's commit_lsn has a commit record
-    direct = commits is not None
-    if commits is None:
-        commits = commit_hint(r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct(), st)
-    plain = (
-        r.where(is_change & F.col("commit_lsn_i").isNotNull())
-        .join(commits, F.col("commit_lsn_i") == F.col("c"), "left_semi")
-        .select(*KEEP, F.col("commit_lsn_i").alias("c"))
-    )
+    direct = commits is not None or keep is not None
+    plain = r.where(is_change & F.col("commit_lsn_i").isNotNull())
+    if keep is not None:
+        plain = plain.where(keep)
+    else:
+        if commits is None:
+            commits = commit_hint(r.where("op = 'commit'").select(F.col("commit_lsn_i").alias("c")).distinct(), st)
+        plain = plain.join(commits, F.col("commit_lsn_i") == F.col("c"), "left_semi")
+    plain = plain.select(*KEEP, F.col("commit_lsn_i").alias("c"))
 
     stream_done = stream_prepared = None
     if st.chunked:

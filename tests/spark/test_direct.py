@@ -252,19 +252,55 @@ def test_a_row_image_that_is_not_an_object_holds_its_table_back_named(
     ]
 
 
-def test_a_transaction_appended_after_the_first_pass_is_left_for_the_next_run(tmp_path: Path, spark: Any) -> None:
+@pytest.mark.parametrize("rule", ["filter", "join"])
+def test_a_transaction_appended_after_the_first_pass_is_left_for_the_next_run(
+    tmp_path: Path, spark: Any, rule: str
+) -> None:
     """Only what the first pass saw committed counts: a file that grows meanwhile (a transaction
-    added after its commit LSNs were taken) does not change what this run applies."""
-    src = _write(tmp_path / "a.jsonl", _plain_input())
+    added after its commit LSNs were taken, the rest of a cut one) does not change what this run
+    applies, whether the committed changes are a filter (Plain.keep) or a join to the commits."""
+    cut = _insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}')
+    begin = orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/300"}).decode()
+    src = _write(tmp_path / "a.jsonl", [*_plain_input(), begin, cut])
     plain = direct.read_plain(spark, [src], tmp_path / "links")
     assert plain is not None
+    assert (plain.last_commit, plain.uncommitted) == (0x200, [0x300])
     with open(src, "a") as f:
-        f.write("".join(x + "\n" for x in _txn("0/900", [_insert("t", "0/900", "0/850", '{"id":7,"v":"n","n":"1"}')])))
-    changes, pending = rp.committed(plain.records(), [], plain.structure, plain.commits)
+        rest = [orjson.dumps({"v": 1, "op": "commit", "commit_lsn": "0/300"}).decode()]
+        rest += _txn("0/900", [_insert("t", "0/900", "0/850", '{"id":7,"v":"n","n":"1"}')])
+        f.write("".join(x + "\n" for x in rest))
+    keep = plain.keep() if rule == "filter" else None
+    changes, pending = rp.committed(
+        plain.records(), [], plain.structure, None if keep is not None else plain.commits, keep
+    )
     assert pending is None
     got = sorted((r["c"], r["l"]) for r in changes.select("c", "l").collect())
     assert got == sorted([(0x100, 0x10 + i) for i in range(5)] + [(0x200, 0x150)])
+    plan = changes._jdf.queryExecution().executedPlan().toString()
+    assert ("Join" in plan) is (rule == "join")
     plain.per.unpersist()
+
+
+def test_uncommitted_changes_too_many_to_list_are_left_out_by_the_join(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past direct.UNCOMMITTED_LISTED transactions cut without their commit, the committed changes
+    are those joined to the commit LSNs, with the same result as the staged read."""
+    monkeypatch.setattr(direct, "UNCOMMITTED_LISTED", 1)
+    lines = _plain_input()
+    for i, c in enumerate(("0/300", "0/400")):  # two cut transactions (as if in two files' tails)
+        lines += [
+            orjson.dumps({"v": 1, "op": "begin", "xid": 3 + i, "commit_lsn": c}).decode(),
+            _insert("t", c, f"0/{0x250 + 0x100 * i:X}", f'{{"id":{9 + i},"v":"late","n":"1"}}'),
+        ]
+    src = _write(tmp_path / "a.jsonl", lines)
+    plain = direct.read_plain(spark, [src], tmp_path / "links")
+    assert plain is not None and plain.uncommitted is None and plain.keep() is None
+    plain.per.unpersist()
+    facts, rows = _direct_as_staged(src, tmp_path, spark, monkeypatch)
+    assert facts[1:3] == (2, 2)
+    assert facts[4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
+    assert [r["v"] for r in rows] == ["a0", "b", "a2", "a3", "a4"]
 
 
 def test_images_are_parsed_by_the_reader_only_where_their_texts_stay_exact(
@@ -324,6 +360,8 @@ def test_commits_too_many_to_broadcast_are_joined_to_the_changes_by_a_shuffle(
     input: past replay.BROADCAST_COMMITS they are sorted and merged (and the one table gets its
     copy of the changes, so that its passes do not sort the input again, and its counts come from
     that copy), with the same result, staged or direct."""
+    # the changes are joined to the commits only where the uncommitted are too many to list
+    monkeypatch.setattr(direct, "UNCOMMITTED_LISTED", 0)
     if many:
         monkeypatch.setattr(rp, "BROADCAST_COMMITS", 1)
     lines = [
