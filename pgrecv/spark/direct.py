@@ -183,13 +183,13 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     def not_lsn(c: Any) -> Any:
         return c.isNotNull() & ~c.rlike(LSN_PATTERN)
 
-    # A transaction's lines are grouped by their commit LSN's text, and that text is checked and
-    # converted once per group, after the aggregate; per line, only the other LSNs' pattern (no
-    # conversion). 1M events, warm, alternating: this pass took 3.19-3.47 s, against 3.38-4.15 s
-    # with the conversion and the check per line.
+    # A transaction's lines are grouped by their commit LSN, checked and converted per line: one
+    # aggregate. (Until 2026-12-01, by its text, checked and converted per group in a second
+    # aggregate: as fast for 500-change transactions, but OLTP's one-change ones make the groups
+    # about as many as the lines, and 2M of them took 30-47 s against 24-27 s so.)
     in_txn = op.isin("begin", "commit", *rp.ROW_OPS)
     bad = F.col("_corrupt").isNotNull() | op.isNull() | F.col("v").isNull() | (F.col("v") != 1)
-    bad = bad | not_lsn(F.col("lsn")) | not_lsn(F.col("snapshot_lsn")) | (~in_txn & not_lsn(F.col("commit_lsn")))
+    bad = bad | not_lsn(F.col("lsn")) | not_lsn(F.col("snapshot_lsn")) | not_lsn(F.col("commit_lsn"))
     is_change = op.isin(*rp.CHANGE_OPS)
     other = (
         ~op.isin(*PLAIN_OPS)
@@ -212,9 +212,8 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
     # committed, and their counts are the tables' facts (``engine._plain_facts``).
     row = op.isin(*rp.ROW_OPS)
-    counts = ("n", "bad", "_parsed", "other", "truncates", "toast", *rp.ROW_OPS)
-    by_text = narrow.groupBy(
-        F.when(in_txn, F.col("commit_lsn")).alias("kt"),
+    per = narrow.groupBy(
+        F.when(in_txn, lsn_expr(F.col("commit_lsn"), checked=True)).alias("k"),
         F.when(row, F.col("schema")).alias("schema"),
         F.when(row, F.col("table")).alias("table"),
         F.when(op == "relation", rel).alias("r"),
@@ -229,15 +228,7 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
         *[F.count(F.when(op == o, 1)).alias(o) for o in rp.ROW_OPS],
         F.max(op == "begin").alias("begin"),
         F.max(op == "commit").alias("commit"),
-    )
-    # texts that spell one LSN alike (case, leading zeros) are one transaction
-    kt = F.col("kt")
-    per = (
-        by_text.withColumn("bad", F.col("bad") + F.when(not_lsn(kt), F.col("n")).otherwise(0))
-        .groupBy(lsn_expr(kt, checked=True).alias("k"), "schema", "table", "r")
-        .agg(*[F.sum(c).alias(c) for c in counts], F.max("begin").alias("begin"), F.max("commit").alias("commit"))
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     txn = F.col("k").isNotNull() & F.col("schema").isNull()
     head = per.agg(
         *[F.sum(c).alias(c) for c in ("n", "bad", "other", "truncates", "toast")],

@@ -92,8 +92,8 @@ def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
 def test_one_transaction_whose_lines_spell_its_commit_lsn_differently(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first pass groups a transaction's lines by the text of their commit LSN: spellings of
-    one LSN (case, leading zeros) are still one transaction, committed by its commit record."""
+    """The first pass groups a transaction's lines by their commit LSN: spellings of one LSN
+    (case, leading zeros) are one transaction, committed by its commit record."""
     lines = _plain_input()
     lines += [
         orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/3AB"}).decode(),
@@ -194,7 +194,7 @@ def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path, m
     [
         ('{"v":1,"op":"insert","schema":"public",', "not a valid JSON record"),
         (_insert("t", "0/300", "-1/-5", '{"id":1}'), "invalid LSN '-1/-5'"),
-        # a transaction's commit LSN is checked once per spelling (after the first pass's aggregate)
+        # a transaction's commit LSN is checked on every line, as the others
         (_insert("t", "0/0x10", "0/301", '{"id":1}'), "invalid LSN '0/0x10'"),
         ('{"v":1,"op":"begin","xid":3,"commit_lsn":"0/3g0"}', "invalid LSN '0/3g0'"),
         (_insert("t", "0/300", "0/301", '{"id":1}').replace('"xid":1', '"xid":"one"'), "not a valid JSON record"),
