@@ -89,6 +89,19 @@ class Plain:
         rule = c <= F.lit(self.last_commit)
         return rule & ~c.isin(*self.uncommitted) if self.uncommitted else rule
 
+    def committed_counts(self) -> Any:
+        """The cached rows of committed changes (one per transaction and table), by the rule of
+        :meth:`keep` (no bound: these rows are the input as the first pass saw it), or by the
+        broadcast join; None when neither applies (the join would sort and merge them)."""
+        from pyspark.sql import functions as F
+
+        rows = self.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
+        if self.uncommitted is not None:
+            return rows.where(~F.col("k").isin(*self.uncommitted)) if self.uncommitted else rows
+        if rp.broadcasts_commits(self.structure):
+            return rows.join(self.commit_keys(), F.col("k") == F.col("c"), "left_semi")
+        return None
+
     def records(self, images: str | None = None) -> Any:
         """The records as the replay reads them (rp.committed), over the JSON itself. ``images``:
         the row images' type when every change is of one table without json columns (a struct
@@ -212,23 +225,29 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
     # committed, and their counts are the tables' facts (``engine._plain_facts``).
     row = op.isin(*rp.ROW_OPS)
-    per = narrow.groupBy(
-        F.when(in_txn, lsn_expr(F.col("commit_lsn"), checked=True)).alias("k"),
-        F.when(row, F.col("schema")).alias("schema"),
-        F.when(row, F.col("table")).alias("table"),
-        F.when(op == "relation", rel).alias("r"),
-    ).agg(
-        F.count(F.lit(1)).alias("n"),
-        F.count(F.when(bad, 1)).alias("bad"),
-        # every field parsed: a value of the wrong type makes its line corrupt, as when staged
-        F.count(F.when(_all_null([_name(f) for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"]), 1)).alias("_parsed"),
-        F.count(F.when(other & ~bad, 1)).alias("other"),
-        F.count(F.when(op == "truncate", 1)).alias("truncates"),
-        F.count(F.when(row & (F.size("unchanged_toast") > 0), 1)).alias("toast"),
-        *[F.count(F.when(op == o, 1)).alias(o) for o in rp.ROW_OPS],
-        F.max(op == "begin").alias("begin"),
-        F.max(op == "commit").alias("commit"),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    per = (
+        narrow.groupBy(
+            F.when(in_txn, lsn_expr(F.col("commit_lsn"), checked=True)).alias("k"),
+            F.when(row, F.col("schema")).alias("schema"),
+            F.when(row, F.col("table")).alias("table"),
+            F.when(op == "relation", rel).alias("r"),
+        )
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.count(F.when(bad, 1)).alias("bad"),
+            # every field parsed: a value of the wrong type makes its line corrupt, as when staged
+            F.count(F.when(_all_null([_name(f) for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"]), 1)).alias(
+                "_parsed"
+            ),
+            F.count(F.when(other & ~bad, 1)).alias("other"),
+            F.count(F.when(op == "truncate", 1)).alias("truncates"),
+            F.count(F.when(row & (F.size("unchanged_toast") > 0), 1)).alias("toast"),
+            *[F.count(F.when(op == o, 1)).alias(o) for o in rp.ROW_OPS],
+            F.max(op == "begin").alias("begin"),
+            F.max(op == "commit").alias("commit"),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     txn = F.col("k").isNotNull() & F.col("schema").isNull()
     head = per.agg(
         *[F.sum(c).alias(c) for c in ("n", "bad", "other", "truncates", "toast")],

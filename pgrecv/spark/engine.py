@@ -417,15 +417,8 @@ def _plain_facts(plain: direct.Plain, applied: dict[tuple[str, str], int | None]
     merged with them; the per-table copy of the committed changes needs no join to be counted)."""
     from pyspark.sql import functions as F
 
-    if plain.truncates or plain.toast:
-        return None
-    rows = plain.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
-    if plain.uncommitted is not None:  # the cached rows are the input's, as the first pass saw it
-        if plain.uncommitted:
-            rows = rows.where(~F.col("k").isin(*plain.uncommitted))
-    elif rp.broadcasts_commits(plain.structure):
-        rows = rows.join(plain.commit_keys(), F.col("k") == F.col("c"), "left_semi")
-    else:
+    rows = None if plain.truncates or plain.toast else plain.committed_counts()
+    if rows is None:
         return None
     rows = rows.join(F.broadcast(_applied_frame(plain.spark, applied)), ["schema", "table"])
     live = F.col("k") > F.col("_applied")

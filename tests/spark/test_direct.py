@@ -281,6 +281,25 @@ def test_a_transaction_appended_after_the_first_pass_is_left_for_the_next_run(
     plain.per.unpersist()
 
 
+def test_an_input_without_a_commit_applies_nothing(tmp_path: Path, spark: Any) -> None:
+    """Only a cut transaction (no commit record at all): the filter keeps nothing, and the counts
+    have no committed change."""
+    lines = [
+        orjson.dumps(_rel("t", [("id", "integer"), ("v", "text"), ("n", "numeric")])).decode(),
+        orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/300"}).decode(),
+        _insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}'),
+    ]
+    src = _write(tmp_path / "a.jsonl", lines)
+    plain = direct.read_plain(spark, [src], tmp_path / "links")
+    assert plain is not None
+    assert (plain.last_commit, plain.uncommitted) == (None, [0x300])
+    assert (plain.structure.transactions, plain.structure.incomplete) == (0, 1)
+    changes, _ = rp.committed(plain.records(), [], plain.structure, None, plain.keep())
+    assert changes.count() == 0
+    assert plain.committed_counts().count() == 0
+    plain.per.unpersist()
+
+
 def test_uncommitted_changes_too_many_to_list_are_left_out_by_the_join(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
