@@ -9,7 +9,8 @@
  *
  * Two users:
  *  - encode_row(): a pgoutput Insert/Update/Delete message straight to its JSONL line (the
- *    stream's hot path, pgrecv.output.fastpath), every length bounds-checked;
+ *    stream's hot path, pgrecv.output.fastpath), every length bounds-checked; pump() runs it over
+ *    the row changes buffered in libpq, the bulk of a transaction (pgrecv.stream.streamer);
  *  - encode(): blocks of COPY text lines to snapshot JSON lines (pgrecv.snapshot.fast).
  *
  * read(): libpq hands out COPY data one CopyData message, that is one row, per PQgetCopyData
@@ -1466,6 +1467,129 @@ encode_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+static uint64_t
+be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* pump(pgconn_ptr, plans, endpos, limit, out) -> (n, message, rows, wal_end)
+ *
+ * The stream's receive loop for the bulk of a transaction, in C: the CopyData messages buffered
+ * in libpq are taken one by one while each is the XLogData of an Insert, Update or Delete that
+ * encode_row would write, of a relation in `plans` ({oid: (plan, heads)}, filled and emptied by
+ * pgrecv.output.fastpath and the streamer, valid for the transaction under way), at a position
+ * below `endpos`. Their lines are appended to the bytearray `out`, `rows` counts them and
+ * `wal_end` is the highest walEnd among them. Per row this saves what the Python loop spends
+ * around the encoder (a tuple, a memoryview, the header's unpacking, three calls).
+ *
+ * It stops at the first message it does not take and hands it over whole (n > 0, its bytes),
+ * as get_copy_data would; when nothing whole is buffered (n 0), at the end of the COPY (-1),
+ * after `limit` rows (-3), or when it cannot go on (-2: libpq failed, or the row encoder is busy
+ * in another thread): the caller then reads the next message itself, and libpq's error, if any,
+ * comes out of that read. Python does with a message handed over what it does with one it read
+ * itself: nothing is skipped or reordered.
+ */
+static PyObject *
+pump(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyDict_Check(args[1]) || !PyByteArray_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "pump(pgconn_ptr, plans: dict, endpos, limit, out: bytearray)");
+        return NULL;
+    }
+    void *conn = conn_arg(args[0]);
+    if (conn == NULL)
+        return NULL;
+    uint64_t endpos = PyLong_AsUnsignedLongLong(args[2]);
+    if (endpos == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t limit = PyLong_AsSsize_t(args[3]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *plans = args[1], *out = args[4], *msg = NULL;
+    Py_ssize_t rows = 0;
+    uint64_t wal_end = 0;
+    int n = -3;
+    if (busy) /* a converter of another thread's encode_row holds the buffers: the Python loop reads */
+        return Py_BuildValue("(iOnK)", -2, Py_None, (Py_ssize_t)0, 0ULL);
+    while (rows < limit) {
+        char *buf = NULL;
+        int len = get_copy_data(conn, &buf, 1);
+        if (len <= 0) {
+            if (buf != NULL)
+                freemem(buf);
+            n = len < -1 ? -2 : len;
+            break;
+        }
+        const unsigned char *d = (const unsigned char *)buf;
+        PyObject *entry = NULL;
+        uint64_t start = 0;
+        /* 'w', start, walEnd, sendTime (25 bytes), then the message: type and relation oid */
+        if (len >= 31 && d[0] == 'w' && (d[25] == 'I' || d[25] == 'U' || d[25] == 'D') &&
+            (start = be64(d + 1)) < endpos) {
+            uint32_t oid = ((uint32_t)d[26] << 24) | ((uint32_t)d[27] << 16) | ((uint32_t)d[28] << 8) | d[29];
+            PyObject *key = PyLong_FromUnsignedLong(oid);
+            if (key == NULL) {
+                freemem(buf);
+                goto fail;
+            }
+            entry = PyDict_GetItemWithError(plans, key); /* borrowed */
+            Py_DECREF(key);
+            if (entry == NULL && PyErr_Occurred()) {
+                freemem(buf);
+                goto fail;
+            }
+        }
+        int taken = 0;
+        if (entry != NULL && PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2) {
+            plan *pl = PyCapsule_GetPointer(PyTuple_GET_ITEM(entry, 0), PLAN_NAME);
+            PyObject *heads = PyTuple_GET_ITEM(entry, 1);
+            int heads_ok = PyTuple_Check(heads) && PyTuple_GET_SIZE(heads) == 6;
+            for (int i = 0; heads_ok && i < 6; i++)
+                heads_ok = PyBytes_Check(PyTuple_GET_ITEM(heads, i));
+            if (pl == NULL || !heads_ok) {
+                freemem(buf);
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "plans: {oid: (plan, heads: 6 bytes)}");
+                goto fail;
+            }
+            busy = 1;
+            int rc = encode_message(pl, d + 25, len - 25, start, heads);
+            busy = 0;
+            if (rc == OK) {
+                Py_ssize_t at = PyByteArray_GET_SIZE(out);
+                if (PyByteArray_Resize(out, at + line_buf.len) < 0) {
+                    freemem(buf);
+                    goto fail;
+                }
+                memcpy(PyByteArray_AS_STRING(out) + at, line_buf.p, (size_t)line_buf.len);
+                uint64_t end = be64(d + 9);
+                if (end > wal_end)
+                    wal_end = end;
+                rows++;
+                taken = 1;
+            }
+        }
+        if (!taken) { /* the Python loop's message, as get_copy_data would have given it */
+            msg = PyBytes_FromStringAndSize(buf, len);
+            freemem(buf);
+            if (msg == NULL)
+                goto fail;
+            n = len;
+            break;
+        }
+        freemem(buf);
+    }
+    return Py_BuildValue("(iNnK)", n, msg != NULL ? msg : Py_NewRef(Py_None), rows, (unsigned long long)wal_end);
+fail:
+    /* The message being taken is lost from libpq's buffer: the caller must give up the stream
+     * (nothing after its last durable boundary was confirmed; a new stream sends it again). */
+    return NULL;
+}
+
 /* float_json(x) -> bytes: a finite float as put_double writes it (tests compare it to orjson). */
 static PyObject *
 float_json(PyObject *Py_UNUSED(self), PyObject *arg)
@@ -1514,6 +1638,8 @@ static PyMethodDef methods[] = {
     {"make_plan", make_plan, METH_VARARGS, "make_plan(...) -> a relation's plan for encode_row."},
     {"encode_row", (PyCFunction)(void (*)(void))encode_row, METH_FASTCALL,
      "encode_row(message, lsn, plan, heads) -> bytes or None."},
+    {"pump", (PyCFunction)(void (*)(void))pump, METH_FASTCALL,
+     "pump(pgconn_ptr, plans, endpos, limit, out) -> (n, message, rows, wal_end): row changes in bulk."},
     {"float_json", float_json, METH_O, "float_json(x) -> bytes or None: a finite float as the encoders write it."},
     {"writeback", writeback, METH_VARARGS,
      "writeback(fd, offset, nbytes) -> bool: start writing the range to disk, without waiting."},

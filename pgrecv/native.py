@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["ENV_SWITCH", "copyfast", "start_writeback"]
+__all__ = ["ENV_SWITCH", "copyfast", "pgconn_address", "start_writeback"]
 
 ENV_SWITCH: Final = "PGRECV_NO_NATIVE"
 
@@ -33,3 +33,36 @@ def _no_writeback(fd: int, offset: int, nbytes: int, /) -> bool:
 # Start writing a file's range to disk without waiting (the extension's sync_file_range). Without
 # the extension: nothing, and the next fdatasync writes it all, as it would have anyway.
 start_writeback: Callable[[int, int, int], bool] = copyfast.writeback if copyfast is not None else _no_writeback
+
+
+_bound: bool | None = None  # the extension bound to psycopg's libpq: not yet tried, yes, no
+
+
+def pgconn_address(pgconn: Any) -> int | None:
+    """The address of psycopg's ``PGconn`` for the extension's own libpq calls (``read``,
+    ``pump``), or None: no extension, or it cannot be trusted with this connection.
+
+    The extension must call the libpq that psycopg loaded (PGconn's layout is private to a
+    release): it is bound to the one libpq mapped in this process, on Linux, and trusted for a
+    connection only if that libpq reports the connection's backend pid as psycopg does.
+    """
+    global _bound
+    if copyfast is None:
+        return None
+    if _bound is None:
+        _bound = False
+        try:
+            with open("/proc/self/maps") as maps:  # address perms offset dev inode path (may hold spaces)
+                paths = {f[5].strip() for ln in maps if "/libpq" in ln and len(f := ln.split(maxsplit=5)) == 6}
+            paths = {p for p in paths if p.rpartition("/")[2].startswith("libpq") and ".so" in p}
+            if len(paths) == 1:
+                copyfast.bind(paths.pop())
+                _bound = True
+        except OSError:
+            pass
+    if not _bound:
+        return None
+    ptr = getattr(pgconn, "pgconn_ptr", None)  # in both of psycopg's libpq wrappers, not in its Protocol
+    if not ptr or copyfast.backend_pid(ptr) != pgconn.backend_pid:
+        return None
+    return int(ptr)

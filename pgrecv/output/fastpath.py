@@ -187,19 +187,30 @@ class FastRows:
         # OID -> (relation, C plan or generated function, [context, heads])
         self._ready: dict[int, tuple[Relation, Any, list[Any]]] = {}
         self._refused: dict[int, Relation] = {}  # relations with no fast path, by id()
+        self.plans: dict[int, tuple[Any, tuple[bytes, ...]]] = {}
+        """OID -> (C plan, heads) of the relations whose rows :attr:`row` wrote natively in the
+        transaction under way: what ``copyfast.pump`` may write without asking :attr:`row`. Valid
+        only until the next message that is not a row change (a Begin changes the heads, a
+        Relation the plan, a Stream Start the layout): the streamer empties it then."""
 
         self.row: Callable[[Any, int], bool] = self._row_function()
         """``row(message, lsn)``: write the row change in ``message`` (a whole pgoutput message)
         if this path can; else False."""
 
+    @property
+    def in_stream(self) -> bool:
+        """Inside a streamed chunk: rows carry an xid prefix, which neither path here reads."""
+        return self._decoder.in_stream
+
     def _row_function(self) -> Callable[[Any, int], bool]:
         """:attr:`row`, a closure over everything it reads: it runs once per message."""
-        decoder, encoder, ready, relations, write = (
+        decoder, encoder, ready, relations, write, plans = (
             self._decoder,
             self._encoder,
             self._ready,
             self._relations,
             self._write,
+            self.plans,
         )
         prepare, unpack = self._prepare, _U32
         encode_row = copyfast.encode_row if copyfast is not None else None
@@ -227,6 +238,8 @@ class FastRows:
                 cache[1] = _heads(rel, ctx)
             if encode_row is not None:
                 line = encode_row(data, lsn, plan, cache[1])
+                if line is not None:
+                    plans[oid] = (plan, cache[1])
             elif data[0] == INSERT:
                 try:
                     line = plan(data, lsn, cache[1][0], cache[1][1] + _NEW)

@@ -45,6 +45,7 @@ from pgrecv import events as ev
 from pgrecv.errors import DecodeError
 from pgrecv.lsn import lsn_str
 from pgrecv.native import copyfast as _copyfast
+from pgrecv.native import pgconn_address
 from pgrecv.output.format import Kind, array_element, column_keys, column_kind, image_splice, snapshot_record
 from pgrecv.output.values import JSON_NULL
 
@@ -272,35 +273,8 @@ def read_blocks(
         yield last
 
 
-_bound: bool | None = None  # pgrecv._copyfast bound to psycopg's libpq: not yet tried, yes, no
-
-
 def native_reader(conn: psycopg.Connection[Any]) -> Callable[[int], tuple[int, bytes]] | None:
     """``pgrecv._copyfast.read`` bound to ``conn`` (it takes the byte limit) if it can serve
-    ``conn``, else None (the Python loop is used).
-
-    The C reader must call the libpq that psycopg loaded (PGconn's layout is private to a
-    release): it is bound to the one libpq mapped in this process, on Linux, and trusted for a
-    connection only if that libpq reports the connection's backend pid as psycopg does.
-    """
-    global _bound
-    if _copyfast is None:
-        return None
-    if _bound is None:
-        _bound = False
-        try:
-            with open("/proc/self/maps") as maps:  # address perms offset dev inode path (may hold spaces)
-                paths = {f[5].strip() for ln in maps if "/libpq" in ln and len(f := ln.split(maxsplit=5)) == 6}
-            paths = {p for p in paths if p.rpartition("/")[2].startswith("libpq") and ".so" in p}
-            if len(paths) == 1:
-                _copyfast.bind(paths.pop())
-                _bound = True
-        except OSError:
-            pass
-    if not _bound:
-        return None
-    pgconn = conn.pgconn
-    ptr = getattr(pgconn, "pgconn_ptr", None)  # in both of psycopg's libpq wrappers, not in its Protocol
-    if not ptr or _copyfast.backend_pid(ptr) != pgconn.backend_pid:
-        return None
-    return partial(_copyfast.read, ptr)
+    ``conn`` (:func:`pgrecv.native.pgconn_address`), else None (the Python loop is used)."""
+    ptr = pgconn_address(conn.pgconn)
+    return None if ptr is None or _copyfast is None else partial(_copyfast.read, ptr)

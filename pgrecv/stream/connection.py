@@ -22,6 +22,7 @@ from psycopg import pq, sql
 from pgrecv import failpoints
 from pgrecv.errors import ConnectionFailed
 from pgrecv.lsn import LSN, lsn_str
+from pgrecv.native import pgconn_address
 from pgrecv.pg.conn import ConnOptions, connect, server_message, translate
 from pgrecv.stream.feedback import Feedback
 from pgrecv.stream.pacing import (
@@ -44,6 +45,8 @@ class StreamConnection(Protocol):
 
     feedback: Feedback
     read: Callable[[], tuple[int, Any]]
+    # the PGconn's address for ``copyfast.pump`` (pgrecv.native.pgconn_address) once streaming, or None
+    native: int | None
 
     def identify_system(self) -> LSN: ...
     def wal_position(self) -> LSN: ...
@@ -78,6 +81,7 @@ class ReplicationConnection:
         self._wakeup_fd = wakeup_fd
         self._socket: socket.socket | None = None  # for stream/pacing.py's socket options: a duplicate of libpq's
         self.streaming = False
+        self.native: int | None = None
 
     def identify_system(self) -> LSN:
         """The server's current WAL flush position (what 'caught up' means when streaming starts)."""
@@ -145,6 +149,7 @@ class ReplicationConnection:
         except psycopg.Error as exc:
             raise translate(exc, slot=slot) from None
         self.streaming = True
+        self.native = pgconn_address(self.pgconn)
         sock = self._sock()
         if sock.family != socket.AF_UNIX:  # see stream/pacing.py: the receive buffer a pause needs
             try:

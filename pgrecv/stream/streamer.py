@@ -39,12 +39,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pgrecv import events as ev
 from pgrecv.decode.plugins import Decoder, PgOutputSettings, make_decoder, plan_options
 from pgrecv.errors import ConnectionFailed, PositionError, SlotError, StreamLost
 from pgrecv.lsn import lsn_str
+from pgrecv.native import copyfast
 from pgrecv.output.fastpath import FastRows
 from pgrecv.output.jsonl import JsonlEncoder
 from pgrecv.output.sinks import Resume, Sink
@@ -57,6 +58,8 @@ from pgrecv.stream.heartbeat import Heartbeat
 from pgrecv.stream.pacing import PAUSE, READ_ON, Pacing
 from pgrecv.stream.pipeline import Counts, Pipeline
 from pgrecv.stream.wire import HEADER_SIZE, KEEPALIVE_KIND, XLOGDATA_KIND, parse_xlogdata_header
+
+ROW_KINDS = frozenset(b"IUD")  # pgoutput Insert, Update, Delete
 
 BACKOFF_MAX = 30.0
 REPLAY_BATCH = 4096  # rows of a reassembled transaction handled between two looks at the stop flag
@@ -386,8 +389,50 @@ class Streamer:
         feed = assembler.feed if assembler is not None else None
         countdown = 256
         pacing = Pacing()
+        # The C loop over runs of row changes (copyfast.pump): used while the fused path writes
+        # this transaction's rows (its plans are filled) and no stream chunk is open. It writes
+        # the rows it can and hands back the first message it does not take, handled below as
+        # if read() had returned it. A message other than a row change may change what the
+        # next rows write (a Begin the heads, a Relation the plan, a chunk the layout), so the
+        # plans are emptied once it is handled, and the next row goes through the fused path.
+        pipeline = self.pipeline
+        bulk = copyfast.pump if copyfast is not None and rc.native is not None else None
+        address, below = rc.native or 0, (1 << 64) - 1 if endpos is None else endpos
+        lines = bytearray()
+        stale: dict[int, Any] | None = None
+        n: int
+        buf: Any  # bytes or psycopg's memoryview
         while True:
-            n, buf = read()
+            if stale is not None:
+                stale.clear()
+                stale = None
+            fast = pipeline.fast
+            if (
+                bulk is not None
+                and fast is not None
+                and fast.plans
+                and not fast.in_stream
+                and not pipeline.skipping
+                and (assembler is None or not assembler.in_chunk)
+            ):
+                n, buf, rows, wal_end = bulk(address, fast.plans, below, countdown, lines)
+                if rows:
+                    stats.messages += rows
+                    stats.rows += rows
+                    feedback.on_data(wal_end)
+                    cast("Callable[[bytearray], None]", self.sink.write)(lines)  # takes any buffer
+                    lines.clear()
+                    countdown -= rows
+                if n == -2:  # not taken (libpq failed, or the encoder is busy): read() says what happened
+                    n, buf = read()
+                elif n > 0 and (n <= HEADER_SIZE or buf[0] != XLOGDATA_KIND or buf[HEADER_SIZE] not in ROW_KINDS):
+                    stale = fast.plans
+                elif n == -3:  # as many rows as the countdown had left
+                    countdown = 256
+                    self._duties(rc)
+                    continue
+            else:
+                n, buf = read()
             if n > 0:
                 stats.messages += 1
                 kind = buf[0]
@@ -415,11 +460,7 @@ class Streamer:
                 if countdown:
                     continue
                 countdown = 256
-                # a stream that never drains (other sessions' changes keep coming) must not hold
-                # back the commits waiting for this receiver: a sync point every 256 messages too
-                if self._durable_at_drain and feedback.written > feedback.flushed:
-                    self._sync_point(rc)
-                self._periodic(rc)
+                self._duties(rc)
                 continue
             if n == 0:
                 if self._durable_at_drain and feedback.written > feedback.flushed:
@@ -446,6 +487,13 @@ class Streamer:
                 rc.wait(max(0.001, deadline - now))
                 continue
             raise StreamEnded(rc.end_of_copy())
+
+    def _duties(self, rc: StreamConnection) -> None:
+        """Every 256 messages: a stream that never drains (other sessions' changes keep coming)
+        must not hold back the commits waiting for this receiver, nor the timers."""
+        if self._durable_at_drain and self.feedback.written > self.feedback.flushed:
+            self._sync_point(rc)
+        self._periodic(rc)
 
     def _next_fsync_after(self, now: float) -> float:
         return now + self.cfg.fsync_interval if self.cfg.fsync_interval > 0 else math.inf

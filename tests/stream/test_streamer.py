@@ -84,6 +84,7 @@ class FakeConnection:
         self.reports: list[tuple[int, int]] = []  # (write, flush) of each status update
         self.final: tuple[int, int] | None = None
         self.closed = False
+        self.native = None  # no libpq behind it: the Python loop reads every message
         self.pauses: list[bool] = []  # the receive loop's pauses (stream/pacing.py): latency counted?
 
     def read(self) -> tuple[int, Any]:
