@@ -50,6 +50,8 @@ print(f"sanitized build: {_copyfast.__file__}", flush=True)
 import pytest  # noqa: E402
 
 tests = ["tests/output/test_fastpath.py", "tests/snapshot/test_snapshot_fast.py", "tests/output/test_jsonl_format.py"]
+# pump(): `pgrecv start` run in this process (main()), so the sanitized loop reads a real stream
+tests += ["tests/stream/test_bulk.py"]
 # writeback(), and the sinks that call it (the rest of test_sinks.py starts Pythons of its own)
 tests += [f"tests/output/test_sinks.py::{t}" for t in (
     "test_native_writeback_starts_on_regular_files_only",
