@@ -1556,9 +1556,12 @@ pump(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
                     PyErr_SetString(PyExc_TypeError, "plans: {oid: (plan, heads: 6 bytes)}");
                 goto fail;
             }
+            /* held while the encoder runs: a converter it calls is Python, which could change `plans` */
+            Py_INCREF(entry);
             busy = 1;
             int rc = encode_message(pl, d + 25, len - 25, start, heads);
             busy = 0;
+            Py_DECREF(entry);
             if (rc == OK) {
                 Py_ssize_t at = PyByteArray_GET_SIZE(out);
                 if (PyByteArray_Resize(out, at + line_buf.len) < 0) {
