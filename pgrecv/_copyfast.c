@@ -1467,15 +1467,6 @@ encode_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
-static uint64_t
-be64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* pump(pgconn_ptr, plans, endpos, limit, out) -> (n, message, rows, wal_end)
  *
  * The stream's receive loop for the bulk of a transaction, in C: the CopyData messages buffered
@@ -1529,9 +1520,8 @@ pump(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
         uint64_t start = 0;
         /* 'w', start, walEnd, sendTime (25 bytes), then the message: type and relation oid */
         if (len >= 31 && d[0] == 'w' && (d[25] == 'I' || d[25] == 'U' || d[25] == 'D') &&
-            (start = be64(d + 1)) < endpos) {
-            uint32_t oid = ((uint32_t)d[26] << 24) | ((uint32_t)d[27] << 16) | ((uint32_t)d[28] << 8) | d[29];
-            PyObject *key = PyLong_FromUnsignedLong(oid);
+            (start = be(d + 1, 8)) < endpos) {
+            PyObject *key = PyLong_FromUnsignedLongLong(be(d + 26, 4)); /* the relation oid */
             if (key == NULL) {
                 freemem(buf);
                 goto fail;
@@ -1569,7 +1559,7 @@ pump(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
                     goto fail;
                 }
                 memcpy(PyByteArray_AS_STRING(out) + at, line_buf.p, (size_t)line_buf.len);
-                uint64_t end = be64(d + 9);
+                uint64_t end = be(d + 9, 8);
                 if (end > wal_end)
                     wal_end = end;
                 rows++;

@@ -184,7 +184,7 @@ class FastRows:
         self._relations: Mapping[int, Relation] = decoder.relations
         self._write = write
         self._native = copyfast is not None
-        # OID -> (relation, C plan or generated function, [context, heads])
+        # OID -> (relation, C plan or generated function, [context, heads, (plan, heads)])
         self._ready: dict[int, tuple[Relation, Any, list[Any]]] = {}
         self._refused: dict[int, Relation] = {}  # relations with no fast path, by id()
         self.plans: dict[int, tuple[Any, tuple[bytes, ...]]] = {}
@@ -196,11 +196,6 @@ class FastRows:
         self.row: Callable[[Any, int], bool] = self._row_function()
         """``row(message, lsn)``: write the row change in ``message`` (a whole pgoutput message)
         if this path can; else False."""
-
-    @property
-    def in_stream(self) -> bool:
-        """Inside a streamed chunk: rows carry an xid prefix, which neither path here reads."""
-        return self._decoder.in_stream
 
     def _row_function(self) -> Callable[[Any, int], bool]:
         """:attr:`row`, a closure over everything it reads: it runs once per message."""
@@ -236,10 +231,11 @@ class FastRows:
                     return False
                 cache[0] = ctx
                 cache[1] = _heads(rel, ctx)
+                cache[2] = (plan, cache[1])  # this transaction's entry of ``plans``
             if encode_row is not None:
                 line = encode_row(data, lsn, plan, cache[1])
                 if line is not None:
-                    plans[oid] = (plan, cache[1])
+                    plans[oid] = cache[2]
             elif data[0] == INSERT:
                 try:
                     line = plan(data, lsn, cache[1][0], cache[1][1] + _NEW)
@@ -263,5 +259,5 @@ class FastRows:
         if plan is None:
             self._refused[id(rel)] = rel
             return None
-        entry = self._ready[oid] = (rel, plan, [None, ()])
+        entry = self._ready[oid] = (rel, plan, [None, (), None])
         return entry

@@ -390,11 +390,12 @@ class Streamer:
         countdown = 256
         pacing = Pacing()
         # The C loop over runs of row changes (copyfast.pump): used while the fused path writes
-        # this transaction's rows (its plans are filled) and no stream chunk is open. It writes
-        # the rows it can and hands back the first message it does not take, handled below as
-        # if read() had returned it. A message other than a row change may change what the
-        # next rows write (a Begin the heads, a Relation the plan, a chunk the layout), so the
-        # plans are emptied once it is handled, and the next row goes through the fused path.
+        # this transaction's rows (its plans are filled). It writes the rows it can and hands
+        # back the first message it does not take, handled below as if read() had returned it.
+        # A message other than a row change may change what the next rows write (a Begin the
+        # heads, a Relation the plan, a Stream Start the layout), so the plans are emptied once it
+        # is handled, and only FastRows.row fills them again. That one rule also keeps the pump
+        # out of what the fused path declines: a streamed chunk, a resume skip, a held Begin.
         pipeline = self.pipeline
         bulk = copyfast.pump if copyfast is not None and rc.native is not None else None
         address, below = rc.native or 0, (1 << 64) - 1 if endpos is None else endpos
@@ -407,14 +408,7 @@ class Streamer:
                 stale.clear()
                 stale = None
             fast = pipeline.fast
-            if (
-                bulk is not None
-                and fast is not None
-                and fast.plans
-                and not fast.in_stream
-                and not pipeline.skipping
-                and (assembler is None or not assembler.in_chunk)
-            ):
+            if bulk is not None and fast is not None and fast.plans:
                 n, buf, rows, wal_end = bulk(address, fast.plans, below, countdown, lines)
                 if rows:
                     stats.messages += rows
