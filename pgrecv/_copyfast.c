@@ -156,7 +156,8 @@ read_copy(PyObject *Py_UNUSED(self), PyObject *args)
 /* ---- value encoders, shared by the snapshot's block encoder and the row encoder ------------- */
 
 /* Column kinds, as numbered in pgrecv.output.format.Kind and BinaryKind. */
-enum { RAW = 0, QUOTE = 1, BOOL = 2, TEXT = 3, OTHER = 4, FLOAT = 5, JSON = 6, BYTEA = 7, ARRAY = 8 };
+/* SHORTEST is FLOAT from a server whose float8out writes the shortest exact text (12+), see short_float. */
+enum { RAW = 0, QUOTE = 1, BOOL = 2, TEXT = 3, OTHER = 4, FLOAT = 5, JSON = 6, BYTEA = 7, ARRAY = 8, SHORTEST = 9 };
 enum { B_PY = 0, B_INT2, B_INT4, B_INT8, B_UINT4, B_UINT8, B_BOOL, B_FLOAT8, B_UTF8, B_BYTEA, B_JSON, B_JSONB,
        B_UUID };
 /* What an encoder returns: done, "the Python converter must do this value", "decline the row". */
@@ -466,11 +467,18 @@ parse_double(const char *s, Py_ssize_t n)
  * exactly these digits, trailing zeros aside: two different decimals of 15 digits or fewer never
  * read as the same double. Only orjson's layout is left to do: fixed notation for decimal
  * exponents -5 to 15 (always with a fraction), else d[.ddd]e+x / e-x. No GIL needed: the
- * snapshot's encoder takes this path for most floats. FALLBACK before writing anything. */
+ * snapshot's encoder takes this path for most floats. FALLBACK before writing anything.
+ *
+ * With `shortest` (the text comes from float8out of PostgreSQL 12+, which writes a double's
+ * shortest digits when it writes more than 15) 16 and 17 digits are taken too, below 10^15 only.
+ * The server's Ryu never picks a decimal on the bound of the double's rounding interval, where
+ * the shortest (round-half-even) text may; such a decimal has fewer than 17 digits only when the
+ * bound is an integer, which needs a value of 2^53 or more. Below that, both write the same
+ * digits; above it, 2.7e+22 comes as 2.7000000000000002e+22 and is left to float(). */
 static int
-short_float(obuf *o, const char *s, Py_ssize_t n)
+short_float(obuf *o, const char *s, Py_ssize_t n, int shortest)
 {
-    char dig[16];
+    char dig[17];
     int k = 0, neg = s[0] == '-', seen = 0;
     long scale = 0, exp = 0;
     Py_ssize_t i = neg;
@@ -483,7 +491,7 @@ short_float(obuf *o, const char *s, Py_ssize_t n)
             scale -= seen;
             continue;
         }
-        if (k == 15)
+        if (k == (shortest ? 17 : 15))
             return FALLBACK;
         dig[k++] = s[i];
         scale -= seen;
@@ -500,7 +508,7 @@ short_float(obuf *o, const char *s, Py_ssize_t n)
     while (k > 1 && dig[k - 1] == '0')
         k--, exp++;
     long e = k - 1 + exp; /* d.ddd * 10^e */
-    if (e < -300 || e > 300)
+    if (e < -300 || e > 300 || (k > 15 && e >= 15))
         return FALLBACK;
     NEED(o, 48);
     char *w = o->p + o->len;
@@ -540,7 +548,7 @@ short_float(obuf *o, const char *s, Py_ssize_t n)
 /* float(text): a JSON number when finite, else the text itself as a string (JSON has no NaN).
  * Only the forms float8out writes are read here; float() takes the rest. Needs the GIL. */
 static int
-enc_float(obuf *o, const char *s, Py_ssize_t n)
+enc_float(obuf *o, const char *s, Py_ssize_t n, int shortest)
 {
     if ((n == 3 && memcmp(s, "NaN", 3) == 0) || (n == 8 && memcmp(s, "Infinity", 8) == 0) ||
         (n == 9 && memcmp(s, "-Infinity", 9) == 0))
@@ -569,7 +577,7 @@ enc_float(obuf *o, const char *s, Py_ssize_t n)
     }
     if (i != n)
         return FALLBACK;
-    int rc = short_float(o, s, n);
+    int rc = short_float(o, s, n, shortest);
     if (rc != FALLBACK)
         return rc;
     double d = parse_double(s, n);
@@ -635,16 +643,17 @@ put_base64(obuf *o, const unsigned char *s, Py_ssize_t n)
     return OK;
 }
 
-static int
+/* A hex digit's value plus one; 0 for any other byte (a table: the branches cost more). */
+static const unsigned char HEXV[256] = {
+    ['0'] = 1,  ['1'] = 2,  ['2'] = 3,  ['3'] = 4,  ['4'] = 5,  ['5'] = 6,  ['6'] = 7,  ['7'] = 8,
+    ['8'] = 9,  ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
+    ['A'] = 11, ['B'] = 12, ['C'] = 13, ['D'] = 14, ['E'] = 15, ['F'] = 16,
+};
+
+static inline int
 hexval(char c)
 {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
+    return (int)HEXV[(unsigned char)c] - 1;
 }
 
 /* bytea's hex output (\x then two digits a byte) as base64; the escape format and anything
@@ -702,7 +711,9 @@ enc_scalar(obuf *o, int kind, const char *s, Py_ssize_t n, int *jnull)
     case TEXT:
         return put_string(o, (const unsigned char *)s, n);
     case FLOAT:
-        return enc_float(o, s, n);
+        return enc_float(o, s, n, 0);
+    case SHORTEST:
+        return enc_float(o, s, n, 1);
     case JSON:
         return enc_json(o, s, n, jnull);
     case BYTEA:
@@ -837,6 +848,10 @@ copy_unescape(obuf *t, const char *p, Py_ssize_t len)
     return OK;
 }
 
+/* Nonzero when some byte of w is c (the zero-byte test on w ^ c...c: exact for whether any is). */
+#define ONES 0x0101010101010101ull
+#define HAS_BYTE(w, c) ((((w) ^ (ONES * (unsigned char)(c))) - ONES) & ~((w) ^ (ONES * (unsigned char)(c))) & (ONES << 7))
+
 typedef struct {
     const char *kinds, *elems, *delims;
     Py_ssize_t n;
@@ -856,6 +871,16 @@ fill(obuf *o, obuf *t1, obuf *t2, const char *p, const char *end, const block_pl
             char want = j == n - 1 ? '\n' : '\t';
             const char *q = p;
             int escaped = 0, wide = 0;
+            /* eight bytes at a time while none is a tab or newline (most of a long field) */
+            while (end - q >= 8) {
+                uint64_t w;
+                memcpy(&w, q, 8);
+                if (HAS_BYTE(w, '\t') | HAS_BYTE(w, '\n'))
+                    break;
+                escaped |= HAS_BYTE(w, '\\') != 0;
+                wide |= (w & 0x8080808080808080ull) != 0;
+                q += 8;
+            }
             while (q < end && *q != '\t' && *q != '\n') {
                 escaped |= *q == '\\';
                 wide |= (unsigned char)*q++ >= 0x80;
@@ -929,7 +954,7 @@ encode(PyObject *Py_UNUSED(self), PyObject *args)
     }
     for (Py_ssize_t j = 0; j < n; j++) {
         char k = ((const char *)kinds.buf)[j];
-        if (k < RAW || k > ARRAY || k == OTHER) {
+        if (k < RAW || k > SHORTEST || k == OTHER) {
             PyErr_SetString(PyExc_ValueError, "a column kind the C encoder does not do");
             goto done;
         }
@@ -1085,7 +1110,8 @@ make_plan(PyObject *Py_UNUSED(self), PyObject *args)
     pl->keyflags = PyBytes_AS_STRING(keyflags);
     for (Py_ssize_t j = 0; j < n; j++) {
         int k = pl->kinds[j], e = pl->elems[j], b = pl->bkinds[j];
-        if (k < RAW || k > ARRAY || (k == ARRAY && (e < RAW || e > BYTEA || e == OTHER || e == QUOTE)) ||
+        if (k < RAW || k > SHORTEST ||
+            (k == ARRAY && (e < RAW || e > SHORTEST || e == ARRAY || e == OTHER || e == QUOTE)) ||
             b < B_PY || b > B_UUID) {
             PyErr_SetString(PyExc_ValueError, "a column kind the C encoder does not know");
             goto fail;

@@ -40,6 +40,7 @@ from pgrecv.output.format import (
     binary_kind,
     column_keys,
     column_kind,
+    native_kinds,
     row_record,
 )
 from pgrecv.output.jsonl import JsonlEncoder
@@ -125,9 +126,10 @@ def compile_row(relation: Relation) -> RowFn | None:
 _OPS: Final = ("insert", "update", "delete")
 
 
-def make_plan(relation: Relation) -> Any:
+def make_plan(relation: Relation, server_major: int | None = None) -> Any:
     """The C encoder's plan for ``relation`` (its columns' kinds, names and the reference's
-    converters), or None when there is no C encoder or two columns share a name."""
+    converters), or None when there is no C encoder or two columns share a name. ``server_major``:
+    see :func:`pgrecv.output.format.native_kinds`."""
     if copyfast is None:
         return None
     cols = relation.columns
@@ -140,8 +142,8 @@ def make_plan(relation: Relation) -> Any:
     ]
     binary = [binary_kind(c.type_oid) for c in cols]
     return copyfast.make_plan(
-        bytes(kinds),
-        bytes(e[0] if e else 0 for e in elems),
+        bytes(native_kinds(kinds, server_major)),
+        bytes(native_kinds([e[0] if e else Kind.RAW for e in elems], server_major)),
         "".join(e[1] if e else "," for e in elems).encode(),
         bytes(b[0] for b in binary),
         bytes(1 if c.key else 0 for c in cols),
@@ -184,6 +186,9 @@ class FastRows:
         self._relations: Mapping[int, Relation] = decoder.relations
         self._write = write
         self._native = copyfast is not None
+        # pgoutput's protocol 2 needs PostgreSQL 14: a server whose float texts the C encoder may
+        # take as they are (native_kinds); under protocol 1 the server may be older, so it does not.
+        self._major = 14 if decoder.proto_version >= 2 else None
         # OID -> (relation, C plan or generated function, [context, heads, (plan, heads)])
         self._ready: dict[int, tuple[Relation, Any, list[Any]]] = {}
         self._refused: dict[int, Relation] = {}  # relations with no fast path, by id()
@@ -255,7 +260,7 @@ class FastRows:
         rel = self._relations.get(oid)
         if rel is None or id(rel) in self._refused or not self._encoder.announced(rel):
             return None
-        plan = make_plan(rel) if self._native else compile_row(rel)
+        plan = make_plan(rel, self._major) if self._native else compile_row(rel)
         if plan is None:
             self._refused[id(rel)] = rel
             return None

@@ -36,6 +36,10 @@ class Kind(IntEnum):
     JSON = 6  # json, jsonb: the document embedded, a JSON null document singled out
     BYTEA = 7  # bytea: base64 of the bytes
     ARRAY = 8  # an array of a built-in type: nested lists of its elements' kind
+    # FLOAT where the server is known to write float8 as its shortest exact text (PostgreSQL 12+):
+    # the C encoder then reformats 16 and 17 digits too instead of calling float(). Never a column's
+    # kind by itself: :func:`native_kinds` puts it in for a server of that kind.
+    SHORTEST = 9
 
 
 # numeric, date, time, timestamp, timestamptz, timetz, interval, uuid, pg_lsn: their output
@@ -71,6 +75,15 @@ def column_kind(type_oid: int, type_name: str) -> tuple[Kind, TextConverter | No
     if _array_parts(conv) is not None:
         return Kind.ARRAY, conv
     return Kind.OTHER, conv
+
+
+def native_kinds(kinds: list[Kind], server_major: int | None) -> list[Kind]:
+    """``kinds`` as the C encoder takes them from a server of ``server_major`` (None: unknown):
+    FLOAT becomes SHORTEST from PostgreSQL 12 on, whose float8out writes 16 or 17 digits only as
+    the double's shortest exact text (with extra_float_digits <= 0 it writes 15 at most)."""
+    if server_major is None or server_major < 12:
+        return kinds
+    return [Kind.SHORTEST if k == Kind.FLOAT else k for k in kinds]
 
 
 def _array_parts(conv: TextConverter) -> tuple[Kind, str] | None:

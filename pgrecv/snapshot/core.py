@@ -477,7 +477,7 @@ def copy_task(
 
     fd = os.open(task.tmp, _EXCL_FLAGS, FILE_MODE)
     with open(fd, "wb", buffering=1 << 17) as f:
-        writer = _BlockWriter(f, task, cp, report)
+        writer = _BlockWriter(f, task, cp, report, server_major(conn))
         try:
             with conn.cursor().copy(task.query()):
                 for block in read_blocks(conn, check):
@@ -498,8 +498,11 @@ class _BlockWriter:
 
     DEPTH = 8
 
-    def __init__(self, f: Any, task: Task, cp: int, report: Callable[[int, int], None]) -> None:
+    def __init__(
+        self, f: Any, task: Task, cp: int, report: Callable[[int, int], None], major: int | None = None
+    ) -> None:
         self._f = f
+        self._major = major
         self._task = task
         self._cp = cp
         self._report = report
@@ -548,7 +551,7 @@ class _BlockWriter:
             write: Callable[[Buffer], Any] = f.write
             enc = JsonlEncoder(write)
             rel = task.table.relation
-            fast = BlockEncoder(rel, cp)
+            fast = BlockEncoder(rel, cp, self._major)
             fd = f.fileno()
             written = flushed = start = 0
             enc.snapshot_rows(rel, (), cp)  # the relation record, even for an empty table

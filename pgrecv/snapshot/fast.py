@@ -46,7 +46,15 @@ from pgrecv.errors import DecodeError
 from pgrecv.lsn import lsn_str
 from pgrecv.native import copyfast as _copyfast
 from pgrecv.native import pgconn_address
-from pgrecv.output.format import Kind, array_element, column_keys, column_kind, image_splice, snapshot_record
+from pgrecv.output.format import (
+    Kind,
+    array_element,
+    column_keys,
+    column_kind,
+    image_splice,
+    native_kinds,
+    snapshot_record,
+)
 from pgrecv.output.values import JSON_NULL
 
 _NULL: Final = b"\\N"
@@ -95,10 +103,11 @@ class BlockEncoder:
     :meth:`write_to`, for a relation with no column of the OTHER kind, first tries the C encoder
     of :mod:`pgrecv._copyfast`, which declines a block it cannot do exactly (a malformed line, a
     text that is not UTF-8, a JSON null document, a value only the Python converter reads) to
-    :meth:`encode`, the Python path.
+    :meth:`encode`, the Python path. ``server_major`` (the server's major version, when known)
+    lets the C encoder take more of the floats itself (:func:`pgrecv.output.format.native_kinds`).
     """
 
-    def __init__(self, relation: ev.Relation, snapshot_lsn: int) -> None:
+    def __init__(self, relation: ev.Relation, snapshot_lsn: int, server_major: int | None = None) -> None:
         self._n = len(relation.columns)
         kinds = [column_kind(c.type_oid, c.type_name) for c in relation.columns]
         self._kinds = [k for k, _ in kinds]
@@ -111,8 +120,12 @@ class BlockEncoder:
         self._native: Callable[[bytes], tuple[int, int] | None] | None = None
         if self._n and OTHER not in self._kinds and _copyfast is not None:
             elems = [array_element(c.type_oid, c.type_name) for c in relation.columns]
-            kind_bytes, keys, encode = bytes(self._kinds), tuple(self._keys), _copyfast.encode
-            elem_bytes = bytes(e[0] if e and k == Kind.ARRAY else 0 for e, k in zip(elems, self._kinds, strict=True))
+            kinds_c = native_kinds(self._kinds, server_major)
+            elems_c = native_kinds(
+                [e[0] if e and k == Kind.ARRAY else RAW for e, k in zip(elems, self._kinds, strict=True)], server_major
+            )
+            kind_bytes, keys, encode = bytes(kinds_c), tuple(self._keys), _copyfast.encode
+            elem_bytes = bytes(elems_c)
             delims = "".join(e[1] if e and k == Kind.ARRAY else "," for e, k in zip(elems, self._kinds, strict=True))
             head, tail, out, delim_bytes = self._head, self._tail, self._out, delims.encode()
             self._native = lambda block: encode(block, out, kind_bytes, elem_bytes, delim_bytes, head, keys, tail)

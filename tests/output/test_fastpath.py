@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -371,19 +372,49 @@ def _float_rows(values: list[str]) -> list[tuple[bytes, int]]:
 _LONG = st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: len(repr(x).lstrip("-").split("e")[0]) > 16)
 
 
+@pytest.mark.parametrize("proto", [1, 4])
 @settings(max_examples=1500, deadline=None)
 @given(st.lists(st.floats(allow_nan=False) | _LONG | _LONG.map(lambda x: x * 1e-12) | _LONG.map(lambda x: x * 1e12),
                 min_size=1, max_size=8))  # fmt: skip
-def test_long_float_texts_identical(values: list[float]) -> None:
-    """Doubles whose texts have 16 or 17 digits, alone and in arrays: the C encoder reads them
-    into a double and writes what orjson writes, as the reference does. (Their digits cannot be
-    taken as they are: PostgreSQL 15 writes 2.7e22 as 2.7000000000000002e+22, which is not the
-    shortest text of that double; the snapshot's test of such values on a real server shows it.)"""
+def test_long_float_texts_identical(proto: int, values: list[float]) -> None:
+    """Doubles whose texts have 16 or 17 digits, alone and in arrays (as repr writes them: the
+    shortest texts): under protocol 1 the C encoder reads them into a double and writes what
+    orjson writes, as the reference does; under protocol 2+ (PostgreSQL 14+) it takes the digits
+    of those below 10^15 as they are (Kind.SHORTEST), with the same result."""
     msgs = _float_rows([_float_text(x) for x in values])
-    reference, _ = run(msgs, 1, fast=False, assemble=False)
-    fast, taken = run(msgs, 1, fast=True, assemble=False)
+    reference, _ = run(msgs, proto, fast=False, assemble=False)
+    fast, taken = run(msgs, proto, fast=True, assemble=False)
     assert fast == reference
     assert taken == len(values) or not NATIVE
+
+
+@pytest.mark.skipif(not NATIVE, reason="the C encoder's float path (PGRECV_NO_NATIVE is set)")
+def test_doubles_from_the_server_identical(db_dsn: str) -> None:
+    """float8 texts written by the walsender (pgoutput, protocol 2): the C encoder takes 16- and
+    17-digit texts below 10^15 as they are and must still write what the reference writes, at the
+    switches (10^15, 2^53, 2.7e22, whose text from the server is not the shortest) too."""
+    rng = random.Random(20261202)
+    xs = [rng.uniform(1, 10) * 10.0 ** rng.randint(-30, 22) * rng.choice((1, -1)) for _ in range(5000)]
+    xs += [g / 7 for g in range(1, 1000)] + [rng.random() for _ in range(1000)]
+    for start in (1e15, 2.0**53, 1e16, 2.7e22, 1e-5, 0.1, 123456789012345.6):
+        up = down = start
+        for _ in range(30):
+            xs += [up, down, -up]
+            up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
+    sql(db_dsn, "CREATE TABLE dbl (id int PRIMARY KEY, x float8, xs float8[])")
+    sql(db_dsn, "CREATE PUBLICATION pub FOR TABLE dbl")
+    sql(db_dsn, "SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+    sql(db_dsn, "INSERT INTO dbl SELECT i, x, ARRAY[x, -x] FROM unnest(%s::float8[]) WITH ORDINALITY AS u(x, i)", (xs,))
+    options = "'proto_version', '2', 'publication_names', 'pub'"
+    rows = sql(
+        db_dsn,
+        f"SELECT lsn - '0/0'::pg_lsn, data FROM pg_logical_slot_peek_binary_changes('s', NULL, NULL, {options})",
+    )
+    msgs = [(bytes(data), int(lsn)) for lsn, data in rows]
+    reference, _ = run(msgs, 2, fast=False)
+    fast, taken = run(msgs, 2, fast=True)
+    assert fast == reference
+    assert taken == len(xs)
 
 
 def test_fallback_switch() -> None:

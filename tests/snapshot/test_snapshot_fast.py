@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -524,14 +526,17 @@ def _block(rows: list[tuple[str | None, ...]]) -> bytes:
     return b"".join(b"\t".join(b"\\N" if v is None else _copy_escape(v) for v in row) + b"\n" for row in rows)
 
 
+@pytest.mark.parametrize("major", [None, 18])
 @given(st.lists(_kinds_rows(), min_size=1, max_size=10))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_c_encoder_takes_floats_json_bytea_arrays(rows: list[tuple[str | None, ...]]) -> None:
-    """The server's texts of these kinds: the C encoder writes the reference's lines itself."""
+def test_c_encoder_takes_floats_json_bytea_arrays(major: int | None, rows: list[tuple[str | None, ...]]) -> None:
+    """The server's texts of these kinds: the C encoder writes the reference's lines itself (the
+    floats are repr's shortest texts, as a server of 12 or later writes them, with 16 or 17 digits
+    taken as they are when ``major`` says so)."""
     block = _block(rows)
     want: list[bytes] = []
     JsonlEncoder(want.append).snapshot_rows(_KINDS_REL, rows, CP)
-    enc = fast.BlockEncoder(_KINDS_REL, CP)
+    enc = fast.BlockEncoder(_KINDS_REL, CP, major)
     assert enc._native is not None or fast._copyfast is None
     if enc._native is not None:
         assert _c(enc, block) == (b"".join(want[1:]), len(rows))
@@ -591,6 +596,59 @@ def test_snapshot_of_the_new_kinds_from_the_server(
         assert b'"f8":' + value + b"," in got
     if native == "c":
         assert counting.calls["encode"] > 20 and counting.declined == 0
+
+
+@needs_c
+def test_doubles_of_16_and_17_digits_from_the_server(
+    db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From PostgreSQL 12 on, the C encoder writes the server's 16- and 17-digit float8 texts as
+    they are (Kind.SHORTEST): the reference's bytes for doubles all over the range, at the
+    switches (10^15, where it stops; 2^53, above which the server's text may not be the shortest)
+    and for integers whose shortest text the server does not write (2.7e22)."""
+    rng = random.Random(20261202)
+    xs = [rng.uniform(1, 10) * 10.0 ** rng.randint(-30, 22) * rng.choice((1, -1)) for _ in range(20000)]
+    xs += [g / 7 for g in range(1, 3000)] + [rng.random() for _ in range(3000)]
+    for start in (1e15, 2.0**53, 1e16, 2.7e22, 1e-5, 0.1, 1.0, 123456789012345.6):
+        up = down = start
+        for _ in range(40):
+            xs += [up, down, -up]
+            up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE dbl (id int PRIMARY KEY, x float8, xs float8[])")
+        with c.cursor().copy("COPY dbl FROM STDIN") as copy:
+            for i, x in enumerate(xs):
+                copy.write_row((i, repr(x), f"{{{x!r},{-x!r}}}"))
+        long = c.execute(
+            "SELECT count(*) FROM dbl WHERE abs(x) < 1e15 AND "
+            "length(ltrim(regexp_replace(split_part(x::text, 'e', 1), '[^0-9]', '', 'g'), '0')) >= 16"
+        ).fetchone()
+    assert long is not None and long[0] > 10000, long  # the texts the new path takes
+    counting = _Counting(fast._copyfast)
+    monkeypatch.setattr(fast, "_copyfast", counting)
+    got, want, n = _both_paths(db_dsn, tmp_path, "public.dbl")
+    assert n == len(xs) and got == want
+    assert counting.calls["encode"] > 0 and counting.declined == 0
+
+
+@needs_c
+@pytest.mark.parametrize(
+    ("text", "shortest", "float_"),
+    [
+        ("0.10000000000000001", "0.10000000000000001", "0.1"),  # %.17g of 0.1: a text 12+ never writes
+        ("1234567890.1234567", "1234567890.1234567", "1234567890.1234567"),
+        ("2.7000000000000002e+22", "2.7e+22", "2.7e+22"),  # at or past 10^15: float() always
+        ("1000000000000000.1", "1000000000000000.1", "1000000000000000.1"),
+    ],
+)
+def test_shortest_takes_the_digits_as_they_are(text: str, shortest: str, float_: str) -> None:
+    """SHORTEST trusts the digits below 10^15 (so it never calls float() there: a %.17g text
+    shows it), and leaves the rest to float() as FLOAT does."""
+    rel = replace(_REL, name="f", columns=(ev.Column("x", 701, -1, "double precision", False),))
+    for major, want in ((18, shortest), (11, float_), (None, float_)):
+        lines = _c(fast.BlockEncoder(rel, CP, major), text.encode() + b"\n")
+        assert lines is not None and orjson.loads(lines[0])["new"]["x"] == float(want)
+        assert b'"x":' + want.encode() + b"}," in lines[0], (major, lines)
 
 
 def test_progress_shows_a_table_name_that_looks_like_markup() -> None:
