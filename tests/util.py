@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -73,3 +75,18 @@ class Terminal:
         self._reader.join(5)
         os.close(self._fd)
         return os.waitstatus_to_exitcode(done[1])
+
+
+def awkward_doubles(n: int, seed: int = 20261202) -> list[float]:
+    """``n`` doubles over 52 decades and both signs, values whose texts have 16 or 17 digits
+    (g / 7, random()), and runs of neighbours around the float encoders' switches: 10^15, 2^53,
+    10^16, 2.7e22 (whose text from PostgreSQL is not the shortest), 1e-5, 0.1."""
+    rng = random.Random(seed)
+    xs = [rng.uniform(1, 10) * 10.0 ** rng.randint(-30, 22) * rng.choice((1, -1)) for _ in range(n)]
+    xs += [g / 7 for g in range(1, n // 5)] + [rng.random() for _ in range(n // 5)]
+    for start in (1e15, 2.0**53, 1e16, 2.7e22, 1e-5, 0.1, 1.0, 123456789012345.6):
+        up = down = start
+        for _ in range(40):
+            xs += [up, down, -up]
+            up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
+    return xs

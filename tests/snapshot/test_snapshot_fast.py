@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from pgrecv.native import ENV_SWITCH
 from pgrecv.output.jsonl import JsonlEncoder
 from pgrecv.snapshot import core as snap
 from pgrecv.snapshot import fast
+from tests.util import awkward_doubles
 
 CP = 0x1_0000_00AB
 TEXTS = [
@@ -606,14 +605,7 @@ def test_doubles_of_16_and_17_digits_from_the_server(
     they are (Kind.SHORTEST): the reference's bytes for doubles all over the range, at the
     switches (10^15, where it stops; 2^53, above which the server's text may not be the shortest)
     and for integers whose shortest text the server does not write (2.7e22)."""
-    rng = random.Random(20261202)
-    xs = [rng.uniform(1, 10) * 10.0 ** rng.randint(-30, 22) * rng.choice((1, -1)) for _ in range(20000)]
-    xs += [g / 7 for g in range(1, 3000)] + [rng.random() for _ in range(3000)]
-    for start in (1e15, 2.0**53, 1e16, 2.7e22, 1e-5, 0.1, 1.0, 123456789012345.6):
-        up = down = start
-        for _ in range(40):
-            xs += [up, down, -up]
-            up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
+    xs = awkward_doubles(15000)
     with psycopg.connect(db_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE dbl (id int PRIMARY KEY, x float8, xs float8[])")
         with c.cursor().copy("COPY dbl FROM STDIN") as copy:
