@@ -20,13 +20,10 @@
  * It must call the very libpq that created the connection (PGconn is opaque and its layout
  * changes between releases), so nothing is linked at build time: bind() takes the path of the
  * libpq already loaded in the process and looks its functions up with dlopen(RTLD_NOLOAD).
- *
- * writeback(): the one system call the output files need that Python's os module lacks.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <locale.h>
 #include <math.h>
 #include <stdint.h>
@@ -1623,31 +1620,6 @@ float_json(PyObject *Py_UNUSED(self), PyObject *arg)
     return r;
 }
 
-/* writeback(fd, offset, nbytes) -> bool: start writing a file's range to disk without waiting
- * (Linux's sync_file_range with SYNC_FILE_RANGE_WRITE, as PostgreSQL's pg_flush_data does), so
- * that a later fdatasync waits only for what was written since. False where it cannot (not Linux,
- * not a regular file): the caller stops asking; durability never depends on it. */
-static PyObject *
-writeback(PyObject *Py_UNUSED(self), PyObject *args)
-{
-    int fd;
-    long long offset, nbytes;
-    if (!PyArg_ParseTuple(args, "iLL:writeback", &fd, &offset, &nbytes))
-        return NULL;
-#ifdef SYNC_FILE_RANGE_WRITE
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = sync_file_range(fd, (off_t)offset, (off_t)nbytes, SYNC_FILE_RANGE_WRITE);
-    Py_END_ALLOW_THREADS
-    return PyBool_FromLong(rc == 0);
-#else
-    (void)fd;
-    (void)offset;
-    (void)nbytes;
-    Py_RETURN_FALSE;
-#endif
-}
-
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(libpq_path): look up the functions of the libpq loaded from libpq_path."},
     {"backend_pid", pid, METH_O, "backend_pid(pgconn_ptr) -> int, through the bound libpq."},
@@ -1660,8 +1632,6 @@ static PyMethodDef methods[] = {
     {"pump", (PyCFunction)(void (*)(void))pump, METH_FASTCALL,
      "pump(pgconn_ptr, plans, endpos, limit, out) -> (n, message, rows, wal_end): row changes in bulk."},
     {"float_json", float_json, METH_O, "float_json(x) -> bytes or None: a finite float as the encoders write it."},
-    {"writeback", writeback, METH_VARARGS,
-     "writeback(fd, offset, nbytes) -> bool: start writing the range to disk, without waiting."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,10 +10,9 @@ environment disables it even when built, so that the whole test suite can run on
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["ENV_SWITCH", "copyfast", "pgconn_address", "start_writeback"]
+__all__ = ["ENV_SWITCH", "copyfast", "pgconn_address"]
 
 ENV_SWITCH: Final = "PGRECV_NO_NATIVE"
 
@@ -24,15 +23,6 @@ except ImportError:  # built without a C compiler: the Python paths do it all, m
 
 if os.environ.get(ENV_SWITCH, "") not in ("", "0"):
     copyfast = None  # type: ignore[assignment]
-
-
-def _no_writeback(fd: int, offset: int, nbytes: int, /) -> bool:
-    return False
-
-
-# Start writing a file's range to disk without waiting (the extension's sync_file_range). Without
-# the extension: nothing, and the next fdatasync writes it all, as it would have anyway.
-start_writeback: Callable[[int, int, int], bool] = copyfast.writeback if copyfast is not None else _no_writeback
 
 
 _bound: bool | None = None  # the extension bound to psycopg's libpq: not yet tried, yes, no

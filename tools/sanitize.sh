@@ -52,12 +52,6 @@ import pytest  # noqa: E402
 tests = ["tests/output/test_fastpath.py", "tests/snapshot/test_snapshot_fast.py", "tests/output/test_jsonl_format.py"]
 # pump(): `pgrecv start` run in this process (main()), so the sanitized loop reads a real stream
 tests += ["tests/stream/test_bulk.py"]
-# writeback(), and the sinks that call it (the rest of test_sinks.py starts Pythons of its own)
-tests += [f"tests/output/test_sinks.py::{t}" for t in (
-    "test_native_writeback_starts_on_regular_files_only",
-    "test_file_hands_each_stretch_to_writeback_once_in_order",
-    "test_dir_starts_each_file_stretches_at_its_own_start",
-)]
 # This one starts Pythons of its own, which would load the sanitized build without its runtime.
 tests += ["--deselect", "tests/output/test_fastpath.py::test_fallback_switch"]
 # --capture=sys: a sanitizer report goes to the real stderr, not to a capture lost at the abort

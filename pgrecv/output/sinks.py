@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.lsn import LSN, lsn_str
-from pgrecv.native import start_writeback
 from pgrecv.output.files import (
     DIR_MODE,
     FILE_MODE,
@@ -52,6 +51,7 @@ from pgrecv.output.files import (
     STATE_NAME,
     TMP_PREFIX,
     TMP_SUFFIX,
+    Syncer,
     fsync_dir,
     lock_fd,
     open_lock,
@@ -73,9 +73,10 @@ STATE_RECORD_SIZE = 512
 # A record left to writeback (``"tail"``) is synced when it is this old (seconds): it bounds the
 # lines that a restart after a machine crash scans.
 STATE_SYNC_AGE = 1.0
-# Every this many bytes written to a file, they are handed to the disk without waiting
-# (native.start_writeback), so that an fdatasync waits for the last few MiB rather than for all
-# since the one before: at the end of a 2 s, 313 MB stream that wait was 90-105 ms (bench/NOTES.md).
+# Every this many bytes written to a regular file, a thread of its own fdatasyncs it (files.Syncer),
+# so that the sink's own fdatasync waits for the last few MiB rather than for all since the one
+# before: at the end of a 313 MB stream that wait was 0.1-0.4 s with the kernel merely asked to
+# start the writeback (sync_file_range), 3 ms with the syncs (bench/NOTES.md).
 WRITEBACK_BYTES = 4 << 20
 TAILS = ("jsonl",)  # output formats whose whole units a restart can find by reading the lines
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
@@ -153,16 +154,43 @@ class _Raw(io.RawIOBase):
 
 
 class _FdRaw(_Raw):
-    """A file descriptor that can be swapped at a transaction boundary (rotation, SIGHUP)."""
+    """A file descriptor that can be swapped at a transaction boundary (rotation, SIGHUP).
+
+    A regular file is synced in the background as it grows (:class:`Syncer`, started at its
+    first :data:`WRITEBACK_BYTES`): the sink's own fdatasync then calls :meth:`settle`, and
+    :meth:`detach` stops the syncer before the descriptor is closed or swapped.
+    """
 
     def __init__(self, label: str) -> None:
         super().__init__(label)
         self.fd = -1
-        self.unsent: int | None = None  # where the bytes not yet handed to writeback begin (None: never)
+        self.syncer: Syncer | None = None
+        self.unsynced: int | None = None  # where the bytes no sync was asked for begin (None: a file not synced)
 
-    def attach(self, fd: int, pos: int, label: str) -> None:
+    def attach(self, fd: int, pos: int, label: str, *, sync: bool = True) -> None:
+        """Write to ``fd`` from now on (the previous one detached); ``sync``: a regular file."""
         self.fd, self.pos, self.label = fd, pos, label
-        self.unsent = pos
+        self.unsynced = pos if sync else None
+
+    def detach(self) -> None:
+        """Stop the background syncs of the descriptor, which the caller is about to close. A
+        failed sync's error is kept (:meth:`check` raises it)."""
+        syncer, self.syncer = self.syncer, None
+        if syncer is not None:
+            try:
+                syncer.close()
+            except OSError as exc:
+                if self.failure is None:
+                    self.fail(exc, "fsync")
+
+    def settle(self) -> None:
+        """After the sink's own fdatasync: raise the error of a background sync that failed (the
+        kernel may report it to that one only)."""
+        if self.syncer is not None:
+            try:
+                self.syncer.settle()
+            except OSError as exc:
+                raise self.fail(exc, "fsync") from None
 
     def cut(self, offset: int) -> None:
         """Drop what was written past ``offset`` (a unit cut short: it will come again whole)."""
@@ -172,14 +200,15 @@ class _FdRaw(_Raw):
             except OSError as exc:
                 raise self.fail(exc, "truncate") from None
             self.pos = offset
-            if self.unsent is not None:
-                self.unsent = min(self.unsent, offset)
+            if self.unsynced is not None:
+                self.unsynced = min(self.unsynced, offset)
 
     def close(self) -> None:
         """Only ever called by the garbage collector (through the BufferedWriter): the sinks
         close their descriptors themselves."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
+            self.detach()
             os.close(fd)
 
     def write(self, b: ReadableBuffer) -> int:
@@ -191,9 +220,12 @@ class _FdRaw(_Raw):
             raise self.fail(exc, "write") from None
         self.pos += n
         self.total += n
-        if self.unsent is not None and self.pos - self.unsent >= WRITEBACK_BYTES:
-            # not a durability step (fdatasync is): it only spreads the disk's work over the stream
-            self.unsent = self.pos if start_writeback(self.fd, self.unsent, self.pos - self.unsent) else None
+        if self.unsynced is not None and self.pos - self.unsynced >= WRITEBACK_BYTES:
+            # not a durability step (the sink's fdatasync is): it only keeps that one short
+            if self.syncer is None:
+                self.syncer = Syncer(self.fd, "pgrecv-sync")
+            self.syncer.kick(self.pos)
+            self.unsynced = self.pos
         return n
 
 
@@ -395,7 +427,7 @@ class FileSink(_BufferedSink):
         existed = self.path.exists()
         fd, size = self._open_file()
         if not self._regular:
-            self._fdraw.attach(fd, 0, str(self.path))
+            self._fdraw.attach(fd, 0, str(self.path), sync=False)
             return Resume()
         with contextlib.suppress(OSError):  # a directory we may write in but not list: leftovers stay
             remove_leftovers(self.path.parent, temp_name_re(self.state_path.name))
@@ -507,6 +539,7 @@ class FileSink(_BufferedSink):
                 os.fdatasync(self._fdraw.fd)  # the data and the file's size: what a reader needs
             except OSError as exc:
                 raise self._raw.fail(exc, "fsync") from None
+            self._fdraw.settle()
             self._write_state(sync=self._tail is None)
             self._durable_end = self._b_end
         return self._durable_end
@@ -536,7 +569,7 @@ class FileSink(_BufferedSink):
         old = self._ident
         self._close_fd()
         fd, size = self._open_file()
-        self._fdraw.attach(fd, size, str(self.path))
+        self._fdraw.attach(fd, size, str(self.path), sync=self._regular)
         self._b_off = size
         if self._regular:
             self._write_state()  # now about the new file: a crash must not truncate it to the old offset
@@ -546,6 +579,7 @@ class FileSink(_BufferedSink):
     def _close_fd(self) -> None:
         fd = self._fdraw.fd
         if fd >= 0:
+            self._fdraw.detach()
             self._fdraw.fd = -1
             os.close(fd)
 
@@ -771,6 +805,8 @@ class DirSink(_BufferedSink):
         self._flush()
         try:
             os.fsync(self._fdraw.fd)
+            self._fdraw.settle()
+            self._fdraw.detach()
             fd, self._fdraw.fd = self._fdraw.fd, -1
             os.close(fd)
             if final.exists():
@@ -798,6 +834,7 @@ class DirSink(_BufferedSink):
             self.durable()
         finally:
             if self._fdraw.fd >= 0:
+                self._fdraw.detach()
                 os.close(self._fdraw.fd)
                 self._fdraw.fd = -1
             if self._tmp is not None:

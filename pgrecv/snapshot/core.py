@@ -67,6 +67,7 @@ from pgrecv.output.files import (
     LOCK_NAME,
     MANIFEST_VERSION,
     TMP_PREFIX,
+    Syncer,
     fsync_dir,
     manifest_name,
     open_lock,
@@ -81,7 +82,7 @@ from pgrecv.pg.types import type_name as builtin_type_name
 from pgrecv.stream.pipeline import table_filter
 
 BATCH = 4096  # rows between progress reports (and parent-alive checks) on the reference path
-WRITEBACK = 8 << 20  # bytes between background fdatasyncs of a snapshot file (_Syncer)
+WRITEBACK = 8 << 20  # bytes between background fdatasyncs of a snapshot file (files.Syncer)
 DEFAULT_RANGE_SIZE = 64 * 1024 * 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -555,7 +556,7 @@ class _BlockWriter:
             fd = f.fileno()
             written = flushed = 0
             enc.snapshot_rows(rel, (), cp)  # the relation record, even for an empty table
-            syncer = _Syncer(fd, f"snapshot-sync-{task.seq}")
+            syncer = Syncer(fd, f"snapshot-sync-{task.seq}", drop=True)
 
             def counted(data: Buffer) -> None:
                 nonlocal written
@@ -583,55 +584,6 @@ class _BlockWriter:
             with contextlib.suppress(queue.Empty):
                 while True:  # unblock a reader waiting on a full queue
                     self._q.get_nowait()
-
-
-class _Syncer:
-    """fdatasync of a snapshot file in a thread of its own while the file grows, so that the final
-    fsync waits for the last few MiB only. Asking the kernel to start the writeback instead
-    (posix_fadvise, sync_file_range) still left 0.4-0.5 s for the final fsync of a 318 MB file
-    on this kind of machine; syncing as it grows, 10-70 ms (bench/NOTES.md). Once synced, the
-    file's pages are dropped from the page cache: nothing reads them again.
-
-    The first error is kept and raised by :meth:`close`: Linux reports a failed writeback to one
-    fsync only, so the final fsync could succeed after this one failed.
-    """
-
-    def __init__(self, fd: int, name: str) -> None:
-        self._fd = fd
-        self._pos = 0
-        self._wanted = threading.Event()
-        self._closing = False
-        self._error: OSError | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def kick(self, pos: int) -> None:
-        """Sync the file (bytes up to ``pos`` are written to it); no wait. One sync at a time:
-        kicks during a sync make one more after it."""
-        self._pos = pos
-        self._wanted.set()
-
-    def close(self) -> None:
-        self._closing = True
-        self._wanted.set()
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        while True:
-            self._wanted.wait()
-            self._wanted.clear()
-            if self._closing:
-                return
-            pos = self._pos
-            try:
-                os.fdatasync(self._fd)
-            except OSError as exc:
-                self._error = exc
-                return
-            with contextlib.suppress(OSError, AttributeError):
-                os.posix_fadvise(self._fd, 0, pos, os.POSIX_FADV_DONTNEED)
 
 
 def copy_task_reference(

@@ -6,12 +6,14 @@ import errno
 import fcntl
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from pgrecv.errors import ExitCode, OutputError
-from pgrecv.output.files import LOCK_NAME, lock_fd, open_lock
+from pgrecv.output.files import LOCK_NAME, Syncer, lock_fd, open_lock
 from pgrecv.output.sinks import DirSink
 from pgrecv.snapshot.core import _prepare_dir
 
@@ -75,3 +77,55 @@ def test_snapshot_and_start_exclude_each_other(tmp_path: Path) -> None:
             DirSink(tmp_path).open()
     finally:
         os.close(fd)
+
+
+# --- Syncer: a growing file fdatasync'd in a thread of its own -------------------------------
+
+
+def test_syncer_keeps_a_failed_sync_for_settle_and_close(tmp_path: Path) -> None:
+    """The background fdatasync's error is raised by settle() and close() (the caller's own fsync
+    may not see it again); here the kernel's own EINVAL for a pipe."""
+    for finish in ("settle", "close"):
+        r, w = os.pipe()
+        try:
+            syncer = Syncer(w, "test-sync")
+            syncer.kick(0)
+            deadline = time.monotonic() + 10
+            while syncer._error is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with pytest.raises(OSError) as info:
+                getattr(syncer, finish)()
+            assert info.value.errno == errno.EINVAL
+            with pytest.raises(OSError):
+                syncer.close()
+            assert not syncer._thread.is_alive()
+        finally:
+            os.close(r)
+            os.close(w)
+
+
+def test_syncer_syncs_a_file_and_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.fdatasync
+    synced: list[str] = []
+
+    def spy(fd: int) -> None:
+        synced.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    with open(tmp_path / "f", "wb") as f:
+        syncer = Syncer(f.fileno(), "test-sync", drop=True)
+        for i in range(20):
+            f.write(b"x" * 1000)
+            f.flush()
+            syncer.kick((i + 1) * 1000)
+        deadline = time.monotonic() + 10
+        while not synced and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.fdatasync(f.fileno())
+        syncer.settle()  # waits for a sync under way, drops one not started
+        after = len(synced)
+        syncer.close()
+        assert not syncer._thread.is_alive()
+        assert len(synced) == after  # nothing ran after settle() but what close() joined
+    assert synced.count("test-sync") >= 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import io
-import itertools
 import json
 import os
 import re
@@ -29,7 +28,6 @@ from hypothesis import strategies as st
 
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.lsn import lsn_str
-from pgrecv.native import copyfast
 from pgrecv.output import sinks as sinks_module
 from pgrecv.output.sinks import (
     BUFFER_SIZE,
@@ -624,112 +622,127 @@ def test_file_that_is_not_regular_is_written_like_standard_output(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
 
 
-# --- writeback: the disk's work spread over the stream ---------------------------------------
+# --- background syncs: the final fdatasync stays short ---------------------------------------
 
 
-def spy_writeback(monkeypatch: pytest.MonkeyPatch, every: int) -> list[tuple[int, int, int, bool]]:
-    """Record each call of the real start_writeback (fd, offset, nbytes, its answer), with the
-    sinks asking every ``every`` bytes."""
-    real = sinks_module.start_writeback
-    calls: list[tuple[int, int, int, bool]] = []
+def spy_syncs(monkeypatch: pytest.MonkeyPatch, every: int) -> list[tuple[str, int]]:
+    """Record each real fdatasync (the calling thread's name, the descriptor), with the sinks
+    asking for a background sync every ``every`` bytes."""
+    real = os.fdatasync
+    calls: list[tuple[str, int]] = []
 
-    def spy(fd: int, offset: int, nbytes: int) -> bool:
-        ok = real(fd, offset, nbytes)
-        calls.append((fd, offset, nbytes, ok))
-        return ok
+    def spy(fd: int) -> None:
+        calls.append((threading.current_thread().name, fd))
+        real(fd)
 
-    monkeypatch.setattr(sinks_module, "start_writeback", spy)
+    monkeypatch.setattr(os, "fdatasync", spy)
     monkeypatch.setattr(sinks_module, "WRITEBACK_BYTES", every)
     return calls
 
 
-@pytest.mark.skipif(copyfast is None, reason="the C extension is not built or PGRECV_NO_NATIVE is set")
-def test_native_writeback_starts_on_regular_files_only(tmp_path: Path) -> None:
-    assert copyfast is not None
-    with open(tmp_path / "f", "wb") as f:
-        f.write(b"x" * 100_000)
-        f.flush()
-        assert copyfast.writeback(f.fileno(), 0, 100_000) is True
-    r, w = os.pipe()
-    try:
-        assert copyfast.writeback(w, 0, 10) is False  # ESPIPE: a pipe has no pages to write
-    finally:
-        os.close(r)
-        os.close(w)
-    fd = os.open(tmp_path / "f", os.O_RDONLY)
-    os.close(fd)
-    assert copyfast.writeback(fd, 0, 10) is False  # a closed descriptor: EBADF, no exception
+def sync_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "pgrecv-sync"]
 
 
-def test_file_hands_each_stretch_to_writeback_once_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = spy_writeback(monkeypatch, 1000)
+def test_file_is_synced_in_the_background_as_it_grows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = spy_syncs(monkeypatch, 1000)
     path = tmp_path / "out.jsonl"
     sink = FileSink(path)
     sink.open()
-    data = feed(sink, 1, rows=50)
-    assert sink.durable() == lsns(1)[1]
-    sink.close()
-    sink = FileSink(path)  # resumed: the stretches go on from the file's end
-    sink.open()
-    data += feed(sink, 2, rows=50)
-    partial = b"".join(txn(3, rows=40))
-    for rec in txn(3, rows=40):
+    data = b""
+    for n in range(1, 6):
+        data += feed(sink, n, rows=30)
+        sink.tick(0.0)  # to the kernel, so that the raw layer sees the bytes
+    assert sink._fdraw.syncer is not None and len(sync_threads()) == 1
+    partial = txn(6, rows=40)
+    for rec in partial:
         sink.write(rec)
-    sink._flush()
-    sink.discard_partial()  # cut back to the end of transaction 2, which then goes on
-    data += feed(sink, 4, rows=50)
-    assert sink.durable() == lsns(4)[1]
+    sink.tick(0.0)
+    sink.discard_partial()  # cut back to the end of transaction 5, with syncs under way
+    data += feed(sink, 7, rows=30)
+    assert sink.durable() == lsns(7)[1]
     sink.close()
     assert path.read_bytes() == data
-    native = copyfast is not None
-    assert all(ok is native for *_, ok in calls)
-    if not native:  # without the extension: asked once per descriptor, then never again
-        assert len(calls) == 2
-        return
-    ranges = [(offset, nbytes) for _, offset, nbytes, _ in calls]
-    assert all(n >= 1000 for _, n in ranges)
-    end2 = len(b"".join(txn(1, rows=50) + txn(2, rows=50)))
-    # each stretch starts where the one before ended; after the cut, where the file was cut
-    assert ranges[0][0] == 0
-    for (o1, n1), (o2, _) in itertools.pairwise(ranges):
-        assert o2 == o1 + n1 or o2 == end2 < o1 + n1, ranges
-    assert any(o + n > end2 + len(partial) // 2 for o, n in ranges)  # the cut-off part had been handed on
-    assert ranges[-1][0] + ranges[-1][1] == len(data)
+    assert not sync_threads(), "the syncer outlived its file"
+    background = [fd for name, fd in calls if name == "pgrecv-sync"]
+    assert background and len(set(background)) == 1  # kicks during a sync make one more, not one each
+    assert any(name == threading.current_thread().name for name, _ in calls)  # the sink's own, at durable()
+
+    sink = FileSink(path)  # resumed, then reopened (SIGHUP): a new descriptor, a new syncer
+    sink.open()
+    data += feed(sink, 8, rows=30)
+    sink.tick(0.0)
+    first = sink._fdraw.syncer
+    assert first is not None
+    sink.reopen()
+    assert first._thread.is_alive() is False and sink._fdraw.syncer is None
+    data += feed(sink, 9, rows=30)
+    sink.tick(0.0)
+    assert sink._fdraw.syncer is not None and sink._fdraw.syncer is not first
+    sink.close()
+    assert path.read_bytes() == data and not sync_threads()
 
 
-def test_file_that_is_not_regular_is_asked_about_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = spy_writeback(monkeypatch, 100)
+def test_a_failed_background_sync_fails_what_claims_durability(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's EINVAL for fdatasync on a pipe stands for a failed writeback, which Linux
+    reports to one fsync only: the background one. settle() (after the sink's own fdatasync)
+    and detach() then check() must raise it."""
+    monkeypatch.setattr(sinks_module, "WRITEBACK_BYTES", 100)
+    for finish in ("settle", "detach"):
+        r, w = os.pipe()
+        try:
+            raw = sinks_module._FdRaw("the pipe")
+            raw.attach(w, 0, "the pipe", sync=True)
+            raw.write(b"x" * 150)
+            assert raw.syncer is not None
+            deadline = time.monotonic() + 10
+            while raw.syncer._error is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if finish == "settle":
+                with pytest.raises(OutputError, match=r"the pipe.*fsync|fsync.*the pipe"):
+                    raw.settle()
+            else:
+                raw.detach()  # stops the thread, keeps the error, raises nothing
+            with pytest.raises(OutputError, match="fsync"):
+                raw.check()
+            raw.detach()
+            raw.fd = -1  # closed here, as the sinks close theirs: not by the collector
+        finally:
+            os.close(r)
+            os.close(w)
+
+
+def test_file_that_is_not_regular_is_never_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = spy_syncs(monkeypatch, 100)
     fifo, reader, got = fifo_reader(tmp_path)
     sink = FileSink(fifo)
     sink.open()
     data = feed(sink, 1, rows=30) + feed(sink, 2, rows=30)
+    sink.tick(0.0)
+    assert sink._fdraw.syncer is None
     assert sink.durable() == lsns(2)[1]
     sink.close()
     reader.join()
     assert got == [data]
-    assert [ok for *_, ok in calls] == [False]
+    assert calls == []
 
 
-def test_dir_starts_each_file_stretches_at_its_own_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = spy_writeback(monkeypatch, 1000)
+def test_dir_syncs_each_file_with_a_syncer_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = spy_syncs(monkeypatch, 1000)
     sink = DirSink(tmp_path, rotate_size=3000)
     sink.open()
     for n in range(1, 7):
         feed(sink, n, rows=40)
+        sink.tick(0.0)
+        assert len(sync_threads()) <= 1  # a published file's syncer has stopped
     assert sink.durable() == lsns(6)[1]
     sink.close()
+    assert not sync_threads()
     files = finals(tmp_path)
     assert len(files) >= 3
-    if copyfast is None:
-        assert [ok for *_, ok in calls] == [False] * len(calls) and calls
-        return
-    assert all(ok for *_, ok in calls)
-    stretches = [(offset, nbytes) for _, offset, nbytes, _ in calls]
-    # each file's stretches start at its offset 0 and follow on; each file held more than one stretch's worth
-    assert [o for o, _ in stretches].count(0) == len(files)
-    for (o1, n1), (o2, _) in itertools.pairwise(stretches):
-        assert o2 in (0, o1 + n1), stretches
-    assert all(n >= 1000 for _, n in stretches)
+    assert whole_transactions(read_all(tmp_path)) == list(range(1, 7))
+    background = {fd for name, fd in calls if name == "pgrecv-sync"}
+    assert background, "no file was synced in the background"
 
 
 # --- a directory of rotated files ------------------------------------------------------------
