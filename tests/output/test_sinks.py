@@ -640,12 +640,14 @@ def spy_syncs(monkeypatch: pytest.MonkeyPatch, every: int) -> list[tuple[str, in
     return calls
 
 
-def sync_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "pgrecv-sync"]
+def sync_threads(before: frozenset[threading.Thread] = frozenset()) -> list[threading.Thread]:
+    """The sinks' syncer threads alive now, but those in ``before`` (another test's, left behind)."""
+    return [t for t in threading.enumerate() if t.name == "pgrecv-sync" and t not in before]
 
 
 def test_file_is_synced_in_the_background_as_it_grows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = spy_syncs(monkeypatch, 1000)
+    before = frozenset(sync_threads())
     path = tmp_path / "out.jsonl"
     sink = FileSink(path)
     sink.open()
@@ -653,7 +655,7 @@ def test_file_is_synced_in_the_background_as_it_grows(tmp_path: Path, monkeypatc
     for n in range(1, 6):
         data += feed(sink, n, rows=30)
         sink.tick(0.0)  # to the kernel, so that the raw layer sees the bytes
-    assert sink._fdraw.syncer is not None and len(sync_threads()) == 1
+    assert sink._fdraw.syncer is not None and len(sync_threads(before)) == 1
     partial = txn(6, rows=40)
     for rec in partial:
         sink.write(rec)
@@ -663,7 +665,7 @@ def test_file_is_synced_in_the_background_as_it_grows(tmp_path: Path, monkeypatc
     assert sink.durable() == lsns(7)[1]
     sink.close()
     assert path.read_bytes() == data
-    assert not sync_threads(), "the syncer outlived its file"
+    assert not sync_threads(before), "the syncer outlived its file"
     background = [fd for name, fd in calls if name == "pgrecv-sync"]
     assert background and len(set(background)) == 1  # kicks during a sync make one more, not one each
     assert any(name == threading.current_thread().name for name, _ in calls)  # the sink's own, at durable()
@@ -680,7 +682,7 @@ def test_file_is_synced_in_the_background_as_it_grows(tmp_path: Path, monkeypatc
     sink.tick(0.0)
     assert sink._fdraw.syncer is not None and sink._fdraw.syncer is not first
     sink.close()
-    assert path.read_bytes() == data and not sync_threads()
+    assert path.read_bytes() == data and not sync_threads(before)
 
 
 def test_a_failed_background_sync_fails_what_claims_durability(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -729,15 +731,16 @@ def test_file_that_is_not_regular_is_never_synced(tmp_path: Path, monkeypatch: p
 
 def test_dir_syncs_each_file_with_a_syncer_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = spy_syncs(monkeypatch, 1000)
+    before = frozenset(sync_threads())
     sink = DirSink(tmp_path, rotate_size=3000)
     sink.open()
     for n in range(1, 7):
         feed(sink, n, rows=40)
         sink.tick(0.0)
-        assert len(sync_threads()) <= 1  # a published file's syncer has stopped
+        assert len(sync_threads(before)) <= 1  # a published file's syncer has stopped
     assert sink.durable() == lsns(6)[1]
     sink.close()
-    assert not sync_threads()
+    assert not sync_threads(before)
     files = finals(tmp_path)
     assert len(files) >= 3
     assert whole_transactions(read_all(tmp_path)) == list(range(1, 7))

@@ -4,6 +4,7 @@ exactly what the per-message loop writes, take the bulk of the rows, and hand ev
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from psycopg.conninfo import make_conninfo
 
 from pgrecv.cli.main import main
 from pgrecv.native import copyfast
+from pgrecv.output import sinks
 from pgrecv.stream import streamer
 from tests.util import sql
 
@@ -96,7 +98,18 @@ def test_pump_writes_what_the_loop_writes(db_dsn: str, tmp_path: Path, monkeypat
     for slot in ("bulk", "loop"):
         sql(db_dsn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     end = workload(db_dsn)
+    # the output's background syncs run during both streams (every 64 KiB here, 4 MiB by default)
+    real = os.fdatasync
+    synced: list[str] = []
+
+    def spy(fd: int) -> None:
+        synced.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    monkeypatch.setattr(sinks, "WRITEBACK_BYTES", 64 << 10)
     out, counting = both(db_dsn, tmp_path, monkeypatch, "-E", end)
+    assert synced.count("pgrecv-sync") >= 2, synced
     rows = sum(1 for line in out.splitlines() if line.startswith((b'{"v":1,"op":"insert"', b'{"v":1,"op":"update"')))
     rows += out.count(b'"op":"delete"')
     assert rows > 5000
