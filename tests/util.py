@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 
 
 def pgrecv(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
@@ -90,3 +91,17 @@ def awkward_doubles(n: int, seed: int = 20261202) -> list[float]:
             xs += [up, down, -up]
             up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
     return xs
+
+
+def spy_fdatasync(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Record each real ``os.fdatasync`` from now on: the calling thread's name and the descriptor
+    (the background syncers name their threads)."""
+    real = os.fdatasync
+    calls: list[tuple[str, int]] = []
+
+    def spy(fd: int) -> None:
+        calls.append((threading.current_thread().name, fd))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    return calls

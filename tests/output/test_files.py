@@ -6,7 +6,6 @@ import errno
 import fcntl
 import os
 import stat
-import threading
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from pgrecv.errors import ExitCode, OutputError
 from pgrecv.output.files import LOCK_NAME, Syncer, lock_fd, open_lock
 from pgrecv.output.sinks import DirSink
 from pgrecv.snapshot.core import _prepare_dir
+from tests.util import spy_fdatasync
 
 
 def test_open_lock_creates_0600_and_refuses_a_second_holder(tmp_path: Path) -> None:
@@ -105,14 +105,7 @@ def test_syncer_keeps_a_failed_sync_for_settle_and_close(tmp_path: Path) -> None
 
 
 def test_syncer_syncs_a_file_and_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = os.fdatasync
-    synced: list[str] = []
-
-    def spy(fd: int) -> None:
-        synced.append(threading.current_thread().name)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", spy)
+    calls = spy_fdatasync(monkeypatch)
     with open(tmp_path / "f", "wb") as f:
         syncer = Syncer(f.fileno(), "test-sync", drop=True)
         for i in range(20):
@@ -120,12 +113,12 @@ def test_syncer_syncs_a_file_and_stops(tmp_path: Path, monkeypatch: pytest.Monke
             f.flush()
             syncer.kick((i + 1) * 1000)
         deadline = time.monotonic() + 10
-        while not synced and time.monotonic() < deadline:
+        while not calls and time.monotonic() < deadline:
             time.sleep(0.01)
         os.fdatasync(f.fileno())
         syncer.settle()  # waits for a sync under way, drops one not started
-        after = len(synced)
+        after = len(calls)
         syncer.close()
         assert not syncer._thread.is_alive()
-        assert len(synced) == after  # nothing ran after settle() but what close() joined
-    assert synced.count("test-sync") >= 1
+        assert len(calls) == after  # nothing ran after settle() but what close() joined
+    assert any(name == "test-sync" for name, _ in calls)

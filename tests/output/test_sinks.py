@@ -38,6 +38,7 @@ from pgrecv.output.sinks import (
     StdoutSink,
     make_sink,
 )
+from tests.util import spy_fdatasync
 
 FINAL = re.compile(r"[0-9A-F]{16}-[0-9A-F]{16}\.jsonl")
 RANDOM_TMP = re.compile(r"\.[a-z0-9_]{8}\.tmp$")  # mkstemp's part of a temporary state file name
@@ -628,16 +629,8 @@ def test_file_that_is_not_regular_is_written_like_standard_output(tmp_path: Path
 def spy_syncs(monkeypatch: pytest.MonkeyPatch, every: int) -> list[tuple[str, int]]:
     """Record each real fdatasync (the calling thread's name, the descriptor), with the sinks
     asking for a background sync every ``every`` bytes."""
-    real = os.fdatasync
-    calls: list[tuple[str, int]] = []
-
-    def spy(fd: int) -> None:
-        calls.append((threading.current_thread().name, fd))
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", spy)
     monkeypatch.setattr(sinks_module, "WRITEBACK_BYTES", every)
-    return calls
+    return spy_fdatasync(monkeypatch)
 
 
 def sync_threads(before: frozenset[threading.Thread] = frozenset()) -> list[threading.Thread]:

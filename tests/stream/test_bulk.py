@@ -4,7 +4,6 @@ exactly what the per-message loop writes, take the bulk of the rows, and hand ev
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from pgrecv.cli.main import main
 from pgrecv.native import copyfast
 from pgrecv.output import sinks
 from pgrecv.stream import streamer
-from tests.util import sql
+from tests.util import spy_fdatasync, sql
 
 pytestmark = pytest.mark.skipif(copyfast is None, reason="the C extension is not built or PGRECV_NO_NATIVE is set")
 
@@ -99,17 +98,10 @@ def test_pump_writes_what_the_loop_writes(db_dsn: str, tmp_path: Path, monkeypat
         sql(db_dsn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     end = workload(db_dsn)
     # the output's background syncs run during both streams (every 64 KiB here, 4 MiB by default)
-    real = os.fdatasync
-    synced: list[str] = []
-
-    def spy(fd: int) -> None:
-        synced.append(threading.current_thread().name)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", spy)
+    calls = spy_fdatasync(monkeypatch)
     monkeypatch.setattr(sinks, "WRITEBACK_BYTES", 64 << 10)
     out, counting = both(db_dsn, tmp_path, monkeypatch, "-E", end)
-    assert synced.count("pgrecv-sync") >= 2, synced
+    assert sum(name == "pgrecv-sync" for name, _ in calls) >= 2, calls
     rows = sum(1 for line in out.splitlines() if line.startswith((b'{"v":1,"op":"insert"', b'{"v":1,"op":"update"')))
     rows += out.count(b'"op":"delete"')
     assert rows > 5000
