@@ -7,6 +7,7 @@ leaves: the kernel holds what was written, nothing more.
 
 from __future__ import annotations
 
+import errno
 import gc
 import io
 import json
@@ -705,6 +706,72 @@ def test_a_failed_background_sync_fails_what_claims_durability(monkeypatch: pyte
         finally:
             os.close(r)
             os.close(w)
+
+
+def fail_background_syncs(monkeypatch: pytest.MonkeyPatch, every: int) -> list[int]:
+    """Make the syncer threads' fdatasync fail with EIO, as a failed writeback does (Linux
+    reports it to one fsync only: the sink's own then succeeds). A real one needs a faulty
+    device. Returns the descriptors whose background sync failed."""
+    monkeypatch.setattr(sinks_module, "WRITEBACK_BYTES", every)
+    real = os.fdatasync
+    failed: list[int] = []
+
+    def sync(fd: int) -> None:
+        if threading.current_thread().name == "pgrecv-sync":
+            failed.append(fd)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", sync)
+    return failed
+
+
+def wait_for(cond: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cond()
+
+
+def test_file_sink_refuses_durability_after_a_failed_background_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """durable() must not report a position when the kernel gave the writeback error to the
+    background sync: its own fdatasync succeeds, so only settle() can tell."""
+    failed = fail_background_syncs(monkeypatch, 1000)
+    sink = FileSink(tmp_path / "out.jsonl")
+    sink.open()
+    feed(sink, 1, rows=40)
+    sink.tick(0.0)  # hands the bytes to the kernel: the syncer starts
+    wait_for(lambda: failed)
+    wait_for(lambda: sink._fdraw.syncer is not None and sink._fdraw.syncer._error is not None)
+    with pytest.raises(OutputError, match="fsync"):
+        sink.durable()
+    with pytest.raises(OutputError, match="fsync"):
+        sink.durable()  # and it stays failed
+    with pytest.raises(OutputError):
+        sink.close()
+    state = sink.state_path.read_text() if sink.state_path.exists() else ""
+    assert lsn_str(lsns(1)[1]) not in state  # no position recorded as written
+
+
+def test_dir_sink_does_not_publish_a_file_whose_background_sync_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failed = fail_background_syncs(monkeypatch, 1000)
+    sink = DirSink(tmp_path, rotate_size=10**9)
+    sink.open()
+    feed(sink, 1, rows=4 * sinks_module.BUFFER_SIZE // 40)  # past the buffer: the bytes reach the file
+    wait_for(lambda: failed)
+    wait_for(lambda: sink._fdraw.syncer is not None and sink._fdraw.syncer._error is not None)
+    with pytest.raises(OutputError, match="fsync"):
+        sink.reopen()  # SIGHUP at a boundary: publishes the file now
+    assert finals(tmp_path) == []
+    with pytest.raises(OutputError):
+        sink.durable()
+    with pytest.raises(OutputError):
+        sink.close()
+    assert finals(tmp_path) == []
 
 
 def test_file_that_is_not_regular_is_never_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
