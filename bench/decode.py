@@ -194,6 +194,7 @@ def copy_all(msgs: Sequence[bytes]) -> Callable[[], object]:
 
 def jsonl_all(msgs: Sequence[bytes], generated: bool = True) -> Callable[[], object]:
     from pgrecv.output import jsonl
+
     def run() -> None:
         out: list[bytes] = []
         feed = jsonl.JsonlEncoder(out.append).feed

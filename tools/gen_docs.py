@@ -166,13 +166,7 @@ def bash() -> str:
 
 
 def _zsh_escape(text: str) -> str:
-    return (
-        text.replace("\\", "\\\\")
-        .replace("'", "'\\''")
-        .replace("[", "\\[")
-        .replace("]", "\\]")
-        .replace(":", "\\:")
-    )
+    return text.replace("\\", "\\\\").replace("'", "'\\''").replace("[", "\\[").replace("]", "\\]").replace(":", "\\:")
 
 
 def zsh() -> str:
@@ -239,9 +233,7 @@ def fish() -> str:
         "complete -c pgrecv -n '__fish_use_subcommand' -l version -d 'Show the version'",
     ]
     for name, cmd in commands():
-        lines.append(
-            f"complete -c pgrecv -n '__fish_use_subcommand' -a {name} -d '{_fish_escape(short_help(cmd))}'"
-        )
+        lines.append(f"complete -c pgrecv -n '__fish_use_subcommand' -a {name} -d '{_fish_escape(short_help(cmd))}'")
     for name, cmd in commands():
         cond = f"'__fish_seen_subcommand_from {name}'"
         for opt in options(cmd):

@@ -64,9 +64,7 @@ _STAMP_RE: Final = re.compile(
     r"(\d{4,})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?(?:([+-])(\d\d)(?::(\d\d)(?::(\d\d))?)?)?( BC)?"
 )
 _TIME_RE: Final = re.compile(r"(\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?(?:([+-])(\d\d)(?::(\d\d)(?::(\d\d))?)?)?")
-_INTERVAL_PART: Final = re.compile(
-    r"([+-]?\d+) (year|mon|day)s?|([+-])?(\d+):(\d\d):(\d\d)(?:\.(\d{1,6}))?"
-)
+_INTERVAL_PART: Final = re.compile(r"([+-]?\d+) (year|mon|day)s?|([+-])?(\d+):(\d\d):(\d\d)(?:\.(\d{1,6}))?")
 _PRECISION: Final = re.compile(r"\((\d+)\)")
 _POINT: Final = struct.Struct("<BIdd")
 

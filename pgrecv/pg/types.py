@@ -18,7 +18,7 @@ from typing import Final
 _BUILTINS: Final[tuple[tuple[int, str, int], ...]] = (
     (16, "boolean", 1000),  # bool
     (17, "bytea", 1001),  # bytea
-    (18, "\"char\"", 1002),  # char
+    (18, '"char"', 1002),  # char
     (19, "name", 1003),  # name
     (20, "bigint", 1016),  # int8
     (21, "smallint", 1005),  # int2

@@ -462,6 +462,7 @@ def test_times_and_precisions() -> None:
     assert column_codec(_col(1560, "bit", 1)).text("1") is True
     assert column_codec(_col(1186, "interval")).text("-178000000 years") == "P-178000000Y0M0DT0H0M0S"
     # test_decoding prints no typmod: µs, which loses nothing
-    assert column_codec(ev.Column("c", 0, -1, "timestamp without time zone", False)).text(
-        "1970-01-01 00:00:00.001"
-    ) == 1000
+    assert (
+        column_codec(ev.Column("c", 0, -1, "timestamp without time zone", False)).text("1970-01-01 00:00:00.001")
+        == 1000
+    )

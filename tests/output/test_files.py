@@ -44,9 +44,7 @@ def test_open_lock_refuses_a_link_or_a_directory(tmp_path: Path) -> None:
         open_lock(tmp_path / "missing" / "x.lock", busy="busy")
 
 
-def test_lock_fd_goes_on_where_the_file_system_has_no_locks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_lock_fd_goes_on_where_the_file_system_has_no_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_locks(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 

@@ -147,8 +147,22 @@ def test_floats_keep_non_finite_values_as_text() -> None:
 
 
 def test_types_kept_as_text_have_no_converter() -> None:
-    kept = ["numeric", "text", "character varying", "timestamp with time zone", "date", "interval", "uuid", "inet",
-            "money", "int4range", "public.mood", "mood", '"My Type"', "tsvector"]
+    kept = [
+        "numeric",
+        "text",
+        "character varying",
+        "timestamp with time zone",
+        "date",
+        "interval",
+        "uuid",
+        "inet",
+        "money",
+        "int4range",
+        "public.mood",
+        "mood",
+        '"My Type"',
+        "tsvector",
+    ]
     for name in kept:
         assert text_converter(0, name) is None, name
     for oid in (1700, 25, 1043, 1184, 1082, 1186, 2950, 869, 790, 3904, 16384):
@@ -173,8 +187,14 @@ def test_user_defined_arrays() -> None:
     assert user("not an array") == "not an array" and user("{broken") == "{broken"
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(), lambda c: st.lists(c) | st.dictionaries(
-    st.text(), c), max_leaves=20), st.sampled_from([None, 0, 2, "\t"]))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda c: st.lists(c) | st.dictionaries(st.text(), c),
+        max_leaves=20,
+    ),
+    st.sampled_from([None, 0, 2, "\t"]),
+)
 def test_json_is_embedded_on_one_line(doc: object, indent: int | str | None) -> None:
     text = json.dumps(doc, indent=indent, ensure_ascii=False)
     text = text.replace("\n", "\r\n") if isinstance(indent, int) and indent else text
@@ -205,9 +225,7 @@ def test_bytea_hex_and_escape_forms(data: bytes) -> None:
     assert BYTEA_ENCODING == "base64"
     conv = _conv(17)
     hex_form = "\\x" + data.hex()
-    escape_form = "".join(
-        "\\\\" if b == 92 else (chr(b) if 32 <= b < 127 else f"\\{b:03o}") for b in data
-    )
+    escape_form = "".join("\\\\" if b == 92 else (chr(b) if 32 <= b < 127 else f"\\{b:03o}") for b in data)
     expected = base64.b64encode(data).decode()
     assert conv(hex_form) == conv(escape_form) == expected
     assert _conv(1001)(_array_out([hex_form, None])) == [expected, None]
