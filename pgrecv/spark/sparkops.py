@@ -43,6 +43,32 @@ DEFAULT_CONF = {
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
+# JDK 17's default collector, G1, takes much of a short batch job's time on a driver of a few
+# cores: the parallel collector ran bench/spark_apply.py's 1M events in 12.9-15.6 s against
+# 18.4-24.3 s (bench/NOTES.md, 2026-12-02). It goes in spark.driver.defaultJavaOptions (the options
+# Spark puts before the user's spark.driver.extraJavaOptions) when pgrecv launches the JVM with
+# a configuration of its own, and only if nothing else names a collector: two stop the JVM.
+DRIVER_GC = "-XX:+UseParallelGC"
+_GC_CHOICE = re.compile(r"-XX:[+-]Use\w*GC\b")
+# where else a JVM's or the launcher's options may come from
+_JAVA_OPTION_VARS = (
+    "JAVA_TOOL_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "_JAVA_OPTIONS",
+    "SPARK_SUBMIT_OPTS",
+    "PYSPARK_SUBMIT_ARGS",
+)
+
+
+def driver_defaults(conf: dict[str, str]) -> dict[str, str]:
+    """The driver JVM's options pgrecv adds to ``conf`` (see :data:`DRIVER_GC`)."""
+    if "spark.driver.defaultJavaOptions" in conf:
+        return {}
+    given = [conf.get("spark.driver.extraJavaOptions", "")] + [os.environ.get(v, "") for v in _JAVA_OPTION_VARS]
+    if any(_GC_CHOICE.search(s) for s in given):
+        return {}
+    return {"spark.driver.defaultJavaOptions": DRIVER_GC}
+
 
 def spark_schema(schema: pa.Schema) -> Any:
     from pyspark.sql.types import StructType, _parse_datatype_string
@@ -146,6 +172,9 @@ def launch_reason(printed: str, exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+_own_conf_dir: str | None = None  # the directory _private_conf_dir made for this process
+
+
 def _private_conf_dir() -> str:
     """A Spark config directory only this process can have made: Spark's launcher sources
     ``spark-env.sh`` from it, so a name another user could create first would run their code as
@@ -172,8 +201,12 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
         for k, v in conf.items():
             active.conf.set(k, v)
         return active
+    global _own_conf_dir
     if quiet and "SPARK_CONF_DIR" not in os.environ:
-        os.environ["SPARK_CONF_DIR"] = _private_conf_dir()
+        _own_conf_dir = os.environ["SPARK_CONF_DIR"] = _private_conf_dir()
+    # pgrecv launches the JVM, and no configuration directory of the user's (whose
+    # spark-defaults.conf may name a collector) is in use
+    own = os.environ.get("SPARK_CONF_DIR") in (None, _own_conf_dir) and "PYSPARK_GATEWAY_PORT" not in os.environ
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1") if master is None or master.startswith("local") else None
     builder = SparkSession.builder.appName("pgrecv spark-apply")
     if master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # set: spark-submit's JVM, with its --master
@@ -181,7 +214,7 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
     # The executors' Python runs pgrecv's Arrow UDF (json columns): by default the driver's own
     # interpreter, where pgrecv and pyarrow are installed (a cluster elsewhere sets its own).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    for k, v in {**DEFAULT_CONF, **conf}.items():
+    for k, v in {**DEFAULT_CONF, **(driver_defaults(conf) if own else {}), **conf}.items():
         builder = builder.config(k, v)
     spark = _launch(builder, quiet, master or "local[*]")
     spark.sparkContext.setLogLevel("ERROR")

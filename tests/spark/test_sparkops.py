@@ -23,6 +23,8 @@ st = os.stat(conf_dir)
 print(conf_dir)
 print(oct(stat.S_IMODE(st.st_mode)), st.st_uid == os.getuid())
 print(spark.range(3).count())
+beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+print(" ".join(sorted(b.getName().replace(" ", "_") for b in beans)))
 spark.stop()
 """
 
@@ -45,12 +47,13 @@ def test_a_planted_config_directory_is_never_used(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=180)
 
     assert done.returncode == 0, done.stderr[-2000:]
-    conf_dir, mode_line, count = done.stdout.split("\n")[:3]
+    conf_dir, mode_line, count, collectors = done.stdout.split("\n")[:4]
     assert not marker.exists(), "the planted spark-env.sh ran"
     assert victim.read_text() == "precious\n", "the planted symlink was written through"
     assert Path(conf_dir) != planted and Path(conf_dir).parent == shared_tmp
     assert mode_line == "0o700 True"
     assert count == "3"
+    assert collectors == "PS_MarkSweep PS_Scavenge"  # sparkops.DRIVER_GC
     assert not Path(conf_dir).exists(), "the private config directory outlives the process"
     assert stat.S_ISDIR(planted.lstat().st_mode)  # the other user's directory is left alone
 
@@ -64,3 +67,41 @@ def test_no_call_site_round_trips_per_dataframe_call(spark: Any) -> None:
     spark.range(1).select(F.lit(1)).collect()  # a call that would ask for the setting
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     assert is_debugging_enabled() is False
+
+
+def test_a_collector_chosen_elsewhere_is_left_alone(tmp_path: Path) -> None:
+    """The parallel collector is pgrecv's default only: a JVM given two collectors refuses to
+    start, so a choice in the JVM's environment wins (here the serial collector)."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+    env["JAVA_TOOL_OPTIONS"] = "-XX:+UseSerialGC"
+    env["TMPDIR"] = str(tmp_path)
+
+    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=180)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[2:4] == ["3", "Copy MarkSweepCompact"]
+
+
+@pytest.mark.parametrize(
+    ("conf", "env", "added"),
+    [
+        ({}, {}, True),
+        ({"spark.driver.extraJavaOptions": "-Dx=1 -Xss4m"}, {}, True),
+        ({"spark.driver.extraJavaOptions": "-XX:+UseG1GC"}, {}, False),
+        ({"spark.driver.defaultJavaOptions": "-Dx=1"}, {}, False),  # an administrator's defaults
+        ({}, {"JAVA_TOOL_OPTIONS": "-XX:+UseZGC"}, False),
+        ({}, {"JDK_JAVA_OPTIONS": "-XX:-UseParallelGC"}, False),
+        ({}, {"PYSPARK_SUBMIT_ARGS": "--driver-java-options -XX:+UseShenandoahGC pyspark-shell"}, False),
+        ({}, {"JAVA_TOOL_OPTIONS": "-XX:+UseStringDeduplication"}, True),
+    ],
+)
+def test_driver_defaults_name_a_collector_only_where_nothing_else_does(
+    conf: dict[str, str], env: dict[str, str], added: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgrecv.spark.sparkops import DRIVER_GC, driver_defaults
+
+    for var in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS", "PYSPARK_SUBMIT_ARGS"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert driver_defaults(conf) == ({"spark.driver.defaultJavaOptions": DRIVER_GC} if added else {})
