@@ -98,9 +98,9 @@ def test_a_collector_chosen_elsewhere_is_left_alone(tmp_path: Path) -> None:
 def test_driver_defaults_name_a_collector_only_where_nothing_else_does(
     conf: dict[str, str], env: dict[str, str], added: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgrecv.spark.sparkops import DRIVER_GC, driver_defaults
+    from pgrecv.spark.sparkops import _JAVA_OPTION_VARS, DRIVER_GC, driver_defaults
 
-    for var in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS", "PYSPARK_SUBMIT_ARGS"):
+    for var in _JAVA_OPTION_VARS:
         monkeypatch.delenv(var, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
