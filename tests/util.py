@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import random
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -93,15 +95,26 @@ def awkward_doubles(n: int, seed: int = 20261202) -> list[float]:
     return xs
 
 
-def spy_fdatasync(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+def spy_fdatasync(monkeypatch: pytest.MonkeyPatch, fail_in: str | None = None) -> list[tuple[str, int]]:
     """Record each real ``os.fdatasync`` from now on: the calling thread's name and the descriptor
-    (the background syncers name their threads)."""
+    (the background syncers name their threads). In the thread named ``fail_in`` it fails with
+    EIO instead, as a failed writeback does: Linux reports one to a single fsync."""
     real = os.fdatasync
     calls: list[tuple[str, int]] = []
 
     def spy(fd: int) -> None:
-        calls.append((threading.current_thread().name, fd))
+        name = threading.current_thread().name
+        calls.append((name, fd))
+        if name == fail_in:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", spy)
     return calls
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

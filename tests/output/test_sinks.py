@@ -7,7 +7,6 @@ leaves: the kernel holds what was written, nothing more.
 
 from __future__ import annotations
 
-import errno
 import gc
 import io
 import json
@@ -39,7 +38,7 @@ from pgrecv.output.sinks import (
     StdoutSink,
     make_sink,
 )
-from tests.util import spy_fdatasync
+from tests.util import spy_fdatasync, wait_for
 
 FINAL = re.compile(r"[0-9A-F]{16}-[0-9A-F]{16}\.jsonl")
 RANDOM_TMP = re.compile(r"\.[a-z0-9_]{8}\.tmp$")  # mkstemp's part of a temporary state file name
@@ -708,29 +707,15 @@ def test_a_failed_background_sync_fails_what_claims_durability(monkeypatch: pyte
             os.close(w)
 
 
-def fail_background_syncs(monkeypatch: pytest.MonkeyPatch, every: int) -> list[int]:
-    """Make the syncer threads' fdatasync fail with EIO, as a failed writeback does (Linux
-    reports it to one fsync only: the sink's own then succeeds). A real one needs a faulty
-    device. Returns the descriptors whose background sync failed."""
+def fail_background_syncs(monkeypatch: pytest.MonkeyPatch, every: int) -> None:
+    """The syncer threads' fdatasync fails (EIO), the sink's own succeeds: a failed writeback,
+    which a real one would need a faulty device for."""
     monkeypatch.setattr(sinks_module, "WRITEBACK_BYTES", every)
-    real = os.fdatasync
-    failed: list[int] = []
-
-    def sync(fd: int) -> None:
-        if threading.current_thread().name == "pgrecv-sync":
-            failed.append(fd)
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", sync)
-    return failed
+    spy_fdatasync(monkeypatch, fail_in="pgrecv-sync")
 
 
-def wait_for(cond: Any) -> None:
-    deadline = time.monotonic() + 10
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert cond()
+def sync_failed(sink: FileSink | DirSink) -> bool:
+    return sink._fdraw.syncer is not None and sink._fdraw.syncer._error is not None
 
 
 def test_file_sink_refuses_durability_after_a_failed_background_sync(
@@ -738,13 +723,12 @@ def test_file_sink_refuses_durability_after_a_failed_background_sync(
 ) -> None:
     """durable() must not report a position when the kernel gave the writeback error to the
     background sync: its own fdatasync succeeds, so only settle() can tell."""
-    failed = fail_background_syncs(monkeypatch, 1000)
+    fail_background_syncs(monkeypatch, 1000)
     sink = FileSink(tmp_path / "out.jsonl")
     sink.open()
     feed(sink, 1, rows=40)
     sink.tick(0.0)  # hands the bytes to the kernel: the syncer starts
-    wait_for(lambda: failed)
-    wait_for(lambda: sink._fdraw.syncer is not None and sink._fdraw.syncer._error is not None)
+    wait_for(lambda: sync_failed(sink), 10, "the background sync")
     with pytest.raises(OutputError, match="fsync"):
         sink.durable()
     with pytest.raises(OutputError, match="fsync"):
@@ -758,12 +742,11 @@ def test_file_sink_refuses_durability_after_a_failed_background_sync(
 def test_dir_sink_does_not_publish_a_file_whose_background_sync_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    failed = fail_background_syncs(monkeypatch, 1000)
+    fail_background_syncs(monkeypatch, 1000)
     sink = DirSink(tmp_path, rotate_size=10**9)
     sink.open()
     feed(sink, 1, rows=4 * sinks_module.BUFFER_SIZE // 40)  # past the buffer: the bytes reach the file
-    wait_for(lambda: failed)
-    wait_for(lambda: sink._fdraw.syncer is not None and sink._fdraw.syncer._error is not None)
+    wait_for(lambda: sync_failed(sink), 10, "the background sync")
     with pytest.raises(OutputError, match="fsync"):
         sink.reopen()  # SIGHUP at a boundary: publishes the file now
     assert finals(tmp_path) == []

@@ -24,7 +24,7 @@ from pgrecv import events as ev
 from pgrecv.output.jsonl import JsonlEncoder
 from pgrecv.output.values import JSON_NULL, text_converter
 from pgrecv.pg.types import type_name
-from tests.util import Terminal, err, pgrecv, sql
+from tests.util import Terminal, err, pgrecv, sql, wait_for
 
 SCHEMA = json.loads(resources.files("pgrecv").joinpath("schema/event-v1.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -437,13 +437,6 @@ def _start_slow(db_dsn: str, out: Path, slot: str, delay: str, *extra: str) -> s
     )
 
 
-def _wait_for(predicate: Any, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def _imported(db_dsn: str) -> bool:
     """The slot exists and a worker has imported the snapshot (and sleeps in the test hook), so
     the loss is caught by the check after the COPYs."""
@@ -461,7 +454,7 @@ def test_exporting_connection_lost(db_dsn: str, tmp_path: Path) -> None:
     out = tmp_path / "o"
     proc = _start_slow(db_dsn, out, "lost", "2")
     try:
-        _wait_for(lambda: _imported(db_dsn))
+        wait_for(lambda: _imported(db_dsn))
         killed = sql(
             db_dsn,
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'walsender' "
@@ -475,7 +468,7 @@ def test_exporting_connection_lost(db_dsn: str, tmp_path: Path) -> None:
     lines = stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "exporting the snapshot was lost" in lines[0], lines
     assert _final_files(out) == [] and not list(out.glob(".tmp-*"))
-    _wait_for(lambda: _slots(db_dsn) == [])
+    wait_for(lambda: _slots(db_dsn) == [])
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
@@ -494,7 +487,7 @@ def test_copy_failing_midway(db_dsn: str, tmp_path: Path, jobs: str) -> None:
     assert len(lines) == 1 and "Traceback" not in err(proc), lines
     assert "copying public.big: division by zero" in lines[0] and "run pgrecv snapshot again" in lines[0]
     assert _final_files(out) == [] and not list(out.glob(".tmp-*")), list(out.iterdir())
-    _wait_for(lambda: _slots(db_dsn) == [])
+    wait_for(lambda: _slots(db_dsn) == [])
 
 
 def test_killed_snapshot_leaves_no_manifest(db_dsn: str, tmp_path: Path) -> None:
@@ -502,7 +495,7 @@ def test_killed_snapshot_leaves_no_manifest(db_dsn: str, tmp_path: Path) -> None
     out = tmp_path / "o"
     proc = _start_slow(db_dsn, out, "killed", "1")
     try:
-        _wait_for(lambda: len(list(out.glob(".tmp-*"))) > 0)
+        wait_for(lambda: len(list(out.glob(".tmp-*"))) > 0)
         time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -533,7 +526,7 @@ def test_killed_coordinator_takes_its_workers_along(db_dsn: str, tmp_path: Path)
     out = tmp_path / "o"
     proc = _start_slow(db_dsn, out, "killed2", "1", "--jobs", "2", "--range-size", "64kB")
     try:
-        _wait_for(lambda: len(list(out.glob(".tmp-*"))) > 0)
+        wait_for(lambda: len(list(out.glob(".tmp-*"))) > 0)
         workers = _children(proc.pid)
         assert len(workers) == 2, workers
     finally:
@@ -548,7 +541,7 @@ def test_killed_coordinator_takes_its_workers_along(db_dsn: str, tmp_path: Path)
         with open(f"/proc/{pid}/stat") as f:  # an exited child reparented to a non-reaping init
             return f.read().split(") ")[1].startswith("Z")
 
-    _wait_for(lambda: all(gone(w) for w in workers), timeout=20)
+    wait_for(lambda: all(gone(w) for w in workers), timeout=20)
     assert _final_files(out) == []
     assert pgrecv("drop", "-d", db_dsn, "--slot", "killed2").returncode == 0
 

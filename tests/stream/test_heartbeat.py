@@ -12,8 +12,8 @@ import pytest
 
 from pgrecv.lsn import LSN
 from pgrecv.stream.heartbeat import PREFIX
-from tests.stream.test_start import spawn, wait_for
-from tests.util import err, pgrecv, sql
+from tests.stream.test_start import spawn
+from tests.util import err, pgrecv, sql, wait_for
 
 MB = 1 << 20
 

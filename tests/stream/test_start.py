@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from pgrecv.errors import ExitCode
 from pgrecv.lsn import LSN
-from tests.util import Terminal, err, pgrecv, sql
+from tests.util import Terminal, err, pgrecv, sql, wait_for
 
 
 def spawn(
@@ -26,13 +25,6 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     stderr = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen([sys.executable, "-m", "pgrecv", *args], stdout=stdout, stderr=stderr, env=env)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def records(data: bytes) -> list[dict[str, Any]]:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pgrecv import failpoints
-from tests.stream.test_start import commit_ends, committed, records, slot_info, spawn, wait_for
-from tests.util import err, pgrecv, sql
+from tests.stream.test_start import commit_ends, committed, records, slot_info, spawn
+from tests.util import err, pgrecv, sql, wait_for
 
 ROWS = int(os.environ.get("PGRECV_TEST_STOP_ROWS", "1000000"))
 FSYNC = 2.0  # -F: the stop must be complete within this (plus process teardown)
