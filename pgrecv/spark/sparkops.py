@@ -41,6 +41,13 @@ DEFAULT_CONF = {
     # takes some 1,700 such calls: off, a run over 16 small tables took 19.1 s instead of 21.1 s.
     # It only adds the Python line to Spark's own error context; pgrecv reports its own errors.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # The driver keeps every finished job, stage and SQL execution for the UI and status APIs
+    # (1,000 of each by default) even with the UI off, each execution with its plan's metrics,
+    # and pgrecv reads none of them: ten runs in one session (the differential test's, six
+    # tables each) left 157 MB live in the driver's heap with Spark's limits, 90 MB with these.
+    "spark.ui.retainedJobs": "50",
+    "spark.ui.retainedStages": "50",
+    "spark.sql.ui.retainedExecutions": "20",
 }
 
 # JDK 17's default collector, G1, takes much of a short batch job's time on a driver of a few

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.util import wait_for
+
 pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
 
 _PROBE = """
@@ -67,6 +69,23 @@ def test_no_call_site_round_trips_per_dataframe_call(spark: Any) -> None:
     spark.range(1).select(F.lit(1)).collect()  # a call that would ask for the setting
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     assert is_debugging_enabled() is False
+
+
+def test_the_driver_forgets_finished_work(spark: Any) -> None:
+    """The driver's status store keeps at most a few dozen finished jobs and SQL executions, not
+    Spark's 1,000 of each: a run over many tables, or a session of many runs, would otherwise
+    fill the driver's heap with plans' metrics that nothing reads."""
+    from pgrecv.spark.sparkops import DEFAULT_CONF
+
+    jobs, executions = int(DEFAULT_CONF["spark.ui.retainedJobs"]), int(DEFAULT_CONF["spark.sql.ui.retainedExecutions"])
+    for _ in range(max(jobs, executions) + 10):
+        spark.range(3).count()  # one SQL execution, one job
+    store = spark._jsparkSession.sharedState().statusStore()
+    tracker = spark.sparkContext.statusTracker()
+    # the store drops the oldest on a worker thread of its own, a moment after the limit is passed
+    wait_for(lambda: store.executionsCount() <= executions, what=f"at most {executions} SQL executions")
+    wait_for(lambda: len(tracker.getJobIdsForGroup()) <= jobs, what=f"at most {jobs} jobs")
+    assert store.executionsCount() > 0 and tracker.getJobIdsForGroup()  # the recent ones stay
 
 
 def test_a_collector_chosen_elsewhere_is_left_alone(tmp_path: Path) -> None:
