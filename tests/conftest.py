@@ -96,11 +96,29 @@ def db_conn(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """One real local SparkSession for the whole test session (local[2], quiet, small shuffles)."""
+    """One real local SparkSession for the whole test session (local[2], quiet, small shuffles).
+
+    Sized for a session of hundreds of runs back to back, not one run: py4j frees the JVM's side
+    of the DataFrames that Python dropped from a thread that sleeps a second whenever it has
+    caught up (some 950 are pending after one run of the differential tests, holding 230-280 MB
+    of query plans, with their broadcast relations, until it does), and each sort or hash map of
+    a task takes a whole page sized from the heap (8 MB at Spark's 1 GB) however few its rows
+    (530-645 MB of pages live at once there). With 1 GB and the parallel collector, whose old
+    generation is two thirds of the heap, a task's OutOfMemoryError ended the JVM in
+    test_differential (stop 48's CI, and here); 2 GB passed with up to 1.1 GB live. Pages of
+    4 MB keep the tests' tiny sorts small."""
     pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
     from pgrecv.spark.sparkops import start_session
 
-    session = start_session("local[2]", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
+    session = start_session(
+        "local[2]",
+        {
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "2g",
+            "spark.buffer.pageSize": "4m",
+        },
+    )
     yield session
     session.stop()
 
