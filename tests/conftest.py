@@ -98,16 +98,10 @@ def db_conn(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
 def spark() -> Iterator[Any]:
     """One real local SparkSession for the whole test session (local[2], quiet, small shuffles).
 
-    Sized for a session of hundreds of runs back to back, not one run: py4j frees the JVM's side
-    of the DataFrames that Python dropped from a thread that sleeps a second whenever it has
-    caught up (some 950 are pending after one run of the differential tests, holding 230-280 MB
-    of query plans, with their broadcast relations, until it does), and each sort or hash map of
-    a task takes a whole page sized from the heap (8 MB at Spark's 1 GB) however few its rows
-    (530-645 MB of pages live at once there). With 1 GB and the parallel collector, whose old
-    generation is two thirds of the heap, a task's OutOfMemoryError ended the JVM in
-    test_differential (stop 48's CI, and here). 2 GB passed with up to 1.1 GB live; with pages
-    of 4 MB (the tests' sorts are tiny), most samples of a whole run were 0.1-0.7 GB live, but
-    one was 1.2 GB, close to 2 GB's old generation (1.33 GB): 3 GB for a margin."""
+    Sized for hundreds of runs back to back, not one: plans that py4j has not freed yet and
+    heap-sized sort pages filled the old generation of a 1 GB heap under the parallel collector,
+    and a task's OutOfMemoryError ended the JVM (stop 48's CI). Pages of 4 MB (the tests' sorts
+    are tiny) and 3 GB keep a margin; measurements in bench/NOTES.md (2026-12-02, third session)."""
     pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
     from pgrecv.spark.sparkops import start_session
 
