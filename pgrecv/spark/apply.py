@@ -97,7 +97,8 @@ class Summary:
     tables: list[TableResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    # how the Spark replay read the input: "direct" (plain input, from its JSON) or "staged"
+    # how the Spark replay read the input: "direct" (plain input, from its JSON), "lean" (the
+    # same without the first pass over its changes: pgrecv/spark/direct.py) or "staged"
     input_read: str = ""
 
 

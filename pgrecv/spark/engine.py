@@ -48,6 +48,37 @@ def run_frames(
     progress: Any,
     after_table: Callable[[str], None] | None,
 ) -> Any:
+    args = (config, spark, files, manifests, state, progress, after_table)
+    if direct.ENABLED and direct.LEAN:
+        try:
+            return _run_frames(*args, lean=True)
+        except direct.LeanDeclined:
+            pass  # nothing was committed: the ordinary way finds and names what the lean read could not take
+    return _run_frames(*args, lean=False)
+
+
+def _lean_fits(config: Any, files: list[Path]) -> bool:
+    """Whether a run may try the lean read (:func:`direct.read_lean`): latest mode, the one pass's
+    policy, and an input large enough that the first pass's facts would not choose one task."""
+    return (
+        config.mode == "latest"
+        and not config.append_only
+        and getattr(config, "bad_values", "fail") == "fail"
+        and ONE_PASS
+        and _bytes(files) >= direct.LEAN_MIN_BYTES
+    )
+
+
+def _run_frames(
+    config: Any,
+    spark: Any,
+    files: list[Path],
+    manifests: dict[Path, dict[str, Any]],
+    state: Path,
+    progress: Any,
+    after_table: Callable[[str], None] | None,
+    lean: bool,
+) -> Any:
     from pyspark.sql import functions as F
 
     from pgrecv.spark.apply import Summary, TableResult, _lsn_text, table_dir_name
@@ -78,7 +109,13 @@ def run_frames(
         plain = None
         if direct.ENABLED and not carried and not manifests and direct.looks_plain(files):
             restores.append(_size_reads(spark, config, files))
-            plain = direct.read_plain(spark, files, links)
+            if lean and _lean_fits(config, files):
+                plain = direct.read_lean(spark, files, links)
+                if plain is not None:
+                    # the main job parses every line, which the JSON reader's filter pushdown would skip
+                    restores.append(_for_run(spark, config, "spark.sql.json.filterPushdown.enabled", "false"))
+            if plain is None:
+                plain = direct.read_plain(spark, files, links)
             if plain is None:
                 restores.pop()()
                 shutil.rmtree(links, ignore_errors=True)  # the staged read makes its own
@@ -86,7 +123,7 @@ def run_frames(
         if plain is not None:
             df, st, keep, any_truncate = None, plain.structure, plain.keep(), plain.truncates > 0
             commits = plain.commit_keys() if keep is None else None
-            summary.input_read = "direct"
+            summary.input_read = "lean" if plain.lean_begins is not None else "direct"
         else:
             records = read_records(spark, files, carried, stage, links)
             restores.append(_size_reads(spark, config, list(stage.rglob("*.parquet"))))
@@ -125,8 +162,17 @@ def run_frames(
             if path.exists():
                 target.open()
             targets[(s, t)] = target
+        lean_table = None
+        if plain is not None and plain.lean_begins is not None:
+            if len(wanted) != 1 or not _lean_one_pass(plain, targets[wanted[0]], files):
+                raise direct.LeanDeclined
+            last, applied_at = plain.last_commit, targets[wanted[0]].applied
+            if last is None or (applied_at is not None and last <= applied_at):
+                raise direct.LeanDeclined  # nothing new: the first pass's counts say so exactly
+            lean_table = wanted[0]
         if plain is not None:
-            df = plain.records(_image_type(wanted, st, targets, config))
+            applied_at = targets[lean_table].applied if lean_table is not None else None
+            df = plain.records(_image_type(wanted, st, targets, config), applied=applied_at)
         changes, pending = rp.committed(df, snap, st, commits, keep)
         # a TRUNCATE concerns every table it lists: one row per table
         if any_truncate:
@@ -160,7 +206,12 @@ def run_frames(
 
         history = config.mode == "history"
         applied = {k: v.applied for k, v in targets.items()}
-        facts = _plain_facts(plain, applied) if plain is not None else None
+        facts = None
+        if lean_table is not None:
+            assert plain is not None
+            facts = {lean_table: _lean_facts(plain)}
+        elif plain is not None:
+            facts = _plain_facts(plain, applied)
         if facts is None:
             facts = _table_facts(changes, applied, spark)
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
@@ -180,6 +231,7 @@ def run_frames(
             if target.applied is not None:
                 result.applied_lsn = _lsn_text(target.applied)
             f = facts[key]
+            lean = bool(f.get("lean"))
             result.inserts, result.updates, result.deletes, result.truncates = (
                 f["insert"],
                 f["update"],
@@ -203,7 +255,7 @@ def run_frames(
                 )
                 if config.fmt == "delta":
                     _delta_names(plan)
-                single = single_task(f, target)
+                single = not lean and single_task(f, target)
                 if single:
                     # its own files are few: one task reads them; else one shuffle of its rows
                     # (a coalesce would read the whole input in that task)
@@ -212,12 +264,17 @@ def run_frames(
                     batch = _history_batch(own, plan, target, f, spark, result, config)
                 else:
                     batch = _batch(own, plan, target, f, spark, result, config, one_pass=True)
-                    batch.upserts_at_most = f["insert"] + f["update"]
+                    batch.upserts_at_most = None if lean else f["insert"] + f["update"]
                 batch.single = single
+                if lean:
+                    assert plain is not None
+                    batch.settle = _lean_settle(plain, batch, result)
                 target.path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     result.bytes_written = target.write_frames(batch)
                 except Exception as exc:
+                    if lean:  # a line or a change the lean read does not take: nothing was committed
+                        raise direct.LeanDeclined from exc
                     if batch.final is None or not one_pass_failed(exc):
                         raise
                     # a problem the one pass cannot name: step by step, it is reported or handled
@@ -236,6 +293,8 @@ def run_frames(
                             f"in column(s) {', '.join(result.changed_columns)}"
                         )
             except (InputError, UsageError) as exc:
+                if lean:  # the ordinary way holds it back, with its counts
+                    raise direct.LeanDeclined from exc
                 result.status = "held back"
                 result.error = exc.message
                 with lock:
@@ -260,6 +319,8 @@ def run_frames(
             if isinstance(o, BaseException):
                 raise o
         summary.tables.extend(o for o in outcomes if isinstance(o, TableResult))
+        if plain is not None and plain.counts is not None:  # the lean read's row changes
+            summary.lines += plain.counts["rows"]
         summary.warnings.extend(warnings)
         if not failures:  # a held-back table may still need carried rows that this run committed
             _finish_carried(carried, carry_file)
@@ -273,6 +334,39 @@ def run_frames(
         shutil.rmtree(stage, ignore_errors=True)
         shutil.rmtree(by_table, ignore_errors=True)
         shutil.rmtree(links, ignore_errors=True)
+
+
+def _lean_facts(plain: direct.Plain) -> dict[str, Any]:
+    """The facts of the lean read's one table before its main job (a transaction past its applied
+    position was committed); its counts are taken by that job (:func:`_lean_settle`)."""
+    facts: dict[str, Any] = {o: 0 for o in (*rp.ROW_OPS, "truncate", "n_toast", "moves")}
+    facts.update(n_all=1, n=1, position=plain.last_commit, truncate_at=None, toast=[], lean=True)
+    return facts
+
+
+def _lean_one_pass(plain: direct.Plain, target: Any, files: list[Path]) -> bool:
+    """:func:`_one_pass_fits` for the lean read, from the input's size (an over-count of its
+    changes) instead of their counts: otherwise the step-by-step write, which needs them."""
+    if target.version is None:
+        return True
+    most = _bytes(files) // direct.LEAN_LINE_BYTES * ONE_PASS_SHARE
+    return bool(most >= target.row_count(above=most))
+
+
+def _lean_settle(plain: direct.Plain, batch: Any, result: Any) -> Callable[[], None]:
+    """What the writer calls after the lean main job and before its commit: the table's counts
+    and position from that job. No live change (a transaction past the applied position without
+    one of this table's): the ordinary way decides."""
+
+    def settle() -> None:
+        got = plain.observed()
+        if got["position"] is None:
+            raise direct.LeanDeclined
+        plain.counts = got
+        batch.position = got["position"]
+        result.inserts, result.updates, result.deletes = (got[o] for o in rp.ROW_OPS)
+
+    return settle
 
 
 def single_task(facts: dict[str, Any], target: Any) -> bool:
@@ -526,6 +620,8 @@ def _one_pass_fits(facts: dict[str, Any], target: Any, config: Any, toast: list[
     leaves the table's files alone."""
     if not ONE_PASS or toast or getattr(config, "bad_values", "fail") != "fail":
         return False
+    if facts.get("lean"):
+        return True  # chosen by _lean_one_pass
     if facts["truncate_at"] is not None or target.version is None:
         return True  # no current row survives, or there is none
     most = (facts["update"] + facts["delete"]) * ONE_PASS_SHARE

@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,9 @@ class FrameBatch:
     # arrives in one partition (:func:`pgrecv.spark.engine.single_task`), the current rows are read
     # into one, and nothing is shuffled between the replay and the write
     single: bool = False
+    # called after the Spark job that writes the batch's files and before the commit (the lean
+    # read's counts and position: pgrecv.spark.engine._lean_settle); what it raises undoes the write
+    settle: Callable[[], None] | None = None
 
 
 ONE_PASS_FAILED = "pgrecv: the batch needs the step-by-step apply"  # raise_error's text, matched below
@@ -280,6 +284,8 @@ class FrameParquetTarget(_Frames, ParquetTarget):
         tmp = base / f".tmp-v{version:06d}-{uuid.uuid4().hex}"
         try:
             written = rw.write(rows, tmp, dropped)
+            if batch.settle is not None:
+                batch.settle()
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # what the failed job left
             _unmake(made)
@@ -344,6 +350,8 @@ class FrameDeltaRsTarget(_Frames, DeltaRsTarget):
         self.path.mkdir(parents=True, exist_ok=True)
         try:
             written = rw.write(rows, self.path / sub, dropped)
+            if batch.settle is not None:
+                batch.settle()
         except BaseException:
             shutil.rmtree(self.path / sub, ignore_errors=True)  # no commit names these files
             _unmake(made)

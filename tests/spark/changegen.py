@@ -89,9 +89,10 @@ JSON_VALUES = [
 
 
 class Gen:
-    def __init__(self, seed: int, tables: int = 6, plain: bool = False) -> None:
+    def __init__(self, seed: int, tables: int = 6, plain: bool = False, lean: bool = False) -> None:
         self.rng = random.Random(seed)
         self.plain = plain  # plain transactions only (no streamed or two-phase ones)
+        self.lean = lean  # no unchanged TOAST value and no TRUNCATE (what spark-apply's lean read takes)
         self.pos = 0x10_0000
         self.xid = 1000
         self.lines: list[str] = []
@@ -202,7 +203,7 @@ class Gen:
                 for c in t.columns:
                     if c["name"] not in t.key and c["name"] not in ("a",) and r.random() < 0.5:
                         new[c["name"]] = self._value(t, c["name"])
-                toast = old.get("big") is not None and r.random() < 0.5
+                toast = old.get("big") is not None and r.random() < 0.5 and not self.lean
                 if toast:
                     new["big"] = old["big"]
                 if t.kind == "full":
@@ -219,12 +220,12 @@ class Gen:
                 if t.keyof(nk) in state:
                     continue
                 new = {**dict(old), **nk}
-                toast = old.get("big") is not None and r.random() < 0.6
+                toast = old.get("big") is not None and r.random() < 0.6 and not self.lean
                 del state[k]
                 state[t.keyof(new)] = new
                 oldkey = {c: old[c] for c in t.key}
                 ops.append(("update", {"new": new, "old": oldkey, "old_kind": "key", "toast": toast}))
-            elif choice < 0.97:
+            elif choice < 0.97 or self.lean:
                 k = r.choice(sorted(state, key=repr))
                 old = state.pop(k)
                 image = old if t.kind == "full" else {c: old[c] for c in t.key}

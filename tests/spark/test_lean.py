@@ -1,0 +1,173 @@
+"""The lean read (pgrecv/spark/direct.py, read_lean): a large input of one table, in latest mode,
+without the first pass over its changes. It applies what the direct read applies with the same
+summary; everything it does not take, and every line it would have to refuse, goes the ordinary
+way with the same result or message, and nothing of the lean attempt is left in the target.
+(Its size threshold is lowered here so that small inputs take it.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from pgrecv.errors import InputError
+from pgrecv.spark import direct
+from pgrecv.spark.apply import ApplyConfig, Summary, run_apply, table_dir_name
+from tests.spark.test_direct import _facts, _plain_input, _update
+from tests.spark.test_engine import _insert, _rel, _rows, _txn, _write
+
+pytest.importorskip("pyspark")
+pytest.importorskip("deltalake")
+
+
+def _run(src: list[Path], target: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, lean: bool, fmt: str) -> Summary:
+    monkeypatch.setattr(direct, "LEAN", lean)
+    monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
+    return run_apply(ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt, replay="spark"), spark=spark)
+
+
+def _table(target: Path, fmt: str, table: str = "t") -> list[dict[str, Any]]:
+    if fmt == "delta":
+        return _rows(target, table)
+    rows = pq.read_table(target / table_dir_name("public", table) / "current").to_pylist()
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def _both(
+    srcs: list[list[Path]], tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, fmt: str, reads: list[str]
+) -> Any:
+    """Runs ``srcs`` in turn onto a target with the lean read allowed and onto one without; checks
+    the reads each run took, and that both give the same summaries and tables; returns them."""
+    got = {}
+    for lean in (True, False):
+        target = tmp_path / f"lake-{lean}"
+        summaries = []
+        for src, read in zip(srcs, reads, strict=True):
+            summary = _run(src, target, spark, monkeypatch, lean, fmt)
+            assert summary.input_read == (read if lean else "direct"), (lean, src)
+            summaries.append(_facts(summary))
+        got[lean] = (summaries, _table(target, fmt))
+    assert got[True] == got[False]
+    return got[True]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_the_lean_read_applies_what_the_direct_read_applies(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    lines = _plain_input()
+    # a transaction cut at the end of the input: counted incomplete, not applied, not in the position
+    lines += [
+        orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/300"}).decode(),
+        _insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}'),
+    ]
+    a = _write(tmp_path / "a.jsonl", lines)
+    rest = _write(tmp_path / "b.jsonl", _txn("0/300", [_insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}')]))
+    # the second run applies the rest once; the third finds nothing new (the lean read leaves that
+    # to the first pass, whose counts say so exactly)
+    summaries, rows = _both([[a], [a, rest], [a, rest]], tmp_path, spark, monkeypatch, fmt, ["lean", "lean", "direct"])
+    assert summaries[0][1:3] == (2, 1)  # two transactions, one incomplete
+    assert summaries[0][0] == len(lines)
+    assert summaries[0][4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
+    # the cut copy and the whole one: two lines of one change, counted as lines, applied once
+    assert summaries[1][4] == [("public.t", "applied", 2, 0, 0, 0, "0/300")]
+    assert summaries[2][4] == [("public.t", "up to date", 0, 0, 0, 0, "0/300")]
+    assert [(r["id"], r["v"]) for r in rows] == [(0, "a0"), (1, "b"), (2, "a2"), (3, "a3"), (4, "a4"), (9, "late")]
+
+
+def _two_tables() -> list[str]:
+    u = [orjson.dumps(_rel("u", [("id", "integer")])).decode()]
+    return u + _txn("0/300", [_insert("u", "0/300", "0/2F0", '{"id":1}')])
+
+
+def _no_begin() -> list[str]:
+    # a transaction whose begin is not in the input (an earlier file's): its changes are committed
+    return _txn("0/300", [_insert("t", "0/300", "0/2F0", '{"id":7,"v":"x","n":"2"}')])[1:]
+
+
+CASES = {
+    "unchanged toast": lambda: _txn("0/300", [_update("t", "0/300", "0/2F0", '{"id":2,"n":"9"}', ["v"])]),
+    "truncate": lambda: _txn(
+        "0/300",
+        [
+            '{"v":1,"op":"truncate","xid":1,"commit_lsn":"0/300","lsn":"0/2F0",'
+            '"tables":[{"schema":"public","table":"t"}],"cascade":false,"restart_identity":false}'
+        ],
+    ),
+    "two tables": _two_tables,
+    "no begin": _no_begin,
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_inputs_the_lean_read_does_not_take_go_the_ordinary_way_alike(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    src = _write(tmp_path / "a.jsonl", [*_plain_input(), *CASES[case]()])
+    summaries, rows = _both([[src]], tmp_path, spark, monkeypatch, "delta", ["direct"])
+    assert summaries[0][4][-1][1] == "applied"
+    if case == "unchanged toast":
+        assert [(r["id"], r["v"], float(r["n"])) for r in rows if r["id"] == 2] == [(2, "a2", 9.0)]
+    if case == "no begin":
+        assert 7 in [r["id"] for r in rows]
+    # the lean attempt left no file behind: each target holds the ordinary run's files alone
+    files = {lean: sorted(p.name for p in (tmp_path / f"lake-{lean}").rglob("*.parquet")) for lean in (True, False)}
+    assert len(files[True]) == len(files[False]) > 0, files
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"v":1,"op":"insert","schema":"public",', "not a valid JSON record"),
+        (_insert("t", "0/300", "-1/-5", '{"id":1}'), "invalid LSN '-1/-5'"),
+        (_insert("t", "0/0x10", "0/301", '{"id":1}'), "invalid LSN '0/0x10'"),
+        ('{"v":1,"op":"begin","xid":3,"commit_lsn":"0/3g0"}', "invalid LSN '0/3g0'"),
+        (_insert("t", "0/300", "0/301", '{"id":1}').replace('"xid":1', '"xid":"one"'), "not a valid JSON record"),
+        ('{"v":1,"op":"commit","xid":"one","commit_lsn":"0/100"}', "not a valid JSON record"),
+        (
+            _insert("t", "0/300", "0/301", '{"id":1}').replace('"unchanged_toast":[]', '"json_nulls":5'),
+            "not a valid JSON record",
+        ),
+        ('{"v":2,"op":"begin","commit_lsn":"0/300"}', "unsupported format version v=2"),
+        (_insert("t", "0/100", "0/99", '{"id":1}').replace('"v":1', '"v":2'), "unsupported format version v=2"),
+    ],
+    ids=[
+        "cut line",
+        "bad lsn",
+        "bad commit lsn",
+        "bad commit lsn of a begin",
+        "xid a string",
+        "xid of a commit a string",
+        "json_nulls a number",
+        "format version",
+        "format version of a change",
+    ],
+)
+def test_a_line_the_first_pass_refuses_is_refused_with_its_message(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, line: str, message: str
+) -> None:
+    """The lean read's jobs check every line as the first pass does; a line it would refuse
+    sends the run the ordinary way, which names it, and nothing is applied."""
+    monkeypatch.setattr(direct, "SNIFF_BYTES", 0)  # a head read would send some of these staged at once
+    lines = _plain_input()
+    lines.insert(3, line)
+    src = _write(tmp_path / "a.jsonl", lines)
+    errors = {}
+    for lean in (True, False):
+        with pytest.raises(InputError) as exc:
+            _run([src], tmp_path / "lake", spark, monkeypatch, lean, "delta")
+        errors[lean] = exc.value.message
+    assert errors[True] == errors[False]
+    assert f"{src}:4" in errors[True] and message in errors[True], errors[True]
+    assert not (tmp_path / "lake" / table_dir_name("public", "t")).exists()
+
+
+def test_below_its_size_threshold_the_first_pass_decides(tmp_path: Path, spark: Any) -> None:
+    """Small inputs keep the first pass, whose counts choose one task for a small batch."""
+    src = _write(tmp_path / "a.jsonl", _plain_input())
+    assert src.stat().st_size < direct.LEAN_MIN_BYTES
+    summary = run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="delta", replay="spark"), spark=spark)
+    assert summary.input_read == "direct"
