@@ -57,11 +57,17 @@ def run_frames(
     return _run_frames(*args, lean=False)
 
 
+PUSHDOWN = "spark.sql.json.filterPushdown.enabled"
+
+
 def _lean_fits(config: Any, files: list[Path]) -> bool:
     """Whether a run may try the lean read (:func:`direct.read_lean`): latest mode, the one pass's
-    policy, and an input large enough that the first pass's facts would not choose one task."""
+    policy, and an input large enough that the first pass's facts would not choose one task. Not
+    where ``--conf`` sets the JSON reader's filter pushdown, which the lean read turns off so that
+    its main job sees every line."""
     return (
-        config.mode == "latest"
+        PUSHDOWN not in config.conf
+        and config.mode == "latest"
         and not config.append_only
         and getattr(config, "bad_values", "fail") == "fail"
         and ONE_PASS
@@ -113,7 +119,7 @@ def _run_frames(
                 plain = direct.read_lean(spark, files, links)
                 if plain is not None:
                     # the main job parses every line, which the JSON reader's filter pushdown would skip
-                    restores.append(_for_run(spark, config, "spark.sql.json.filterPushdown.enabled", "false"))
+                    restores.append(_for_run(spark, config, PUSHDOWN, "false"))
             if plain is None:
                 plain = direct.read_plain(spark, files, links)
             if plain is None:

@@ -171,3 +171,15 @@ def test_below_its_size_threshold_the_first_pass_decides(tmp_path: Path, spark: 
     assert src.stat().st_size < direct.LEAN_MIN_BYTES
     summary = run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="delta", replay="spark"), spark=spark)
     assert summary.input_read == "direct"
+
+
+def test_not_where_conf_sets_the_json_readers_filter_pushdown(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lean read turns the pushdown off for its main job, which must see every line to check it;
+    a run whose --conf sets it keeps the first pass."""
+    monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
+    src = _write(tmp_path / "a.jsonl", _plain_input())
+    conf = {"spark.sql.json.filterPushdown.enabled": "true"}
+    cfg = ApplyConfig((str(src),), tmp_path / "lake", fmt="delta", replay="spark", conf=conf)
+    assert run_apply(cfg, spark=spark).input_read == "direct"
