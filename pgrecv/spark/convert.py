@@ -107,9 +107,18 @@ _WS = " \t\n\r"
 
 
 def member_text(text: str | None, name: str) -> str | None:
-    """The exact JSON text of member ``name`` of the object ``text`` (None when absent or null)."""
-    if text is None:
+    """The exact JSON text of member ``name`` of the object ``text`` (None when absent or null,
+    and when ``text`` is not an object: the replay holds such an image's table back, named, and
+    a task must not fail on it first)."""
+    if text is None or not text.lstrip(_WS).startswith("{"):
         return None
+    try:
+        return _member(text, name)
+    except (ValueError, IndexError):  # not JSON after all
+        return None
+
+
+def _member(text: str, name: str) -> str | None:
     n = len(text)
     i = text.find("{") + 1
     while i < n:

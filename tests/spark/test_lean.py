@@ -183,3 +183,26 @@ def test_not_where_conf_sets_the_json_readers_filter_pushdown(
     conf = {"spark.sql.json.filterPushdown.enabled": "true"}
     cfg = ApplyConfig((str(src),), tmp_path / "lake", fmt="delta", replay="spark", conf=conf)
     assert run_apply(cfg, spark=spark).input_read == "direct"
+
+
+@pytest.mark.parametrize("image", ['"not an object"', "[1]"], ids=["a string", "an array"])
+def test_a_row_image_that_is_not_an_object_holds_its_table_back_named_with_json_columns(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, image: str
+) -> None:
+    """A table with a json column keeps its images as text through the lean read (as through the
+    direct read): an image that is not a JSON object is still refused, by the ordinary way. (Until
+    2026-12-03 the json column's Arrow UDF failed the task on it first: a traceback, every table
+    stopped.)"""
+    lines = [orjson.dumps(_rel("j", [("id", "integer"), ("doc", "jsonb")])).decode()]
+    rows = [_insert("j", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"doc":{{"a":{i}}}}}') for i in range(3)]
+    lines += _txn("0/100", [*rows, _insert("j", "0/100", "0/20", image)])
+    src = _write(tmp_path / "a.jsonl", lines)
+    got = {}
+    for lean in (True, False):
+        summary = _run([src], tmp_path / f"lake-{lean}", spark, monkeypatch, lean, "delta")
+        got[lean] = [(t.status, t.error) for t in summary.tables]
+        assert summary.input_read == "staged"
+    assert got[True] == got[False]
+    assert got[True] == [
+        ("held back", f"{src}:6: insert with a row image that is not a JSON object: the file is corrupt")
+    ]

@@ -142,3 +142,15 @@ def test_planned_columns_keep_the_fast_path() -> None:
     assert ap._plan_columns(t, None, False)["n"].vector == "decimal"
     existing = pa.schema([("n", pa.decimal128(12, 2))])
     assert ap._plan_columns(t, existing, False)["n"].vector == "decimal"
+
+
+def test_member_text_of_what_is_not_an_object_is_none() -> None:
+    """json columns' exact text is cut from the image's text; an image that is not an object (which
+    the replay holds back, named) or not JSON gives None instead of failing the Spark task."""
+    from pgrecv.spark.convert import member_text
+
+    assert member_text('{"a": 1.000000000000000000001, "b": {"c": [1]}}', "a") == "1.000000000000000000001"
+    assert member_text(' {"a":1,"b":{"c":[1]}}', "b") == '{"c":[1]}'
+    assert member_text('{"a":null}', "a") is None
+    for text in ("not an object", "[1]", "12", '{"a": "unterminated', "{"):
+        assert member_text(text, "a") is None, text
