@@ -16,7 +16,8 @@ to a file meanwhile is neither applied by this run nor counted in its position.
 
 Anything else, or any line the checks would name, makes :func:`read_plain` return None and the
 run takes the staged path, which reports it with file:line. Inputs whose first lines show them
-not plain (:func:`looks_plain`) take the staged path without the first pass.
+not plain (:func:`looks_plain`) take the staged path without the first pass. A large input of one
+table skips the first pass over its changes (:func:`read_lean`, below).
 """
 
 from __future__ import annotations
@@ -112,88 +113,51 @@ class Plain:
         """The records as the replay reads them (rp.committed), over the JSON itself. ``images``:
         the row images' type when every change is of one table without json columns (a struct
         of its columns' texts, which the JSON reader then parses in its one pass: the replay
-        would otherwise keep each image's text and parse it again)."""
+        would otherwise keep each image's text and parse it again). The lean read's records
+        (``applied``: its table's position) are also checked and counted on the way."""
         from pyspark.sql import functions as F
 
-        if self.lean_begins is not None:
-            return self._lean_records(images, applied)
-        fields = [
-            f if images is None or _name(f) not in ("new", "old") else f"{_name(f)} {images}" for f in CHANGE_FIELDS
-        ]
-
+        lean = self.lean_begins is not None
+        # the lean read parses every field of every line, as the first pass does (FAILFAST: a
+        # value of the wrong type fails the job); otherwise only what the replay reads
+        wanted = [f for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"] if lean else CHANGE_FIELDS
+        fields = [f if images is None or _name(f) not in ("new", "old") else f"{_name(f)} {images}" for f in wanted]
+        reader = self.spark.read.schema(", ".join(fields))
+        lines = (reader.option("mode", "FAILFAST") if lean else reader).json(self.urls)
+        if lean:
+            lines = lines.where(_lean_checked(_lean_ok([_name(f) for f in fields])))
         # Ties in (commit LSN, change LSN) are copies of one change (an at-least-once delivery),
         # which replay alike in any order: the positions that order them in the staged copy are
         # constants here.
-        return (
-            self.spark.read.schema(", ".join(fields))
-            .json(self.urls)
-            .select(
-                *[F.col(f"`{_name(f)}`") for f in fields],
-                F.col("_metadata.file_path").alias("_path"),
-                F.lit(0).alias("_rank"),
-                F.lit(0).cast("bigint").alias("_blk"),
-                F.lit(0).cast("bigint").alias("_mid"),
-                # checked by the first pass: no pattern to match again
-                *[lsn_expr(F.col(n), checked=True).alias(f"{n}_i") for n in LSN_FIELDS],
-            )
+        out = lines.select(
+            *[F.col(f"`{_name(f)}`") for f in fields if _name(f) in _WANTED],
+            F.col("_metadata.file_path").alias("_path"),
+            F.lit(0).alias("_rank"),
+            F.lit(0).cast("bigint").alias("_blk"),
+            F.lit(0).cast("bigint").alias("_mid"),
+            # checked by the first pass (or the lean read's check): no pattern to match again
+            *[lsn_expr(F.col(n), checked=True).alias(f"{n}_i") for n in LSN_FIELDS],
         )
+        return self._lean_counted(out, applied) if lean else out
 
-    def _lean_records(self, images: str | None, applied: int | None) -> Any:
-        """:meth:`records` for the lean read: every line parsed (FAILFAST: a value of the wrong type in
-        any field fails the job) and checked, the table's live changes counted."""
+    def _lean_counted(self, records: Any, applied: int | None) -> Any:
+        """The lean read's records with their last check (every change of a transaction whose
+        begin the structural pass saw) and its Observation of the table's live changes."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        assert self.lean_begins is not None
-        every = [f for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"]
-        fields = [f if images is None or _name(f) not in ("new", "old") else f"{_name(f)} {images}" for f in every]
-        op, commit = F.col("op"), F.col("commit_lsn")
-
-        def lsn_ok(c: Any) -> Any:
-            return c.isNull() | c.rlike(LSN_PATTERN)
-
-        row = op.isin(*rp.ROW_OPS)
-        ok = (F.col("v") == 1) & op.isin(*PLAIN_OPS) & (op != "truncate")
-        ok = ok & F.col("gid").isNull() & F.col("snapshot_lsn").isNull() & lsn_ok(F.col("lsn")) & lsn_ok(commit)
-        ok = ok & (
-            ~row
-            | (
-                F.col("lsn").isNotNull()
-                & commit.isNotNull()
-                & (F.coalesce(F.size("unchanged_toast"), F.lit(0)) == 0)  # NULL: none
-            )
-        )
-        ok = ok & ~_all_null([_name(f) for f in every])  # refers to every field, so each is parsed
-        out = (
-            self.spark.read.schema(", ".join(fields))
-            .option("mode", "FAILFAST")
-            .json(self.urls)
-            .where(F.when(F.coalesce(ok, F.lit(False)), F.lit(True)).otherwise(F.raise_error(F.lit(LEAN_FAILED))))
-            .select(
-                *[F.col(f"`{_name(f)}`") for f in fields if _name(f) in _WANTED],
-                F.col("_metadata.file_path").alias("_path"),
-                F.lit(0).alias("_rank"),
-                F.lit(0).cast("bigint").alias("_blk"),
-                F.lit(0).cast("bigint").alias("_mid"),
-                *[lsn_expr(F.col(n), checked=True).alias(f"{n}_i") for n in LSN_FIELDS],
-            )
-        )
-        # every change of a transaction whose begin the structural pass saw: one SQL text for the
-        # set (a Column literal each would be a py4j round trip each, 0.6 s for 2,000)
-        begun = (
-            F.expr(f"commit_lsn_i IN ({', '.join(map(str, self.lean_begins))})") if self.lean_begins else F.lit(False)
-        )
-        out = out.where(
-            F.when(~F.col("op").isin(*rp.ROW_OPS) | begun, F.lit(True)).otherwise(F.raise_error(F.lit(LEAN_FAILED)))
-        )
+        assert self.lean_begins
+        row = F.col("op").isin(*rp.ROW_OPS)
+        # one SQL text for the set (a Column literal each is a py4j round trip each: 0.6 s for 2,000)
+        begun = F.expr(f"commit_lsn_i IN ({', '.join(map(str, self.lean_begins))})")
         keep = self.keep()
-        live = F.col("op").isin(*rp.ROW_OPS) & (keep if keep is not None else F.lit(True))
+        live = row & (keep if keep is not None else F.lit(True))
         if applied is not None:
             live = live & (F.col("commit_lsn_i") > F.lit(applied))
         self.observation = Observation("pgrecv-lean")
-        return out.observe(
+        return records.where(_lean_checked(~row | begun)).observe(
             self.observation,
-            F.count(F.when(F.col("op").isin(*rp.ROW_OPS), 1)).alias("rows"),
+            F.count(F.when(row, 1)).alias("rows"),
             *[F.count(F.when(live & (F.col("op") == o), 1)).alias(o) for o in rp.ROW_OPS],
             F.max(F.when(live, F.col("commit_lsn_i"))).alias("position"),
         )
@@ -380,13 +344,13 @@ def _all_null(names: list[str]) -> Any:
 # refuse, or anything the lean read does not cover (unchanged TOAST values, a change of a
 # transaction whose begin it did not see), fails that job before anything is committed, and the
 # run starts over on the ordinary way (:class:`LeanDeclined`), which names the line.
-# bench/NOTES.md: 1M events onto a 200k-row table, warm, 4.8-5.2 s against 7.7-8.6 s.
+# bench/NOTES.md: 1M events onto a 200k-row table, warm rounds 5.3-6.1 s against 7.7-8.6 s.
 LEAN = os.environ.get("PGRECV_SPARK_LEAN", "1") != "0"
 LEAN_MIN_BYTES = 32 << 20  # of input; below, the first pass's facts choose cheaper plans (one task)
 LEAN_TRANSACTIONS = 20_000  # the most whose begins the main job's check lists (a hash set in the plan)
 LEAN_FAILED = "pgrecv: the input needs the first pass"  # raise_error's text
-# the number of row changes a byte of input stands for, to choose the one pass without counting
-# them (an over-count: the one pass is chosen for batches of at least a quarter of the table)
+# bytes of input per row change, to estimate their number without counting them when choosing the
+# one pass (lines of pgoutput changes are rarely shorter, so the estimate errs towards the one pass)
 LEAN_LINE_BYTES = 160
 
 
@@ -398,7 +362,7 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
     """The structural facts of a plain input from its lines that are not row changes, or None
     when they show it is not one for the lean read (several tables, a TRUNCATE, a line of a kind
     the first pass would send to the staged read, too many transactions). Every line is checked
-    again by the main job (:meth:`Plain._lean_records`)."""
+    again by the main job (:meth:`Plain.records`)."""
     from pyspark.sql import functions as F
 
     from pgrecv.spark.read import parse_lsn
@@ -420,12 +384,9 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
     )
     rel = F.struct(pos.alias("p"), "schema", "table", "replica_identity", "key", "columns")
 
-    def lsn_ok(c: Any) -> Any:
-        return c.isNull() | c.rlike(LSN_PATTERN)
-
     # what the first pass would take (its ``bad`` and ``other``), among these lines
     fit = op.isin(*PLAIN_OPS) & (F.col("v") == 1) & F.col("gid").isNull() & F.col("snapshot_lsn").isNull()
-    fit = fit & lsn_ok(F.col("lsn")) & lsn_ok(F.col("commit_lsn"))
+    fit = fit & _lsn_ok(F.col("lsn")) & _lsn_ok(F.col("commit_lsn"))
     fit = fit & (~op.isin("begin", "commit") | F.col("commit_lsn").isNotNull())
     fit = fit & ((op != "relation") | (F.col("schema").isNotNull() & F.col("table").isNotNull()))
     fit = fit & ((op != "relation") | F.col("columns").isNotNull()) & (op != "truncate")
@@ -465,3 +426,28 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
         spark, urls, st, None, 0, 0, None, max(commits) if commits else None,
         sorted(begins - commits), lean_begins=sorted(begins),
     )  # fmt: skip
+
+
+def _lsn_ok(c: Any) -> Any:
+    """NULL or an LSN's text."""
+    return c.isNull() | c.rlike(LSN_PATTERN)
+
+
+def _lean_ok(names: list[str]) -> Any:
+    """What the first pass would take of a line, for the lean read's main job (every field in
+    ``names`` referred to, so that the reader parses each)."""
+    from pyspark.sql import functions as F
+
+    op, commit = F.col("op"), F.col("commit_lsn")
+    ok = (F.col("v") == 1) & op.isin(*PLAIN_OPS) & (op != "truncate")
+    ok = ok & F.col("gid").isNull() & F.col("snapshot_lsn").isNull() & _lsn_ok(F.col("lsn")) & _lsn_ok(commit)
+    no_toast = F.coalesce(F.size("unchanged_toast"), F.lit(0)) == 0  # size(NULL) is NULL
+    ok = ok & (~op.isin(*rp.ROW_OPS) | (F.col("lsn").isNotNull() & commit.isNotNull() & no_toast))
+    return ok & ~_all_null(names)
+
+
+def _lean_checked(ok: Any) -> Any:
+    """A filter that keeps every row and fails the job at one where ``ok`` is not true."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.coalesce(ok, F.lit(False)), F.lit(True)).otherwise(F.raise_error(F.lit(LEAN_FAILED)))
