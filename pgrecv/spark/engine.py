@@ -39,24 +39,6 @@ SINGLE_TASK_CHANGES = 50_000
 SINGLE_TASK = os.environ.get("PGRECV_SPARK_SINGLE_TASK", "1") != "0"
 
 
-def run_frames(
-    config: Any,
-    spark: Any,
-    files: list[Path],
-    manifests: dict[Path, dict[str, Any]],
-    state: Path,
-    progress: Any,
-    after_table: Callable[[str], None] | None,
-) -> Any:
-    args = (config, spark, files, manifests, state, progress, after_table)
-    if direct.ENABLED and direct.LEAN:
-        try:
-            return _run_frames(*args, lean=True)
-        except direct.LeanDeclined:
-            pass  # nothing was committed: the ordinary way finds and names what the lean read could not take
-    return _run_frames(*args, lean=False)
-
-
 PUSHDOWN = "spark.sql.json.filterPushdown.enabled"
 
 
@@ -75,7 +57,7 @@ def _lean_fits(config: Any, files: list[Path]) -> bool:
     )
 
 
-def _run_frames(
+def run_frames(
     config: Any,
     spark: Any,
     files: list[Path],
@@ -83,8 +65,16 @@ def _run_frames(
     state: Path,
     progress: Any,
     after_table: Callable[[str], None] | None,
-    lean: bool,
+    lean: bool | None = None,
 ) -> Any:
+    """The run; ``lean``: whether it may take the lean read (None: it tries, where the lean read
+    may apply, and if that declines, runs again without it)."""
+    if lean is None:
+        args = (config, spark, files, manifests, state, progress, after_table)
+        try:
+            return run_frames(*args, lean=direct.ENABLED and direct.LEAN)
+        except direct.LeanDeclined:  # nothing was committed: the ordinary way applies it or names what it is
+            return run_frames(*args, lean=False)
     from pyspark.sql import functions as F
 
     from pgrecv.spark.apply import Summary, TableResult, _lsn_text, table_dir_name

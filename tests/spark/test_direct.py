@@ -60,16 +60,20 @@ def _direct_as_staged(src: Path, tmp_path: Path, spark: Any, monkeypatch: pytest
     return got[True]
 
 
-def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
-    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lines = _plain_input()
-    # a transaction cut at the end of the input: counted incomplete, not applied, not in the position
-    lines += [
+def _cut_input() -> list[str]:
+    """:func:`_plain_input` and a transaction cut at the end of the input: counted incomplete,
+    not applied, not in the position."""
+    return [
+        *_plain_input(),
         orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/300"}).decode(),
         _insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}'),
     ]
-    src = _write(tmp_path / "a.jsonl", lines)
+
+
+def test_a_plain_input_is_read_directly_with_the_staged_reads_result(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = _write(tmp_path / "a.jsonl", _cut_input())
     facts, rows = _direct_as_staged(src, tmp_path, spark, monkeypatch)
     assert facts[1:3] == (2, 1)  # two transactions, one incomplete
     assert facts[4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
@@ -189,31 +193,28 @@ def test_the_head_of_each_file_shows_inputs_that_are_not_plain(tmp_path: Path, m
     assert direct.looks_plain([late])
 
 
-@pytest.mark.parametrize(
-    ("line", "message"),
-    [
-        ('{"v":1,"op":"insert","schema":"public",', "not a valid JSON record"),
-        (_insert("t", "0/300", "-1/-5", '{"id":1}'), "invalid LSN '-1/-5'"),
-        # a transaction's commit LSN is checked on every line, as the others
-        (_insert("t", "0/0x10", "0/301", '{"id":1}'), "invalid LSN '0/0x10'"),
-        ('{"v":1,"op":"begin","xid":3,"commit_lsn":"0/3g0"}', "invalid LSN '0/3g0'"),
-        (_insert("t", "0/300", "0/301", '{"id":1}').replace('"xid":1', '"xid":"one"'), "not a valid JSON record"),
-        (
-            _insert("t", "0/300", "0/301", '{"id":1}').replace('"unchanged_toast":[]', '"json_nulls":5'),
-            "not a valid JSON record",
-        ),
-        ('{"v":2,"op":"begin","commit_lsn":"0/300"}', "unsupported format version v=2"),
-    ],
-    ids=[
-        "cut line",
-        "bad lsn",
-        "bad commit lsn",
-        "bad commit lsn of a begin",
+# lines the first pass (and the staged read) refuse, with their messages: (id, line, message)
+REFUSED = [
+    ("cut line", '{"v":1,"op":"insert","schema":"public",', "not a valid JSON record"),
+    ("bad lsn", _insert("t", "0/300", "-1/-5", '{"id":1}'), "invalid LSN '-1/-5'"),
+    # a transaction's commit LSN is checked on every line, as the others
+    ("bad commit lsn", _insert("t", "0/0x10", "0/301", '{"id":1}'), "invalid LSN '0/0x10'"),
+    ("bad commit lsn of a begin", '{"v":1,"op":"begin","xid":3,"commit_lsn":"0/3g0"}', "invalid LSN '0/3g0'"),
+    (
         "xid a string",
+        _insert("t", "0/300", "0/301", '{"id":1}').replace('"xid":1', '"xid":"one"'),
+        "not a valid JSON record",
+    ),
+    (
         "json_nulls a number",
-        "format version",
-    ],
-)
+        _insert("t", "0/300", "0/301", '{"id":1}').replace('"unchanged_toast":[]', '"json_nulls":5'),
+        "not a valid JSON record",
+    ),
+    ("format version", '{"v":2,"op":"begin","commit_lsn":"0/300"}', "unsupported format version v=2"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
 def test_a_line_the_staged_read_refuses_is_refused_with_its_message(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, line: str, message: str
 ) -> None:
