@@ -162,13 +162,13 @@ def run_frames(
         if plain is not None and plain.lean_begins is not None:
             if len(wanted) != 1 or not _lean_one_pass(plain, targets[wanted[0]], files):
                 raise direct.LeanDeclined
-            last, applied_at = plain.last_commit, targets[wanted[0]].applied
-            if last is None or (applied_at is not None and last <= applied_at):
+            last, at = plain.last_commit, targets[wanted[0]].applied
+            if last is None or (at is not None and last <= at):
                 raise direct.LeanDeclined  # nothing new: the first pass's counts say so exactly
             lean_table = wanted[0]
         if plain is not None:
-            applied_at = targets[lean_table].applied if lean_table is not None else None
-            df = plain.records(_image_type(wanted, st, targets, config), applied=applied_at)
+            at = targets[lean_table].applied if lean_table is not None else None
+            df = plain.records(_image_type(wanted, st, targets, config), applied=at)
         changes, pending = rp.committed(df, snap, st, commits, keep)
         # a TRUNCATE concerns every table it lists: one row per table
         if any_truncate:
@@ -227,7 +227,7 @@ def run_frames(
             if target.applied is not None:
                 result.applied_lsn = _lsn_text(target.applied)
             f = facts[key]
-            lean = bool(f.get("lean"))
+            lean_one = key == lean_table  # the lean read's table: its counts come with its write
             result.inserts, result.updates, result.deletes, result.truncates = (
                 f["insert"],
                 f["update"],
@@ -251,7 +251,7 @@ def run_frames(
                 )
                 if config.fmt == "delta":
                     _delta_names(plan)
-                single = not lean and single_task(f, target)
+                single = not lean_one and single_task(f, target)
                 if single:
                     # its own files are few: one task reads them; else one shuffle of its rows
                     # (a coalesce would read the whole input in that task)
@@ -260,16 +260,16 @@ def run_frames(
                     batch = _history_batch(own, plan, target, f, spark, result, config)
                 else:
                     batch = _batch(own, plan, target, f, spark, result, config, one_pass=True)
-                    batch.upserts_at_most = None if lean else f["insert"] + f["update"]
+                    batch.upserts_at_most = None if lean_one else f["insert"] + f["update"]
                 batch.single = single
-                if lean:
+                if lean_one:
                     assert plain is not None
                     batch.settle = _lean_settle(plain, batch, result)
                 target.path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     result.bytes_written = target.write_frames(batch)
                 except Exception as exc:
-                    if lean:  # a line or a change the lean read does not take: nothing was committed
+                    if lean_one:  # a line or a change the lean read does not take: nothing was committed
                         raise direct.LeanDeclined from exc
                     if batch.final is None or not one_pass_failed(exc):
                         raise
@@ -289,7 +289,7 @@ def run_frames(
                             f"in column(s) {', '.join(result.changed_columns)}"
                         )
             except (InputError, UsageError) as exc:
-                if lean:  # the ordinary way holds it back, with its counts
+                if lean_one:  # the ordinary way holds it back, with its counts
                     raise direct.LeanDeclined from exc
                 result.status = "held back"
                 result.error = exc.message
