@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from pgrecv.output.format import FORMAT_VERSION
 from pgrecv.spark import replay as rp
 from pgrecv.spark.source import ENVELOPE_FIELDS, LSN_FIELDS, LSN_PATTERN, _spelling, _urls, lsn_expr
 
@@ -52,6 +53,7 @@ NARROW = ", ".join(f if _name(f) not in ("new", "old") else f"{_name(f)} struct<
 _WANTED = {"op", "schema", "table", "tables", "new", "old", "unchanged_toast", "old_unchanged_toast"}
 _WANTED |= {"json_nulls", "old_json_nulls", "xid", "commit_time", "lsn", "commit_lsn", "gid", "snapshot_lsn"}
 CHANGE_FIELDS = [f for f in ENVELOPE_FIELDS if _name(f) in _WANTED]
+_BEGUN = "_begun"  # the lean read's column: the commit LSN of the line's begun transaction
 
 
 @dataclass
@@ -67,9 +69,9 @@ class Plain:
     # the commit LSNs of changes without a commit record (a transaction cut at a file's end), or
     # None when there are more than UNCOMMITTED_LISTED of them
     uncommitted: list[int] | None
-    # the lean read (:func:`read_lean`): the commit LSNs of every transaction whose begin the
-    # structural pass saw (a change of any other fails the main job), else None
-    lean_begins: list[int] | None = None
+    # the lean read (:func:`read_lean`): the commit LSN of every transaction whose begin the
+    # structural pass saw, by its text (a change of any other fails the main job), else None
+    lean_begins: dict[str, int] | None = None
     # the lean read's counts, taken by the main job (:meth:`observed`)
     observation: Any = field(default=None, repr=False)
     counts: dict[str, Any] | None = None  # what it counted, once the main job's files are written
@@ -124,47 +126,64 @@ class Plain:
         fields = [f if images is None or _name(f) not in ("new", "old") else f"{_name(f)} {images}" for f in wanted]
         reader = self.spark.read.schema(", ".join(fields))
         lines = (reader.option("mode", "FAILFAST") if lean else reader).json(self.urls)
+        # checked by the first pass (or the lean read's check): no pattern to match again
+        lsns = {n: lsn_expr(F.col(n), checked=True) for n in LSN_FIELDS}
+        path = F.col("_metadata.file_path")
         if lean:
+            lines = self._lean_begun(lines)
             lines = lines.where(_lean_checked(_lean_ok([_name(f) for f in fields])))
+            # a begun transaction's commit LSN comes with its begin (converting each line's text
+            # took longer than the join); a line the lean read does not take fails its job, and
+            # the ordinary way names it: the lean read needs no line's file
+            lsns["commit_lsn"] = F.when(F.col(_BEGUN).isNotNull(), F.col(_BEGUN)).otherwise(lsns["commit_lsn"])
+            path = F.lit(None).cast("string")
         # Ties in (commit LSN, change LSN) are copies of one change (an at-least-once delivery),
         # which replay alike in any order: the positions that order them in the staged copy are
         # constants here.
         out = lines.select(
             *[F.col(f"`{_name(f)}`") for f in fields if _name(f) in _WANTED],
-            F.col("_metadata.file_path").alias("_path"),
+            path.alias("_path"),
             F.lit(0).alias("_rank"),
             F.lit(0).cast("bigint").alias("_blk"),
             F.lit(0).cast("bigint").alias("_mid"),
-            # checked by the first pass (or the lean read's check): no pattern to match again
-            *[lsn_expr(F.col(n), checked=True).alias(f"{n}_i") for n in LSN_FIELDS],
+            *[lsns[n].alias(f"{n}_i") for n in LSN_FIELDS],
         )
         return self._lean_counted(out, applied) if lean else out
 
-    def _lean_counted(self, records: Any, applied: int | None) -> Any:
-        """The lean read's records with their last check (every change of a transaction whose
-        begin the structural pass saw) and its Observation of the table's live changes."""
-        from pyspark.sql import Observation
+    def _lean_begun(self, lines: Any) -> Any:
+        """The lean read's lines with ``_BEGUN``: the commit LSN of the transaction whose begin
+        the structural pass saw with the line's ``commit_lsn`` text (NULL: none). A broadcast
+        join on the text: each row change must have one (:func:`_lean_ok`), which also checks its
+        commit LSN's spelling (the structural pass matched every begin's against the pattern)."""
         from pyspark.sql import functions as F
 
         assert self.lean_begins
+        begun = self.spark.createDataFrame(list(self.lean_begins.items()), f"{_BEGUN}_t string, {_BEGUN} bigint")
+        return lines.join(F.broadcast(begun), F.col("commit_lsn") == F.col(f"{_BEGUN}_t"), "left_outer")
+
+    def _lean_counted(self, records: Any, applied: int | None) -> Any:
+        """The lean read's records with its Observation of the table's live changes."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
         row = F.col("op").isin(*rp.ROW_OPS)
-        # one SQL text for the set (a Column literal each is a py4j round trip each: 0.6 s for 2,000)
-        begun = F.expr(f"commit_lsn_i IN ({', '.join(map(str, self.lean_begins))})")
         keep = self.keep()
         live = row & (keep if keep is not None else F.lit(True))
         if applied is not None:
             live = live & (F.col("commit_lsn_i") > F.lit(applied))
         self.observation = Observation("pgrecv-lean")
-        return records.where(_lean_checked(~row | begun)).observe(
+        return records.observe(
             self.observation,
             F.count(F.when(row, 1)).alias("rows"),
+            F.count(F.when(~row, 1)).alias("others"),
             *[F.count(F.when(live & (F.col("op") == o), 1)).alias(o) for o in rp.ROW_OPS],
             F.max(F.when(live, F.col("commit_lsn_i"))).alias("position"),
         )
 
     def observed(self) -> dict[str, Any]:
-        """The lean main job's counts (after it ran): ``rows`` (row-change lines read), each op's
-        live changes, and ``position`` (the highest commit LSN among them, None: none)."""
+        """The lean main job's counts (after it ran): ``rows`` (row-change lines read), ``others``
+        (the other lines), each op's live changes, and ``position`` (the highest commit LSN among
+        them, None: none)."""
         assert self.observation is not None
         return dict(self.observation.get)
 
@@ -337,17 +356,18 @@ def _all_null(names: list[str]) -> Any:
 
 
 # The lean read: a large input of one table, applied in latest mode by the one pass
-# (``engine._one_pass_fits``), skips the first pass over its changes. A structural pass reads only
-# the lines that are not row changes (the JSON reader drops the others after their ``op``: Spark's
-# filter pushdown), and the main job, which reads every line anyway, checks each line as the
-# first pass would and counts the table's changes on the way (an Observation). A line it would
-# refuse, or anything the lean read does not cover (unchanged TOAST values, a change of a
-# transaction whose begin it did not see), fails that job before anything is committed, and the
-# run starts over on the ordinary way (:class:`LeanDeclined`), which names the line.
-# bench/NOTES.md: 1M events onto a 200k-row table, warm rounds 5.3-6.1 s against 7.7-8.6 s.
+# (``engine._one_pass_fits``), skips the first pass over its changes. A structural pass parses only
+# the lines that are not row changes (it tells pgrecv's row changes by their first bytes), and
+# the main job, which reads every line anyway, checks each line as the first pass would, finds
+# each change's transaction among the begins by a broadcast join, and counts the table's changes
+# and the other lines on the way (an Observation). A line it would refuse, or anything the lean
+# read does not cover (unchanged TOAST values, a change of a transaction whose begin it did not
+# see, other lines than the structural pass's), fails that job or its commit, before anything is
+# committed, and the run starts over on the ordinary way (:class:`LeanDeclined`), which names the
+# line. bench/NOTES.md: 1M events onto a 200k-row table, warm rounds 5.3-6.1 s against 7.7-8.6 s.
 LEAN = os.environ.get("PGRECV_SPARK_LEAN", "1") != "0"
 LEAN_MIN_BYTES = 32 << 20  # of input; below, the first pass's facts choose cheaper plans (one task)
-LEAN_TRANSACTIONS = 20_000  # the most whose begins the main job's check lists (a hash set in the plan)
+LEAN_TRANSACTIONS = 20_000  # the most begins the structural pass collects (broadcast to the main job)
 LEAN_FAILED = "pgrecv: the input needs the first pass"  # raise_error's text
 # bytes of input per row change, to estimate their number without counting them when choosing the
 # one pass (lines of pgoutput changes are rarely shorter, so the estimate errs towards the one pass)
@@ -369,19 +389,32 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
 
     urls = _urls(files, links)
     rank = {_spelling(spark, u): i for i, u in enumerate(urls)}
-    op = F.col("op")
-    # FAILFAST: a line that is not JSON fails the job (the ordinary way then names it)
+    op, text = F.col("op"), F.col("value")
+    # A row change as pgrecv writes it is told by its first bytes, which skips it for the price
+    # of reading its line (the JSON reader's filter pushdown tokenizes all of it: 0.87 s against
+    # 0.46 s for 2M lines). A line that starts so and is not one (another "op" key later on, which
+    # the JSON reader would take instead) is not lost: the main job counts the lines it reads that
+    # are not row changes, and if they are not this pass's, the run declines the lean read
+    # (:func:`engine._lean_settle`). (Looking for a second key here took 0.8 s per 1M lines.)
+    skip = F.lit(False)
+    for o in rp.ROW_OPS:
+        for head in (f'{{"v":{FORMAT_VERSION},"op":"{o}",', f'{{"op":"{o}",'):
+            skip = skip | text.startswith(head)
+    # FAILFAST: a line that is not a JSON object fails the job (the ordinary way then names it);
+    # blank lines are no records, as for the JSON reader. Row changes not skipped (written
+    # otherwise) are grouped by their op alone, and left out below: no filter on the parsed op,
+    # which Spark would move into the filter above, out of its generated code (2.2 s for 1M lines).
     lines = (
-        spark.read.schema(NARROW.replace(", _corrupt string", ""))
-        .option("mode", "FAILFAST")
-        .json(urls)
-        .where(op.isNull() | ~op.isin(*rp.ROW_OPS))
+        spark.read.text(urls)
+        .where(~skip & (F.trim(text) != ""))
+        .select(
+            F.from_json(text, NARROW.replace(", _corrupt string", ""), {"mode": "FAILFAST"}).alias("_j"),
+            F.col("_metadata.file_path").alias("_f"),
+            F.col("_metadata.file_block_start").alias("_b"),
+        )
+        .select("_j.*", "_f", "_b")
     )
-    pos = F.struct(
-        F.col("_metadata.file_path").alias("f"),
-        F.col("_metadata.file_block_start").alias("b"),
-        F.monotonically_increasing_id().alias("m"),
-    )
+    pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.monotonically_increasing_id().alias("m"))
     rel = F.struct(pos.alias("p"), "schema", "table", "replica_identity", "key", "columns")
 
     # what the first pass would take (its ``bad`` and ``other``), among these lines
@@ -405,15 +438,18 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
         return None
     if len(rows) > 2 * LEAN_TRANSACTIONS + 999 or any(r["op"] is None for r in rows):
         return None
-    st = rp.Structure(lines=sum(r["n"] for r in rows))
-    begins: set[int] = set()
+    st = rp.Structure(lines=sum(r["n"] for r in rows if r["op"] not in rp.ROW_OPS))
+    begun: dict[str, int] = {}  # each begin's commit LSN, by its text
     commits: set[int] = set()
     rels = []
     for r in rows:
-        if r["op"] in ("begin", "commit"):
-            (begins if r["op"] == "begin" else commits).add(parse_lsn(r["k"]))
+        if r["op"] == "begin":
+            begun[r["k"]] = parse_lsn(r["k"])
+        elif r["op"] == "commit":
+            commits.add(parse_lsn(r["k"]))
         elif r["op"] == "relation":
             rels.append(r["r"])
+    begins = set(begun.values())
     if len({(r["schema"], r["table"]) for r in rels}) != 1 or any(r["p"]["f"] not in rank for r in rels):
         return None
     if len(begins) > LEAN_TRANSACTIONS or not commits <= begins:
@@ -424,7 +460,7 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
     st.incomplete = len(begins - commits)
     return Plain(
         spark, urls, st, None, 0, 0, None, max(commits) if commits else None,
-        sorted(begins - commits), lean_begins=sorted(begins),
+        sorted(begins - commits), lean_begins=begun,
     )  # fmt: skip
 
 
@@ -439,10 +475,13 @@ def _lean_ok(names: list[str]) -> Any:
     from pyspark.sql import functions as F
 
     op, commit = F.col("op"), F.col("commit_lsn")
+    row = op.isin(*rp.ROW_OPS)
     ok = (F.col("v") == 1) & op.isin(*PLAIN_OPS) & (op != "truncate")
-    ok = ok & F.col("gid").isNull() & F.col("snapshot_lsn").isNull() & _lsn_ok(F.col("lsn")) & _lsn_ok(commit)
+    ok = ok & F.col("gid").isNull() & F.col("snapshot_lsn").isNull() & _lsn_ok(F.col("lsn"))
+    # a row change's commit LSN is the text of a begin the structural pass checked (Plain._lean_begun)
+    ok = ok & F.when(row, F.col(_BEGUN).isNotNull()).otherwise(_lsn_ok(commit))
     no_toast = F.coalesce(F.size("unchanged_toast"), F.lit(0)) == 0  # size(NULL) is NULL
-    ok = ok & (~op.isin(*rp.ROW_OPS) | (F.col("lsn").isNotNull() & commit.isNotNull() & no_toast))
+    ok = ok & (~row | (F.col("lsn").isNotNull() & no_toast))
     return ok & ~_all_null(names)
 
 

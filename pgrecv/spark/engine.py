@@ -182,10 +182,15 @@ def run_frames(
         # The committed changes of the wanted tables, staged once more, partitioned by table: each
         # table's passes then read its own rows only, instead of every table's jobs reading the
         # whole input and joining it to its commits again.
-        ids = spark.createDataFrame(
-            [(s, t, i) for i, (s, t) in enumerate(wanted)] or [("", "", -1)], "schema string, `table` string, _tid int"
-        )
-        changes = changes.join(F.broadcast(ids), ["schema", "table"])
+        if len(wanted) == 1:  # a filter: no broadcast (a job of its own) and no lookup per row
+            s0, t0 = wanted[0]
+            changes = changes.where((F.col("schema") == s0) & (F.col("table") == t0)).withColumn("_tid", F.lit(0))
+        else:
+            ids = spark.createDataFrame(
+                [(s, t, i) for i, (s, t) in enumerate(wanted)] or [("", "", -1)],
+                "schema string, `table` string, _tid int",
+            )
+            changes = changes.join(F.broadcast(ids), ["schema", "table"])
         # each table's rows in files of its own: several tables, the staged rules, or commits too
         # many to broadcast to a join (each pass would sort and merge the input with them again)
         joined = keep is None and not rp.broadcasts_commits(st)
@@ -352,11 +357,12 @@ def _lean_one_pass(plain: direct.Plain, target: Any, files: list[Path]) -> bool:
 def _lean_settle(plain: direct.Plain, batch: Any, result: Any) -> Callable[[], None]:
     """What the writer calls after the lean main job and before its commit: the table's counts
     and position from that job. No live change (a transaction past the applied position without
-    one of this table's): the ordinary way decides."""
+    one of this table's), or other lines than the structural pass's (appended meanwhile, or a
+    line it took for a row change that is not one): the ordinary way decides."""
 
     def settle() -> None:
         got = plain.observed()
-        if got["position"] is None:
+        if got["position"] is None or got["others"] != plain.structure.lines:
             raise direct.LeanDeclined
         plain.counts = got
         batch.position = got["position"]
