@@ -155,10 +155,16 @@ class Plain:
         the structural pass saw with the line's ``commit_lsn`` text (NULL: none). A broadcast
         join on the text: each row change must have one (:func:`_lean_ok`), which also checks its
         commit LSN's spelling (the structural pass matched every begin's against the pattern)."""
+        import pyarrow as pa
         from pyspark.sql import functions as F
 
         assert self.lean_begins
-        begun = self.spark.createDataFrame(list(self.lean_begins.items()), f"{_BEGUN}_t string, {_BEGUN} bigint")
+        # from Arrow: a local relation, broadcast without a Spark job of its own (a list of rows
+        # makes an RDD, whose collect was 0.07-0.2 s before the main job could start)
+        texts = pa.array(list(self.lean_begins), pa.string())
+        begun = self.spark.createDataFrame(
+            pa.table({f"{_BEGUN}_t": texts, _BEGUN: pa.array(list(self.lean_begins.values()), pa.int64())})
+        )
         return lines.join(F.broadcast(begun), F.col("commit_lsn") == F.col(f"{_BEGUN}_t"), "left_outer")
 
     def _lean_counted(self, records: Any, applied: int | None) -> Any:
@@ -367,7 +373,9 @@ def _all_null(names: list[str]) -> Any:
 # line. bench/NOTES.md: 1M events onto a 200k-row table, warm rounds 5.3-6.1 s against 7.7-8.6 s.
 LEAN = os.environ.get("PGRECV_SPARK_LEAN", "1") != "0"
 LEAN_MIN_BYTES = 32 << 20  # of input; below, the first pass's facts choose cheaper plans (one task)
-LEAN_TRANSACTIONS = 20_000  # the most begins the structural pass collects (broadcast to the main job)
+# the most begins the structural pass collects (broadcast to the main job): its rows, two a
+# transaction, are what the driver holds (until 2026-12-03, 20,000 in an IN list of the plan)
+LEAN_TRANSACTIONS = 50_000
 LEAN_FAILED = "pgrecv: the input needs the first pass"  # raise_error's text
 # bytes of input per row change, to estimate their number without counting them when choosing the
 # one pass (lines of pgoutput changes are rarely shorter, so the estimate errs towards the one pass)

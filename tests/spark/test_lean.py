@@ -181,6 +181,20 @@ def test_a_line_the_first_pass_refuses_is_refused_with_its_message(
     assert not (tmp_path / "lake" / table_dir_name("public", "t")).exists()
 
 
+def test_more_transactions_than_it_lists_keep_the_first_pass(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver holds the structural pass's rows (two a transaction) up to a bound; past it,
+    the first pass, whose rows stay in Spark."""
+    src = _write(tmp_path / "a.jsonl", _plain_input())  # two transactions
+    monkeypatch.setattr(direct, "LEAN_TRANSACTIONS", 2)
+    assert _run([src], tmp_path / "lake-2", spark, monkeypatch, True, "parquet").input_read == "lean"
+    monkeypatch.setattr(direct, "LEAN_TRANSACTIONS", 1)
+    summary = _run([src], tmp_path / "lake-1", spark, monkeypatch, True, "parquet")
+    assert summary.input_read == "direct"
+    assert _table(tmp_path / "lake-1", "parquet") == _table(tmp_path / "lake-2", "parquet")
+
+
 def test_below_its_size_threshold_the_first_pass_decides(tmp_path: Path, spark: Any) -> None:
     """Small inputs keep the first pass, whose counts choose one task for a small batch."""
     src = _write(tmp_path / "a.jsonl", _plain_input())
