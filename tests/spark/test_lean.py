@@ -6,6 +6,7 @@ way with the same result or message, and nothing of the lean attempt is left in 
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,23 @@ def test_a_line_the_first_pass_refuses_is_refused_with_its_message(
     assert errors[True] == errors[False]
     assert f"{src}:4" in errors[True] and message in errors[True], errors[True]
     assert not (tmp_path / "lake" / table_dir_name("public", "t")).exists()
+
+
+@pytest.mark.parametrize("shape", ["gzip", "crlf and blank lines"])
+def test_compressed_input_and_other_line_ends_are_read_lean(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    """The structural pass reads text, the main job JSON: both decompress a .gz alike, split
+    CRLF lines alike and pass over lines of spaces alike, so their counts of the other lines agree."""
+    data = "".join(x + "\n" for x in _cut_input()).encode()
+    if shape == "gzip":
+        src = tmp_path / "a.jsonl.gz"
+        src.write_bytes(gzip.compress(data))
+    else:
+        src = tmp_path / "a.jsonl"
+        src.write_bytes(data.replace(b"\n", b"\r\n") + b"\r\n   \r\n\n")
+    summaries, _ = _both([[src]], tmp_path, spark, monkeypatch, "parquet", ["lean"])
+    assert summaries[0][4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
 
 
 def test_more_transactions_than_it_lists_keep_the_first_pass(
