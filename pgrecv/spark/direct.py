@@ -31,7 +31,15 @@ import orjson
 
 from pgrecv.output.format import FORMAT_VERSION
 from pgrecv.spark import replay as rp
-from pgrecv.spark.source import ENVELOPE_FIELDS, LSN_FIELDS, LSN_PATTERN, _spelling, _urls, lsn_expr
+from pgrecv.spark.source import (
+    ENVELOPE_FIELDS,
+    LSN_FIELDS,
+    LSN_PATTERN,
+    _spelling,
+    _urls,
+    literal_read,
+    lsn_expr,
+)
 
 # ``PGRECV_SPARK_DIRECT=0`` sends every input through the staged copy (for comparing the two).
 ENABLED = os.environ.get("PGRECV_SPARK_DIRECT", "1") != "0"
@@ -124,7 +132,7 @@ class Plain:
         # value of the wrong type fails the job); otherwise only what the replay reads
         wanted = [f for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"] if lean else CHANGE_FIELDS
         fields = [f if images is None or _name(f) not in ("new", "old") else f"{_name(f)} {images}" for f in wanted]
-        reader = self.spark.read.schema(", ".join(fields))
+        reader = literal_read(self.spark).schema(", ".join(fields))
         lines = (reader.option("mode", "FAILFAST") if lean else reader).json(self.urls)
         # checked by the first pass (or the lean read's check): no pattern to match again
         lsns = {n: lsn_expr(F.col(n), checked=True) for n in LSN_FIELDS}
@@ -243,7 +251,8 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     urls = _urls(files, links)
     rank = {_spelling(spark, u): i for i, u in enumerate(urls)}
     narrow = (
-        spark.read.schema(NARROW)
+        literal_read(spark)
+        .schema(NARROW)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt")
         .json(urls)
@@ -413,7 +422,8 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
     # otherwise) are grouped by their op alone, and left out below: no filter on the parsed op,
     # which Spark would move into the filter above, out of its generated code (2.2 s for 1M lines).
     lines = (
-        spark.read.text(urls)
+        literal_read(spark)
+        .text(urls)
         .where(~skip & (F.trim(text) != ""))
         .select(
             F.from_json(text, NARROW.replace(", _corrupt string", ""), {"mode": "FAILFAST"}).alias("_j"),

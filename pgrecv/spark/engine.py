@@ -28,7 +28,7 @@ from pgrecv.spark import direct
 from pgrecv.spark import replay as rp
 from pgrecv.spark.keys import identity
 from pgrecv.spark.lake import one_pass_failed
-from pgrecv.spark.source import check_input, file_url, find_line, read_records
+from pgrecv.spark.source import check_input, file_url, find_line, literal_read, read_records
 from pgrecv.spark.types import ColumnType, column_type, same_type
 
 SAMPLE = 5  # poison values named per table
@@ -198,7 +198,7 @@ def run_frames(
         if own_files:
             shape = changes.schema
             changes.write.partitionBy("_tid").parquet(file_url(by_table))
-            changes = spark.read.schema(shape).parquet(file_url(by_table))
+            changes = literal_read(spark).schema(shape).parquet(file_url(by_table))
         # else one table of plain transactions: its few passes each redo a cheap filter (or a
         # semi-join to the broadcast commits) over the input, less work than writing every change
         # once more

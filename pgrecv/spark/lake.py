@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from pgrecv.errors import OutputError
 from pgrecv.output.files import fsync_dir
-from pgrecv.spark.source import file_url
+from pgrecv.spark.source import file_url, literal_read
 from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget, close_versions, key_condition
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
@@ -161,7 +161,11 @@ class _Rewrite:
 
     def _read(self, files: list[str]) -> Any:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
-        rows = self.spark.read.schema(_spark_schema(self.batch.schema)).parquet(*[file_url(Path(f)) for f in files])
+        rows = (
+            literal_read(self.spark)
+            .schema(_spark_schema(self.batch.schema))
+            .parquet(*[file_url(Path(f)) for f in files])
+        )
         return rows.coalesce(1) if self.batch.single else rows
 
     def _one_file(self, dropped: list[str]) -> bool:
@@ -255,7 +259,7 @@ class _Frames:
         files = self.data_files()
         if not files or self.schema is None:
             return None
-        return self.spark.read.schema(_spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
+        return literal_read(self.spark).schema(_spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
 
 
 class FrameParquetTarget(_Frames, ParquetTarget):

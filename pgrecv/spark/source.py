@@ -109,7 +109,8 @@ def read_records(
         return Records(None, files)
     urls = _urls(ordered, links)
     df = (
-        spark.read.schema(ENVELOPE)
+        literal_read(spark)
+        .schema(ENVELOPE)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt")
         .json(urls)  # file: paths, whatever fs.defaultFS says
@@ -135,8 +136,17 @@ def read_records(
     df = df.withColumn("_bad_lsn", bad_lsn)
     if stage is not None:
         df.write.mode("error").parquet(file_url(stage))
-        df = spark.read.parquet(file_url(stage))
+        df = literal_read(spark).parquet(file_url(stage))
     return Records(df, files)
+
+
+def literal_read(spark: Any) -> Any:
+    """Spark's reader for paths pgrecv names itself (the inputs it listed, its staged copies, the
+    target's files): never a Hadoop glob. Spark takes ``[``, ``{``, ``*`` and ``?`` in a path as
+    one, and a target such as ``lake[1]`` is then "not found". (``__globPaths__`` is the option
+    Spark's own file streams read their listed files with; pyproject pins pyspark to versions
+    that have it, and tests/spark/test_engine.py's test of glob characters fails without it.)"""
+    return spark.read.option("__globPaths__", "false")
 
 
 def file_url(path: Path) -> str:

@@ -426,6 +426,7 @@ class ParquetTarget(Target):
         import pyarrow.parquet as pq
         from pyspark.sql import functions as F
 
+        from pgrecv.spark.source import literal_read
         from pgrecv.spark.sparkops import empty_frame, frame
 
         spark = self.spark
@@ -435,8 +436,10 @@ class ParquetTarget(Target):
             cur = empty_frame(spark, batch.schema)
         else:
             assert self.schema is not None
-            cur = spark.read.schema(frame(spark, self.schema.empty_table()).schema).parquet(
-                str(self._dir(self.version))
+            cur = (
+                literal_read(spark)
+                .schema(frame(spark, self.schema.empty_table()).schema)
+                .parquet(str(self._dir(self.version)))
             )
             for field in batch.schema:
                 if field.name not in cur.columns:

@@ -746,3 +746,46 @@ def test_a_carried_prepared_transaction_with_a_truncate(
     summary = run_apply(cfg, spark=spark)
     assert summary.pending_prepared == 0
     assert _rows(target, "t") == ([{"id": 2}] if with_row else [])
+
+
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+@pytest.mark.parametrize("read", ["lean", "direct", "staged"])
+def test_paths_and_names_with_glob_characters(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, fmt: str, read: str
+) -> None:
+    """Spark takes '[', '{', '*' and '?' in a path as a Hadoop glob: an input directory, a
+    target and a table named so are read as they are, on every read and by a second run that
+    reads the target's files (until 2026-12-03 the second run failed: PATH_NOT_FOUND)."""
+    from pgrecv.spark import direct
+
+    monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
+    monkeypatch.setattr(direct, "LEAN", read == "lean")
+    monkeypatch.setattr(direct, "ENABLED", read != "staged")
+    table = "t[1]{a,b}*?"
+    rel = orjson.dumps(_rel(table, [("id", "integer"), ("v", "text")])).decode()
+
+    def row(op: str, commit: str, lsn: str, i: int, v: str) -> str:
+        return _insert(table, commit, lsn, f'{{"id":{i},"v":"{v}"}}').replace('"op":"insert"', f'"op":"{op}"')
+
+    inputs = tmp_path / "in [1]{a,b}*?"
+    inputs.mkdir()
+    first = _write(
+        inputs / "1.jsonl", [rel, *_txn("0/100", [row("insert", "0/100", f"0/{i + 1:X}", i, "a") for i in range(6)])]
+    )
+    second = _write(
+        inputs / "2.jsonl",
+        [rel, *_txn("0/200", [row("update", "0/200", f"0/{0x110 + i:X}", i, "b") for i in range(3)])],
+    )
+    target = tmp_path / "lake[1]{x}*?"
+    for src in (first, second):
+        summary = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+        assert [(t.status, t.error) for t in summary.tables] == [("applied", None)]
+        assert summary.input_read == read
+    path = target / table_dir_name("public", table)
+    if fmt == "delta":
+        got = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    else:
+        import pyarrow.parquet as pq
+
+        got = pq.read_table(path / "current").to_pylist()
+    assert sorted(got, key=lambda r: r["id"]) == [{"id": i, "v": "b" if i < 3 else "a"} for i in range(6)]
