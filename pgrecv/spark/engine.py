@@ -679,9 +679,13 @@ def _batch(
         # driver, per table: bench/NOTES.md, many small tables)
         values, oks = rp.typed({n: F.col(f"v.`{n}`") for n in names}, plan)
         bad = F.col("_problem").isNotNull() | ~rp.all_of([oks[n] for n in names])
+        flat = rp.key_columns(plan) or {}
+        if flat:
+            events = events.withColumns(flat)
         final = (
-            rp.final_changes(events, plan, [], moves=False)
+            rp.final_changes(events, plan, [], moves=False, by=tuple(F.col(c) for c in flat) or None)
             .select(
+                *flat,
                 F.col("kind").alias("_kind"),
                 F.col("key").alias("_k"),
                 F.struct(*[values[n].alias(n) for n in names]).alias("_v"),
@@ -689,7 +693,9 @@ def _batch(
             )
             .where(F.when(F.col("_bad"), F.raise_error(F.lit(ONE_PASS_FAILED))).otherwise(F.lit(True)))
         )
-        return FrameBatch(schema, plan.key_cols, plan.full, truncate, None, None, facts["position"], final=final)
+        return FrameBatch(
+            schema, plan.key_cols, plan.full, truncate, None, None, facts["position"], final=final, flat_key=bool(flat)
+        )
     final = rp.final_changes(events, plan, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
     final = _typed(final, plan)
     # one pass for the three things that stop the table or need more work

@@ -33,6 +33,9 @@ from pgrecv.spark.source import file_url, literal_read
 from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget, close_versions, key_condition
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
+# a one-pass write's bucket of an integer key holds about this many of the current rows: a file
+# holds several whole buckets, so changes to nearby keys still touch few files (key_buckets)
+BUCKET_ROWS = ROWS_PER_FILE // 8
 DATA_SUFFIX = ".parquet"
 
 
@@ -54,6 +57,9 @@ class FrameBatch:
     # struct ``_k``, the typed values as the struct ``_v``; other columns are ignored) instead of
     # ``upserts`` and ``keys``
     final: Any = None
+    # ``final`` also has the key's columns as ``_k0``, ``_k1``, ... (replay.key_columns), by which
+    # it is partitioned: the one-pass join compares those, and needs no shuffle of its own
+    flat_key: bool = False
     # at most this many rows come from the batch (its inserts and updates; None: not known): with
     # the rows of the files it rewrites, what tells :meth:`_Rewrite.write` that one file holds all
     upserts_at_most: int | None = None
@@ -148,16 +154,23 @@ class _Rewrite:
         ev = b.final
         if b.truncate or not self.files:
             return list(self.files), ev.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
-        j = (
-            self._read(self.files)
-            .alias("t")
-            .join(ev.alias("s"), key_condition("t", "s._k", b.key_cols, b.null_safe), "full_outer")
-        )
+        j = self._read(self.files).alias("t").join(ev.alias("s"), self._final_key_condition(), "full_outer")
         untouched = F.col("s._kind").isNull()
         rows = j.where(untouched | (F.col("s._kind") == "U")).select(
             *[F.when(untouched, F.col(f"t.{_q(n)}")).otherwise(F.col("s._v")[n]).alias(n) for n in names]
         )
         return list(self.files), rows
+
+    def _final_key_condition(self) -> Any:
+        from pyspark.sql import functions as F
+
+        b = self.batch
+        if not b.flat_key:
+            return key_condition("t", "s._k", b.key_cols, b.null_safe)
+        cond = F.lit(True)
+        for i, k in enumerate(b.key_cols):
+            cond = cond & (F.col(f"t.{_q(k)}") == F.col(f"s._k{i}"))
+        return cond
 
     def _read(self, files: list[str]) -> Any:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
@@ -167,6 +180,19 @@ class _Rewrite:
             .parquet(*[file_url(Path(f)) for f in files])
         )
         return rows.coalesce(1) if self.batch.single else rows
+
+    def _bucket_width(self) -> int | None:
+        """A one-pass write over current files with an integer first key column: the rows go to
+        the write's tasks by bucket of that column's range (:func:`key_buckets`), not by Spark's
+        range partitioner, whose sample runs the replay and the join once more in a job of its
+        own (0.3-0.5 s of a 1M-event run: bench/NOTES.md, 2026-12-03, night). None otherwise."""
+        b = self.batch
+        if b.final is None or not self.files or b.null_safe:
+            return None
+        first = b.key_cols[0]
+        if not pa.types.is_integer(b.schema.field(first).type):
+            return None
+        return key_buckets(self.files, first)
 
     def _one_file(self, dropped: list[str]) -> bool:
         """Whether the rows to write fit one file, by counts the driver has (the batch's upserts,
@@ -186,11 +212,59 @@ class _Rewrite:
                 rows = rows.coalesce(1)
             elif self._one_file(dropped):
                 rows = rows.repartition(1)
+            elif (width := self._bucket_width()) is not None:
+                rows = rows.repartition(key_bucket(b.key_cols[0], width))
             else:
                 rows = rows.repartitionByRange(*keys)
             rows = rows.sortWithinPartitions(*keys)
         rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
+
+
+def key_buckets(files: list[str], column: str) -> int | None:
+    """The width of a bucket of ``column``'s values (an integer column) that holds about
+    :data:`BUCKET_ROWS` of the rows of ``files``, if its keys were spread evenly over their range:
+    from the files' footers (their rows and each row group's minimum and maximum), read by the
+    driver. None without statistics for every row group. Values outside the range (new keys) fall
+    in buckets of the same width. A bucket is a range of keys, and the write keeps each bucket in
+    one task and sorts its rows by key, so nearby keys share a file whatever the buckets' sizes;
+    keys far from even over their range only make the tasks uneven."""
+    import pyarrow.parquet as pq
+
+    low = high = None
+    rows = 0
+    for f in files:
+        meta = pq.read_metadata(f)
+        rows += meta.num_rows
+        names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        if column not in names:
+            return None
+        at = names.index(column)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            if group.num_rows == 0:
+                continue
+            stats = group.column(at).statistics
+            if stats is None or not stats.has_min_max:
+                return None
+            low = stats.min if low is None else min(low, stats.min)
+            high = stats.max if high is None else max(high, stats.max)
+    if low is None or high is None or rows == 0:
+        return None
+    return min(MAX_WIDTH, max(1, -(-(int(high) - int(low) + 1) * BUCKET_ROWS // rows)))
+
+
+MAX_WIDTH = 2**62  # a bigint literal, whatever the range and the rows
+
+
+def key_bucket(column: str, width: int) -> Any:
+    """The bucket of an integer column's value: the value rounded toward zero to a multiple of
+    ``width`` (the buckets either side of zero are one, twice as wide). Never an overflow, which
+    ANSI mode would fail the job on: a floor of ``value / width`` did at the largest bigints."""
+    from pyspark.sql import functions as F
+
+    value = F.col(_q(column))
+    return value - value % F.lit(width)
 
 
 def fits_one_file(most: int | None, files: list[str]) -> bool:

@@ -94,6 +94,18 @@ def by_key(col: Any = None) -> tuple[Any, Any]:
     return F.hash(key), key
 
 
+def key_columns(plan: TablePlan) -> dict[str, Any] | None:
+    """The key's columns as columns of their own (``_k0``, ``_k1``, ...), to partition the last
+    event's window by and to join the target on: the final events then come out of the window
+    partitioned as the one-pass join needs them, and Spark shuffles them once (a window's
+    partitioning by an expression such as ``key.id`` is lost after it; bench/NOTES.md,
+    2026-12-03, night). None for REPLICA IDENTITY FULL, whose join is NULL-safe."""
+    if plan.full or not plan.key_cols:
+        return None
+    F = _F()
+    return {f"_k{i}": F.col("key")[k] for i, k in enumerate(plan.key_cols)}
+
+
 def _F() -> Any:
     from pyspark.sql import functions as F
 
@@ -533,17 +545,25 @@ def _not_object(rows: Any, image: str) -> Any:
     return F.col(image).isNotNull() & ~F.col(image).startswith("{")
 
 
-def final_changes(events: Any, plan: TablePlan, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> Any:
+def final_changes(
+    events: Any,
+    plan: TablePlan,
+    toast_cols: list[str],
+    moves: bool = True,
+    max_rounds: int = 8,
+    by: tuple[Any, ...] | None = None,
+) -> Any:
     """The last event per key. Unchanged-TOAST columns are filled from the latest earlier value of
     the same row in the batch, following primary-key changes; what the batch cannot supply is left
     to the target: ``need`` lists those columns and ``root`` is the key the row had before the
-    batch, whose target row holds them."""
+    batch, whose target row holds them. ``by``: the window partitioned by these columns (the
+    key's, :func:`key_columns`) instead of :func:`by_key`."""
     from pyspark.sql import Window
 
     F = _F()
     # per key, the latest event (a PK change's delete of the old key and upsert of the new one have
     # the same order but different keys)
-    w = Window.partitionBy(*by_key()).orderBy(*[F.col(c).desc() for c in ORDER], F.col("kind").desc())
+    w = Window.partitionBy(*(by or by_key())).orderBy(*[F.col(c).desc() for c in ORDER], F.col("kind").desc())
     last = F.row_number().over(w)
     if toast_cols:
         ev = fill_toast(events, toast_cols, moves, max_rounds).withColumn("_n", last)

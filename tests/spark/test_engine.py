@@ -428,6 +428,112 @@ def test_a_batch_touching_much_of_the_table_is_applied_in_one_pass(
     assert {r["id"]: r["v"] for r in tables["one"]} == want
 
 
+def _data_files(table: Path, fmt: str) -> set[str]:
+    if fmt == "delta":
+        return set(deltalake.DeltaTable(str(table)).file_uris())
+    return {p.name for p in (table / "current").glob("*.parquet") if not p.name.startswith(("_", "."))}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_a_one_pass_batch_shuffles_its_events_once_and_keeps_nearby_keys_together(
+    tmp_path: Path, spark: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-pass write of a table with an integer key: the final events leave the window
+    partitioned as the join needs them (one shuffle of the events, one of the current rows), and
+    its tasks take the rows by bucket of the key's range, not through Spark's range partitioner
+    (whose sample is a job of its own). Nearby keys still share a file: a later batch of ten
+    neighbouring keys rewrites at most two of the table's files."""
+    from pgrecv.spark import lake
+
+    monkeypatch.setattr(lake, "ROWS_PER_FILE", 100)
+    monkeypatch.setattr(lake, "BUCKET_ROWS", 12)
+    DataFrame = type(spark.range(1))
+    ranged: list[int] = []
+    real_range = DataFrame.repartitionByRange
+
+    def spied(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ranged.append(1)
+        return real_range(self, *args, **kwargs)
+
+    monkeypatch.setattr(DataFrame, "repartitionByRange", spied)
+    plans: list[str] = []
+    real_write = lake._Rewrite.write
+
+    def write(self: Any, rows: Any, out: Path, dropped: list[str]) -> list[Path]:
+        if self.batch.final is not None and self.files:
+            plans.append(rows._jdf.queryExecution().executedPlan().toString())
+        return real_write(self, rows, out, dropped)
+
+    monkeypatch.setattr(lake._Rewrite, "write", write)
+    rel = orjson.dumps(_rel("t", [("id", "bigint"), ("v", "text")])).decode()
+    base = [_insert("t", "0/10000", f"0/{0x10 + i:X}", f'{{"id":{i * 3},"v":"a"}}') for i in range(1000)]
+    most = [
+        _change("update", "t", "0/20000", f"0/{0x10010 + i:X}", f'{{"id":{i * 3},"v":"b"}}', None) for i in range(700)
+    ]
+    most += [_insert("t", "0/20000", f"0/{0x11010 + i:X}", f'{{"id":{5000 + i},"v":"new"}}') for i in range(200)]
+    near = [
+        _change("update", "t", "0/30000", f"0/{0x20010 + i:X}", f'{{"id":{1500 + i * 3},"v":"c"}}', None)
+        for i in range(10)
+    ]
+    target = tmp_path / "lake"
+    table = target / table_dir_name("public", "t")
+    files: list[set[str]] = []
+    for n, (commit, rows) in enumerate((("0/10000", base), ("0/20000", most), ("0/30000", near))):
+        src = _write(tmp_path / f"{n}.jsonl", [rel, *_txn(commit, rows)])
+        s = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+        assert [(t.status, t.applied_lsn) for t in s.tables] == [("applied", commit)]
+        files.append(_data_files(table, fmt))
+        if n == 0:
+            ranged.clear()  # a new table's first write has no current files to take buckets from
+        if n == 1:
+            assert len(plans) == 1 and ranged == []
+    # the join's two shuffles (the current rows, the final events); the window shuffled nothing more
+    assert plans[0].count("Exchange hashpartitioning") == 2, plans[0]
+    assert len(files[1]) >= 10
+    rewritten = files[1] - files[2]
+    assert 1 <= len(rewritten) <= 2, (len(rewritten), len(files[1]))
+    want = {i * 3: "a" for i in range(1000)} | {i * 3: "b" for i in range(700)} | {5000 + i: "new" for i in range(200)}
+    want |= {1500 + i * 3: "c" for i in range(10)}
+    assert {r["id"]: r["v"] for r in _table(target, "t", fmt)} == want
+
+
+def test_key_buckets_are_ranges_and_never_overflow(spark: Any) -> None:
+    """Buckets of the largest and smallest keys of each integer type (ANSI mode fails a job on an
+    overflow: a floor of value / width did at the largest bigints), in key order."""
+    from pgrecv.spark import lake
+
+    for kind, bits in (("smallint", 16), ("int", 32), ("bigint", 64)):
+        top = 2 ** (bits - 1) - 1
+        keys = sorted({-top - 1, -top, -5, -1, 0, 1, 4, 5, top - 1, top})
+        frame = spark.createDataFrame([(k,) for k in keys], f"id {kind}")
+        for width in (1, 3, 5, 2**40, lake.MAX_WIDTH):
+            got = [r[0] for r in frame.select(lake.key_bucket("id", width)).collect()]
+            assert got == [(1 if k >= 0 else -1) * (abs(k) // width * width) for k in keys], (kind, width)
+            assert got == sorted(got)
+
+
+def test_key_buckets_come_from_the_footers(tmp_path: Path) -> None:
+    """About BUCKET_ROWS of the files' rows a bucket, from the range their row groups' statistics
+    give; no bucket width without statistics or without the column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pgrecv.spark import lake
+
+    a, b, c = tmp_path / "a.parquet", tmp_path / "b.parquet", tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": list(range(0, 1000, 2))}), a, row_group_size=100)
+    pq.write_table(pa.table({"id": list(range(-1000, 0))}), b)
+    pq.write_table(pa.table({"id": list(range(10))}), c, write_statistics=False)
+    assert lake.key_buckets([str(a)], "id") == -(-999 * lake.BUCKET_ROWS // 500)  # 500 rows over 0..998
+    assert lake.key_buckets([str(a), str(b)], "id") == -(-1999 * lake.BUCKET_ROWS // 1500)  # -1000..998
+    assert lake.key_buckets([str(a), str(c)], "id") is None
+    assert lake.key_buckets([str(a)], "other") is None
+    pq.write_table(pa.table({"id": list(range(10**6))}), b)
+    assert lake.key_buckets([str(b)], "id") == lake.BUCKET_ROWS  # dense keys: the bucket's rows
+    pq.write_table(pa.table({"id": pa.array([-(2**63), 2**63 - 1], pa.int64())}), b)
+    assert lake.key_buckets([str(b)], "id") == lake.MAX_WIDTH  # a bigint literal still
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 def test_a_poison_value_in_a_one_pass_batch_is_named_and_leaves_nothing(
     tmp_path: Path, spark: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
