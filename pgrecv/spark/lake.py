@@ -33,9 +33,6 @@ from pgrecv.spark.source import file_url, literal_read
 from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget, close_versions, key_condition
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
-# a one-pass write's bucket of an integer key holds about this many of the current rows: a file
-# holds several whole buckets, so changes to nearby keys still touch few files (key_buckets)
-BUCKET_ROWS = ROWS_PER_FILE // 8
 DATA_SUFFIX = ".parquet"
 
 
@@ -181,18 +178,24 @@ class _Rewrite:
         )
         return rows.coalesce(1) if self.batch.single else rows
 
-    def _bucket_width(self) -> int | None:
-        """A one-pass write over current files with an integer first key column: the rows go to
-        the write's tasks by bucket of that column's range (:func:`key_buckets`), not by Spark's
-        range partitioner, whose sample runs the replay and the join once more in a job of its
-        own (0.3-0.5 s of a 1M-event run: bench/NOTES.md, 2026-12-03, night). None otherwise."""
+    def _key_ranges(self) -> Any:
+        """For a one-pass write over current files with an integer first key column: which of the
+        write's tasks takes a row, by range of that column (:func:`task_of_key`), instead of
+        Spark's range partitioner, whose sample runs the replay and the join once more in a job
+        of its own (0.3-0.5 s of a 1M-event run: bench/NOTES.md, 2026-12-03, night). None
+        otherwise."""
         b = self.batch
         if b.final is None or not self.files or b.null_safe:
             return None
         first = b.key_cols[0]
         if not pa.types.is_integer(b.schema.field(first).type):
             return None
-        return key_buckets(self.files, first)
+        span = key_span(self.files, first)
+        if span is None:
+            return None
+        # the tasks of a repartition by column (the setting, or adaptive execution's initial number)
+        tasks = int(self.spark._jsparkSession.sessionState().conf().numShufflePartitions())
+        return task_of_key(self.spark, first, span, tasks)
 
     def _one_file(self, dropped: list[str]) -> bool:
         """Whether the rows to write fit one file, by counts the driver has (the batch's upserts,
@@ -212,8 +215,8 @@ class _Rewrite:
                 rows = rows.coalesce(1)
             elif self._one_file(dropped):
                 rows = rows.repartition(1)
-            elif (width := self._bucket_width()) is not None:
-                rows = rows.repartition(key_bucket(b.key_cols[0], width))
+            elif (task := self._key_ranges()) is not None:
+                rows = rows.repartition(task)
             else:
                 rows = rows.repartitionByRange(*keys)
             rows = rows.sortWithinPartitions(*keys)
@@ -221,21 +224,14 @@ class _Rewrite:
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
 
 
-def key_buckets(files: list[str], column: str) -> int | None:
-    """The width of a bucket of ``column``'s values (an integer column) that holds about
-    :data:`BUCKET_ROWS` of the rows of ``files``, if its keys were spread evenly over their range:
-    from the files' footers (their rows and each row group's minimum and maximum), read by the
-    driver. None without statistics for every row group. Values outside the range (new keys) fall
-    in buckets of the same width. A bucket is a range of keys, and the write keeps each bucket in
-    one task and sorts its rows by key, so nearby keys share a file whatever the buckets' sizes;
-    keys far from even over their range only make the tasks uneven."""
+def key_span(files: list[str], column: str) -> tuple[int, int] | None:
+    """The smallest and largest value of an integer column in ``files``, from their footers (each
+    row group's statistics), read by the driver; None where a row group has none."""
     import pyarrow.parquet as pq
 
     low = high = None
-    rows = 0
     for f in files:
         meta = pq.read_metadata(f)
-        rows += meta.num_rows
         names = [meta.schema.column(i).path for i in range(meta.num_columns)]
         if column not in names:
             return None
@@ -249,22 +245,50 @@ def key_buckets(files: list[str], column: str) -> int | None:
                 return None
             low = stats.min if low is None else min(low, stats.min)
             high = stats.max if high is None else max(high, stats.max)
-    if low is None or high is None or rows == 0:
-        return None
-    return min(MAX_WIDTH, max(1, -(-(int(high) - int(low) + 1) * BUCKET_ROWS // rows)))
+    return None if low is None or high is None else (int(low), int(high))
 
 
-MAX_WIDTH = 2**62  # a bigint literal, whatever the range and the rows
-
-
-def key_bucket(column: str, width: int) -> Any:
-    """The bucket of an integer column's value: the value rounded toward zero to a multiple of
-    ``width`` (the buckets either side of zero are one, twice as wide). Never an overflow, which
-    ANSI mode would fail the job on: a floor of ``value / width`` did at the largest bigints."""
+def task_of_key(spark: Any, column: str, span: tuple[int, int], tasks: int) -> Any:
+    """The partitioning expression that gives the write's ``tasks`` tasks contiguous ranges of an
+    integer column: the values are cut into ranges of ``span``'s width over ``tasks`` (rounded
+    toward zero, so that no subtraction can overflow), and range ``g`` goes to task ``g mod
+    tasks``. Over the current keys each task takes one range (about its share of the rows where
+    the keys are spread evenly); keys beyond them (new ones) take the following ranges in turn.
+    A task sorts its rows by key before the write, so nearby keys share a file as with Spark's
+    range partitioner, and adaptive execution only merges neighbouring tasks. Spark's hash
+    partitioning sends a value to ``pmod(hash(value), tasks)``: each task's range number becomes
+    a value that hashes to that task (:func:`_hashing_to`). None if none is found."""
     from pyspark.sql import functions as F
 
-    value = F.col(_q(column))
-    return value - value % F.lit(width)
+    reps = _hashing_to(spark, tasks)
+    if reps is None:
+        return None
+    low, high = span
+    width = min(MAX_RANGE, max(1, -(-(high - low + 1) // tasks)))
+    task = F.expr(f"CAST(pmod({_q(column)} div {width}, {tasks}) AS INT) + 1")
+    return F.element_at(F.array(*[F.lit(r).cast("bigint") for r in reps]), task)
+
+
+MAX_RANGE = 2**62  # a range's width stays a bigint literal
+_REPS: dict[int, list[int]] = {}
+
+
+def _hashing_to(spark: Any, tasks: int) -> list[int] | None:
+    """For each task ``t`` of a hash partitioning into ``tasks``, a bigint that Spark sends to it
+    (the smallest of 0, 1, 2, ...), found by Spark's own hash on the driver (a local relation: no
+    job). None if the first 64 values per task miss one (murmur3 being even, they do not)."""
+    if tasks not in _REPS:
+        from pyspark.sql import functions as F
+
+        values = pa.table({"v": pa.array(range(64 * tasks), pa.int64())})  # Arrow: a local relation
+        rows = spark.createDataFrame(values).select("v", F.pmod(F.hash("v"), F.lit(tasks)).alias("t")).collect()
+        first: dict[int, int] = {}
+        for r in rows:
+            first.setdefault(r["t"], r["v"])
+        if len(first) < tasks:
+            return None
+        _REPS[tasks] = [first[t] for t in range(tasks)]
+    return _REPS[tasks]
 
 
 def fits_one_file(most: int | None, files: list[str]) -> bool:

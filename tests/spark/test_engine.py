@@ -440,13 +440,12 @@ def test_a_one_pass_batch_shuffles_its_events_once_and_keeps_nearby_keys_togethe
 ) -> None:
     """The one-pass write of a table with an integer key: the final events leave the window
     partitioned as the join needs them (one shuffle of the events, one of the current rows), and
-    its tasks take the rows by bucket of the key's range, not through Spark's range partitioner
-    (whose sample is a job of its own). Nearby keys still share a file: a later batch of ten
-    neighbouring keys rewrites at most two of the table's files."""
+    its tasks take the rows by range of the key (lake.task_of_key), not through Spark's range
+    partitioner (whose sample is a job of its own). Nearby keys still share a file: a later batch
+    of fifty neighbouring keys rewrites at most two of the table's files of 100 rows."""
     from pgrecv.spark import lake
 
     monkeypatch.setattr(lake, "ROWS_PER_FILE", 100)
-    monkeypatch.setattr(lake, "BUCKET_ROWS", 12)
     DataFrame = type(spark.range(1))
     ranged: list[int] = []
     real_range = DataFrame.repartitionByRange
@@ -473,48 +472,66 @@ def test_a_one_pass_batch_shuffles_its_events_once_and_keeps_nearby_keys_togethe
     most += [_insert("t", "0/20000", f"0/{0x11010 + i:X}", f'{{"id":{5000 + i},"v":"new"}}') for i in range(200)]
     near = [
         _change("update", "t", "0/30000", f"0/{0x20010 + i:X}", f'{{"id":{1500 + i * 3},"v":"c"}}', None)
-        for i in range(10)
+        for i in range(50)
     ]
     target = tmp_path / "lake"
     table = target / table_dir_name("public", "t")
     files: list[set[str]] = []
-    for n, (commit, rows) in enumerate((("0/10000", base), ("0/20000", most), ("0/30000", near))):
-        src = _write(tmp_path / f"{n}.jsonl", [rel, *_txn(commit, rows)])
-        s = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
-        assert [(t.status, t.applied_lsn) for t in s.tables] == [("applied", commit)]
-        files.append(_data_files(table, fmt))
-        if n == 0:
-            ranged.clear()  # a new table's first write has no current files to take buckets from
-        if n == 1:
-            assert len(plans) == 1 and ranged == []
+    # four tasks, not merged into one for these few rows, so that hashing the keys would scatter them
+    settings = {"spark.sql.adaptive.coalescePartitions.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+    before = {k: spark.conf.get(k) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        for n, (commit, rows) in enumerate((("0/10000", base), ("0/20000", most), ("0/30000", near))):
+            src = _write(tmp_path / f"{n}.jsonl", [rel, *_txn(commit, rows)])
+            s = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+            assert [(t.status, t.applied_lsn) for t in s.tables] == [("applied", commit)]
+            files.append(_data_files(table, fmt))
+            if n == 0:
+                ranged.clear()  # a new table's first write has no current files to take ranges from
+            if n == 1:
+                assert len(plans) == 1 and ranged == []
+    finally:
+        for k, v in before.items():
+            spark.conf.set(k, v)
     # the join's two shuffles (the current rows, the final events); the window shuffled nothing more
     assert plans[0].count("Exchange hashpartitioning") == 2, plans[0]
     assert len(files[1]) >= 10
     rewritten = files[1] - files[2]
     assert 1 <= len(rewritten) <= 2, (len(rewritten), len(files[1]))
     want = {i * 3: "a" for i in range(1000)} | {i * 3: "b" for i in range(700)} | {5000 + i: "new" for i in range(200)}
-    want |= {1500 + i * 3: "c" for i in range(10)}
+    want |= {1500 + i * 3: "c" for i in range(50)}
     assert {r["id"]: r["v"] for r in _table(target, "t", fmt)} == want
 
 
-def test_key_buckets_are_ranges_and_never_overflow(spark: Any) -> None:
-    """Buckets of the largest and smallest keys of each integer type (ANSI mode fails a job on an
-    overflow: a floor of value / width did at the largest bigints), in key order."""
+def test_each_write_task_takes_ranges_of_the_key(spark: Any) -> None:
+    """task_of_key: over the current keys' span each task takes one range; keys beyond it take
+    the following ranges in turn; the largest and smallest values of each integer type neither
+    overflow (ANSI mode fails a job on that) nor land elsewhere than that rule says."""
+    from pyspark.sql import functions as F
+
     from pgrecv.spark import lake
 
+    def tasks_of(keys: list[int], kind: str, span: tuple[int, int], tasks: int) -> dict[int, int]:
+        frame = spark.createDataFrame([(k,) for k in keys], f"id {kind}")
+        spread = frame.repartition(tasks, lake.task_of_key(spark, "id", span, tasks))
+        return {r["id"]: r["t"] for r in spread.select("id", F.spark_partition_id().alias("t")).collect()}
+
+    got = tasks_of(list(range(1250)), "int", (0, 999), 4)
+    assert got == {k: k // 250 % 4 for k in range(1250)}  # 1000-1249: the fifth range, task 0
     for kind, bits in (("smallint", 16), ("int", 32), ("bigint", 64)):
         top = 2 ** (bits - 1) - 1
-        keys = sorted({-top - 1, -top, -5, -1, 0, 1, 4, 5, top - 1, top})
-        frame = spark.createDataFrame([(k,) for k in keys], f"id {kind}")
-        for width in (1, 3, 5, 2**40, lake.MAX_WIDTH):
-            got = [r[0] for r in frame.select(lake.key_bucket("id", width)).collect()]
-            assert got == [(1 if k >= 0 else -1) * (abs(k) // width * width) for k in keys], (kind, width)
-            assert got == sorted(got)
+        keys = sorted({-top - 1, -top, -5, -1, 0, 1, 4, 5, 700, top - 1, top})
+        for span in ((0, 10), (-top - 1, top), (-5, 700)):
+            width = min(lake.MAX_RANGE, max(1, -(-(span[1] - span[0] + 1) // 3)))
+            want = {k: (1 if k >= 0 else -1) * (abs(k) // width) % 3 for k in keys}  # rounded toward zero
+            assert tasks_of(keys, kind, span, 3) == want, (kind, span)
 
 
-def test_key_buckets_come_from_the_footers(tmp_path: Path) -> None:
-    """About BUCKET_ROWS of the files' rows a bucket, from the range their row groups' statistics
-    give; no bucket width without statistics or without the column."""
+def test_key_span_comes_from_the_footers(tmp_path: Path) -> None:
+    """The smallest and largest key of the files, from their row groups' statistics; None without
+    statistics or without the column."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -524,14 +541,12 @@ def test_key_buckets_come_from_the_footers(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": list(range(0, 1000, 2))}), a, row_group_size=100)
     pq.write_table(pa.table({"id": list(range(-1000, 0))}), b)
     pq.write_table(pa.table({"id": list(range(10))}), c, write_statistics=False)
-    assert lake.key_buckets([str(a)], "id") == -(-999 * lake.BUCKET_ROWS // 500)  # 500 rows over 0..998
-    assert lake.key_buckets([str(a), str(b)], "id") == -(-1999 * lake.BUCKET_ROWS // 1500)  # -1000..998
-    assert lake.key_buckets([str(a), str(c)], "id") is None
-    assert lake.key_buckets([str(a)], "other") is None
-    pq.write_table(pa.table({"id": list(range(10**6))}), b)
-    assert lake.key_buckets([str(b)], "id") == lake.BUCKET_ROWS  # dense keys: the bucket's rows
+    assert lake.key_span([str(a)], "id") == (0, 998)
+    assert lake.key_span([str(a), str(b)], "id") == (-1000, 998)
+    assert lake.key_span([str(a), str(c)], "id") is None
+    assert lake.key_span([str(a)], "other") is None
     pq.write_table(pa.table({"id": pa.array([-(2**63), 2**63 - 1], pa.int64())}), b)
-    assert lake.key_buckets([str(b)], "id") == lake.MAX_WIDTH  # a bigint literal still
+    assert lake.key_span([str(b)], "id") == (-(2**63), 2**63 - 1)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
