@@ -12,7 +12,10 @@ batches of ``--changes`` changes each (default 10k), applied one after the other
 For each batch and format: the bytes of the data files the run wrote (from the filesystem: new
 files of the Parquet version that are not hard links of kept ones; the Delta commit's ``add``
 actions), the table's data bytes before it, and the ratio (the target is ≤ 5% for ``recent``).
+With ``--one-pass-first`` a batch that updates every third row comes first: the one-pass write
+(docs/spark-apply.md) rewrites the whole table, and the two batches then find its layout.
 Usage: bench/spark_apply_bytes.py [--rows 10000000] [--changes 10000] [--format parquet|delta]
+[--one-pass-first]
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ def write_batch(path: Path, rows: int, changes: int, spread: str, first_lsn: int
                     op = "insert" if r < 0.70 else "update" if r < 0.95 else "delete"
                     if op == "insert":
                         k, next_key = next_key, next_key + 1
+                elif spread == "third":  # every third key updated: a batch for the one-pass write
+                    k, op = 3 * (done + i), "update"
                 else:
                     k = rng.randrange(rows)
                     op = "update" if r < 0.8 else "delete"
@@ -95,6 +100,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--changes", type=int, default=10_000)
     ap.add_argument("--format", dest="fmts", action="append", choices=["parquet", "delta"])
+    ap.add_argument(
+        "--one-pass-first",
+        action="store_true",
+        help="before the batches, update every third row (a one-pass write: the files' layout is then its)",
+    )
     args = ap.parse_args()
     fmts = args.fmts or ["parquet", "delta"]
     spark = start_session("local[2]", {})
@@ -107,6 +117,9 @@ def main() -> None:
         for n, spread in enumerate(("recent", "uniform"), start=1):
             batches[spread] = base / f"{spread}.jsonl"
             write_batch(batches[spread], args.rows, args.changes, spread, last + n * (1 << 30), n)
+        third = base / "third.jsonl"
+        if args.one_pass_first:
+            write_batch(third, args.rows, args.rows // 3, "third", last, 0)
         print(f"table of {args.rows:,} rows, batches of {args.changes:,} changes, local[2]", flush=True)
         for fmt in fmts:
             target = base / fmt
@@ -116,6 +129,15 @@ def main() -> None:
             table = target / "public.t"
             size, _ = measure(table)
             print(f"{fmt}: table written in {time.monotonic() - t0:.1f} s, {size / 1e6:.1f} MB of data", flush=True)
+            if args.one_pass_first:
+                t0 = time.monotonic()
+                run_apply(ApplyConfig((str(third),), target, fmt=fmt, engine="delta-rs"), spark=spark)
+                size, _ = measure(table)
+                print(
+                    f"{fmt}: a third of the rows updated (one pass) in {time.monotonic() - t0:.1f} s, "
+                    f"{size / 1e6:.1f} MB of data",
+                    flush=True,
+                )
             for spread, path in batches.items():
                 before, _ = measure(table)
                 t0 = time.monotonic()

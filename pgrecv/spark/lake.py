@@ -226,7 +226,8 @@ class _Rewrite:
 
 def key_span(files: list[str], column: str) -> tuple[int, int] | None:
     """The smallest and largest value of an integer column in ``files``, from their footers (each
-    row group's statistics), read by the driver; None where a row group has none."""
+    row group's statistics), read by the driver; None where a row group has none or a file lacks
+    the column."""
     import pyarrow.parquet as pq
 
     low = high = None

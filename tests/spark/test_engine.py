@@ -428,6 +428,20 @@ def test_a_batch_touching_much_of_the_table_is_applied_in_one_pass(
     assert {r["id"]: r["v"] for r in tables["one"]} == want
 
 
+def _spy_range_partitioner(spark: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Spark's range partitioner, each call noted."""
+    DataFrame = type(spark.range(1))  # PySpark 4's classic DataFrame, which defines the method
+    ranged: list[int] = []
+    real = DataFrame.repartitionByRange
+
+    def spied(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ranged.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DataFrame, "repartitionByRange", spied)
+    return ranged
+
+
 def _data_files(table: Path, fmt: str) -> set[str]:
     if fmt == "delta":
         return set(deltalake.DeltaTable(str(table)).file_uris())
@@ -446,15 +460,7 @@ def test_a_one_pass_batch_shuffles_its_events_once_and_keeps_nearby_keys_togethe
     from pgrecv.spark import lake
 
     monkeypatch.setattr(lake, "ROWS_PER_FILE", 100)
-    DataFrame = type(spark.range(1))
-    ranged: list[int] = []
-    real_range = DataFrame.repartitionByRange
-
-    def spied(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ranged.append(1)
-        return real_range(self, *args, **kwargs)
-
-    monkeypatch.setattr(DataFrame, "repartitionByRange", spied)
+    ranged = _spy_range_partitioner(spark, monkeypatch)
     plans: list[str] = []
     real_write = lake._Rewrite.write
 
@@ -680,15 +686,7 @@ def test_a_small_table_is_written_as_one_file_sorted_by_key(
 
     import pyarrow.parquet as pq
 
-    DataFrame = type(spark.range(1))  # PySpark 4's classic DataFrame, which defines the method
-    ranged: list[int] = []
-    real = DataFrame.repartitionByRange
-
-    def spied(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ranged.append(1)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(DataFrame, "repartitionByRange", spied)
+    ranged = _spy_range_partitioner(spark, monkeypatch)
     rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
     ids = list(range(300))
     random.Random(3).shuffle(ids)
