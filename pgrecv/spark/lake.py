@@ -159,15 +159,10 @@ class _Rewrite:
         return list(self.files), rows
 
     def _final_key_condition(self) -> Any:
-        from pyspark.sql import functions as F
-
         b = self.batch
         if not b.flat_key:
             return key_condition("t", "s._k", b.key_cols, b.null_safe)
-        cond = F.lit(True)
-        for i, k in enumerate(b.key_cols):
-            cond = cond & (F.col(f"t.{_q(k)}") == F.col(f"s._k{i}"))
-        return cond
+        return key_condition("t", "s", b.key_cols, b.null_safe, [f"_k{i}" for i in range(len(b.key_cols))])
 
     def _read(self, files: list[str]) -> Any:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL

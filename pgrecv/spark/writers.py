@@ -74,14 +74,17 @@ def _q(name: str) -> str:
 END_COLS = ("_end_lsn", "_end_change_lsn", "_end_time")  # what closing a history version sets
 
 
-def key_condition(left: str, right: str, key_cols: list[str], null_safe: bool) -> Any:
+def key_condition(
+    left: str, right: str, key_cols: list[str], null_safe: bool, right_cols: list[str] | None = None
+) -> Any:
     """Rows of the aliases ``left`` and ``right`` with equal keys (NULL equal to NULL for REPLICA
-    IDENTITY FULL, whose key is the whole row)."""
+    IDENTITY FULL, whose key is the whole row). ``right_cols``: the right side's names for the
+    key columns, where they differ."""
     from pyspark.sql import functions as F
 
     cond = F.lit(True)
-    for k in key_cols:
-        a, b = F.col(f"{left}.{_q(k)}"), F.col(f"{right}.{_q(k)}")
+    for k, r in zip(key_cols, right_cols or key_cols, strict=True):
+        a, b = F.col(f"{left}.{_q(k)}"), F.col(f"{right}.{_q(r)}")
         cond = cond & (a.eqNullSafe(b) if null_safe else a == b)
     return cond
 
