@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import psycopg
-from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -117,10 +116,9 @@ def main() -> int:
     mixed = args.workload == "mixed"
     rows = args.rows or (300_000 if mixed else 1_000_000)
     install = find_installation(args.version) or max(find_installations(), key=lambda i: i.version)
-    with TempServer(install, settings={"max_wal_size": "4GB"}) as server, tempfile.TemporaryDirectory() as tmp:
+    server = TempServer(install, settings={"max_wal_size": "4GB"}, tcp=args.transport == "tcp")
+    with server, tempfile.TemporaryDirectory() as tmp:
         dsn = server.dsn()
-        if args.transport == "unix":
-            dsn = make_conninfo(dsn, host=str(server.socket_dir))
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(MIXED_TABLE if mixed else TABLE)
             conn.execute("CREATE PUBLICATION pub FOR TABLE bench")

@@ -77,14 +77,33 @@ def pg_server(request: pytest.FixtureRequest) -> Iterator[TempServer]:
     server.stop()
 
 
-@pytest.fixture
-def db_dsn(pg_server: TempServer, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh database for one test, dropped afterwards together with its slots."""
+def _fresh_database(server: TempServer, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]
     name = f"t{next(_db_counter)}_{os.getpid()}_{slug}"[:63]
-    dsn = pg_server.create_database(name)
+    dsn = server.create_database(name)
     yield dsn
-    pg_server.drop_database(name)
+    server.drop_database(name)
+
+
+@pytest.fixture
+def db_dsn(pg_server: TempServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database for one test, dropped afterwards together with its slots (on the
+    server's private Unix socket)."""
+    yield from _fresh_database(pg_server, request)
+
+
+@pytest.fixture(scope="session")
+def tcp_server(pg_server: TempServer) -> Iterator[TempServer]:
+    """A server of ``pg_server``'s version that also listens on 127.0.0.1 (where every role needs
+    its password: the conninfo names the superuser's passfile), for tests of TCP itself."""
+    with TempServer(pg_server.install, tcp=True) as server:
+        yield server
+
+
+@pytest.fixture
+def tcp_dsn(tcp_server: TempServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """:func:`db_dsn` on :func:`tcp_server`: the connection goes over TCP."""
+    yield from _fresh_database(tcp_server, request)
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 
 from pgrecv.pg.server import TempServer
@@ -26,7 +28,8 @@ SHAPES = {
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("command", [["slots"], ["drop", "--slot", "no_such_slot"]])
 def test_password_never_printed(pg_server: TempServer, shape: str, command: list[str]) -> None:
-    dsn = SHAPES[shape].format(s=SECRET, host=pg_server.host, port=pg_server.port)
+    host = pg_server.host if shape.endswith("-kv") or shape.startswith("kv-") else quote(pg_server.host, safe="")
+    dsn = SHAPES[shape].format(s=SECRET, host=host, port=pg_server.port)
     proc = pgrecv("-vv", *command, "-d", dsn)
     out = proc.stdout.decode() + proc.stderr.decode()
     assert out.strip(), "pgrecv said nothing: the test would prove nothing"

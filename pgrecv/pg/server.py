@@ -1,8 +1,12 @@
 """Throwaway PostgreSQL servers for tests, golden-file capture and ``pgrecv demo``.
 
 A :class:`TempServer` is a fresh cluster in a temporary directory, configured for logical
-decoding, listening on 127.0.0.1 with a free port and on a private Unix socket, with ``trust``
-authentication. Stopping it removes every file.
+decoding. By default it listens only on a Unix socket in its own 0700 directory: ``trust`` there
+admits only the server's user and root, the two who can reach the socket (any local user could
+reach 127.0.0.1, and a superuser can run programs as the server's user: ``COPY ... TO PROGRAM``).
+``tcp=True`` adds 127.0.0.1, where every role needs a password (scram-sha-256): the superuser's is
+random, known to this process only, and given to libpq by a 0600 passfile that ``dsn()`` names,
+never on a command line. Stopping it removes every file.
 
 PostgreSQL refuses to run as root, so when we are root the binaries run as an unprivileged user
 (``nobody``, or a system user ``pgrecv`` created on first need) on directories that user owns.
@@ -20,6 +24,7 @@ import importlib.util
 import os
 import pwd
 import re
+import secrets
 import shutil
 import socket
 import stat
@@ -291,6 +296,18 @@ def _gist(text: str) -> str:
 
 
 _templates: dict[tuple[Path, int], Path] = {}
+_password: list[str] = []  # the superuser's password in every cluster of this process (see superuser_password)
+
+
+def superuser_password() -> str:
+    """The random password of ``postgres`` in this process's clusters (set by initdb; TCP asks for
+    it, the private socket does not)."""
+    with _lock:
+        if not _password:
+            _password.append(secrets.token_urlsafe(32))
+        return _password[0]
+
+
 _live: set[TempServer] = set()
 _temp_paths: list[Path] = []
 
@@ -314,6 +331,9 @@ class TempServer:
     data is thrown away anyway and it makes commits cheap. ``env`` adds to the binaries'
     environment (e.g. ``LOCPATH`` for a locale compiled outside the system's, for lc_messages).
 
+    ``tcp`` also listens on 127.0.0.1 (password authentication for every role); :meth:`dsn` then
+    names TCP and the passfile, otherwise the private socket.
+
     ``standby_of`` makes a hot standby of that running server instead of a new cluster: its data
     directory comes from ``pg_basebackup -R`` (streaming from the physical slot ``standby_slot``,
     if given), so it follows the primary until :meth:`promote`.
@@ -329,6 +349,7 @@ class TempServer:
         env: Mapping[str, str] | None = None,
         standby_of: TempServer | None = None,
         standby_slot: str | None = None,
+        tcp: bool = False,
     ) -> None:
         if install is None:
             found = find_installations()
@@ -350,10 +371,10 @@ class TempServer:
         self._env = dict(env or {})
         self._primary = standby_of
         self._standby_slot = standby_slot
+        self.tcp = tcp
         if standby_of is not None and standby_of.install.bin_dir != install.bin_dir:
             raise ServerEnvError("a standby needs the binaries of its primary")
         self.port = 0
-        self.host = HOST
         self._dir: Path | None = None
         self._running = False
 
@@ -387,6 +408,16 @@ class TempServer:
         return self.base_dir
 
     @property
+    def host(self) -> str:
+        """What libpq's ``host`` names: 127.0.0.1 with ``tcp``, else the socket's directory."""
+        return HOST if self.tcp else str(self.socket_dir)
+
+    @property
+    def passfile(self) -> Path:
+        """A libpq password file (0600) with the superuser's password, for TCP."""
+        return self.base_dir / "pgpass"
+
+    @property
     def log_path(self) -> Path:
         return self.base_dir / "server.log"
 
@@ -395,10 +426,12 @@ class TempServer:
         return self._running
 
     def dsn(self, dbname: str = "postgres") -> str:
-        """libpq conninfo for TCP on 127.0.0.1 as the superuser ``postgres``."""
+        """libpq conninfo as the superuser ``postgres``: the private socket, or with ``tcp``
+        127.0.0.1 and the passfile (no password in the text, which may reach a command line)."""
         if not self.port:
             raise ServerEnvError("the server is not started: call start() first")
-        return make_conninfo("", host=self.host, port=str(self.port), user=SUPERUSER, dbname=dbname)
+        extra = {"passfile": str(self.passfile)} if self.tcp else {}
+        return make_conninfo("", host=self.host, port=str(self.port), user=SUPERUSER, dbname=dbname, **extra)
 
     def log_tail(self, lines: int = 20) -> str:
         return _tail(self.log_path, lines) if self._dir is not None else ""
@@ -429,6 +462,7 @@ class TempServer:
             else:
                 self._base_backup(self._primary)
             self._write_hba()
+            self._write(self.passfile, f"*:*:*:{SUPERUSER}:{superuser_password()}\n")
             last = ""
             for _attempt in range(_START_ATTEMPTS):
                 self.port = _free_port()
@@ -603,22 +637,31 @@ class TempServer:
         _temp_paths.append(holder)
         self._chown(holder)
         target = holder / "data"
-        ok, out = self._run(
-            [
-                str(self.bin_dir / "initdb"),
-                "-D",
-                str(target),
-                "-U",
-                SUPERUSER,
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-                "--no-instructions",
-            ]
-        )
+        pwfile = holder / "pwfile"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(superuser_password() + "\n")
+        self._chown(pwfile)
+        try:
+            ok, out = self._run(
+                [
+                    str(self.bin_dir / "initdb"),
+                    "-D",
+                    str(target),
+                    "-U",
+                    SUPERUSER,
+                    f"--pwfile={pwfile}",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                    "--no-instructions",
+                ]
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         if not ok:
             raise ServerEnvError(
                 f"initdb of PostgreSQL {self.version} ({self.bin_dir}) failed: {_gist(out)}", detail=out.strip()[-4000:]
@@ -629,7 +672,7 @@ class TempServer:
 
     def _write_conf(self) -> None:
         settings = {
-            "listen_addresses": HOST,
+            "listen_addresses": HOST if self.tcp else "",
             "port": str(self.port),
             "unix_socket_directories": str(self.socket_dir),
             "wal_level": "logical",
@@ -645,18 +688,22 @@ class TempServer:
         self._write(self.data_dir / "pgrecv.conf", text)
 
     def _write_hba(self) -> None:
+        # trust on the socket only: its directory (0700) lets in no one but the server's user and root
         lines = [
             *self._hba_lines,
             "local all all trust",
             "local replication all trust",
-            f"host all all {HOST}/32 trust",
-            f"host replication all {HOST}/32 trust",
+            f"host all all {HOST}/32 scram-sha-256",
+            f"host replication all {HOST}/32 scram-sha-256",
         ]
         self._write(self.data_dir / "pg_hba.conf", "\n".join(lines) + "\n")
 
     def _write(self, path: Path, text: str) -> None:
-        path.write_text(text)
-        os.chmod(path, 0o600)
+        """A file of ours in the private directory: created (or replaced) 0600 for the server's user."""
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
         self._chown(path)
 
     def _cleanup(self, *, remove: bool = True) -> None:

@@ -253,7 +253,7 @@ def test_password_without_a_terminal_is_read_from_standard_input(pg_server: Temp
     pg_recvlogical do; an input that ends at the prompt is a one-line error, not a traceback."""
     from psycopg.conninfo import make_conninfo
 
-    hba = ["host all alice 127.0.0.1/32 scram-sha-256"]
+    hba = ["local all alice scram-sha-256"]
     with TempServer(pg_server.install, hba_lines=hba) as server:
         with psycopg.connect(server.dsn(), autocommit=True) as conn:
             conn.execute("CREATE ROLE alice LOGIN PASSWORD 'Piped-s3cret'")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
+import stat
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -92,7 +95,7 @@ def test_start_restart_stop(pg_server: TempServer) -> None:
     server = TempServer(pg_server.install, settings={"max_replication_slots": "7", "pgrecv.marker": "it's \\ ok"})
     with server:
         base, port = server.base_dir, server.port
-        assert _port_open(port)
+        assert (server.socket_dir / f".s.PGSQL.{port}").is_socket()
         assert _show(server.dsn(), "max_replication_slots") == "7"
         assert _show(server.dsn(), "pgrecv.marker") == "it's \\ ok"
         dsn = server.create_database("kept")
@@ -106,7 +109,6 @@ def test_start_restart_stop(pg_server: TempServer) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             assert conn.execute("SELECT v FROM t").fetchone() == (42,)
     assert not base.exists()
-    assert not _port_open(port)
     server.stop()  # twice is fine
 
 
@@ -116,7 +118,7 @@ def test_fsync_on_when_asked(pg_server: TempServer) -> None:
 
 
 def test_password_auth_through_hba_lines(pg_server: TempServer) -> None:
-    lines = ["host all alice 127.0.0.1/32 scram-sha-256", "host replication alice 127.0.0.1/32 scram-sha-256"]
+    lines = ["local all alice scram-sha-256", "local replication alice scram-sha-256"]
     with TempServer(pg_server.install, hba_lines=lines) as server:
         with psycopg.connect(server.dsn(), autocommit=True) as conn:
             conn.execute("CREATE ROLE alice LOGIN REPLICATION PASSWORD 's3cret'")
@@ -128,6 +130,50 @@ def test_password_auth_through_hba_lines(pg_server: TempServer) -> None:
             make_conninfo(alice, password="s3cret"), autocommit=True, replication="database", prepare_threshold=None
         ) as conn:
             assert conn.execute("IDENTIFY_SYSTEM").fetchone() is not None
+
+
+def _other_user(server: TempServer) -> int | None:
+    """A local account that is neither root nor the server's (None when we cannot switch users)."""
+    if os.geteuid() != 0:
+        return None
+    taken = {0, server.run_as.uid if server.run_as else 0}
+    return next(pw.pw_uid for name in ("daemon", "bin", "sys") if (pw := pwd.getpwnam(name)).pw_uid not in taken)
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["socket", "tcp"])
+def test_no_other_local_user_gets_in(pg_server: TempServer, tcp: bool) -> None:
+    """Another local account cannot log in, neither on 127.0.0.1 nor through the socket: a
+    superuser session would run its programs as the server's user (COPY ... TO PROGRAM). The
+    socket's directory is private, TCP (only when asked for) wants the superuser's random
+    password, which only the 0600 passfile holds: it is nowhere in the conninfo's text."""
+    uid = None
+    with TempServer(pg_server.install, tcp=tcp) as server:
+        assert stat.S_IMODE(server.socket_dir.stat().st_mode) == 0o700
+        assert _show(server.dsn(), "listen_addresses") == ("127.0.0.1" if tcp else "")
+        assert _port_open(server.port) == tcp
+        if tcp:
+            assert stat.S_IMODE(server.passfile.stat().st_mode) == 0o600
+            assert "password" not in server.dsn()
+        drop = Path(tempfile.mkdtemp(prefix="pgrecv-c1-"))
+        drop.chmod(0o1777)
+        try:
+            uid = _other_user(server)
+            hosts = ["127.0.0.1"] + ([str(server.socket_dir)] if uid is not None else [])
+            for host in hosts:
+                proc = subprocess.run(
+                    [str(server.bin_dir / "psql"), "-X", "-w", "-h", host, "-p", str(server.port), "-U", "postgres",
+                     "-d", "postgres", "-c", f"COPY (SELECT 1) TO PROGRAM 'id > {drop}/proof'"],
+                    capture_output=True, text=True, timeout=60, user=uid, cwd="/",
+                    env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PGPASSFILE": "/nonexistent", "LC_ALL": "C"},
+                )  # fmt: skip
+                assert proc.returncode == 2, (host, proc.stdout, proc.stderr)
+                expected = {"127.0.0.1": "password" if tcp else "connection refused"}.get(host, "permission denied")
+                assert expected in proc.stderr.lower(), (host, proc.stderr)
+            assert not (drop / "proof").exists()
+        finally:
+            shutil.rmtree(drop)
+    if os.geteuid() == 0:
+        assert uid is not None  # as root (CI), the socket was tried by another account too
 
 
 def test_start_failure_names_the_cause_and_cleans_up(pg_server: TempServer) -> None:

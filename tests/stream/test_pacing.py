@@ -134,17 +134,17 @@ def _receive_buffer(rc: ReplicationConnection) -> tuple[int, int]:
     )
 
 
-def test_to_this_host_the_receive_buffer_is_fixed(db_dsn: str) -> None:
+def test_to_this_host_the_receive_buffer_is_fixed(tcp_dsn: str) -> None:
     from pgrecv.stream.pacing import RECEIVE_BUFFER
 
-    assert "host=127.0.0.1" in db_dsn
+    assert "host=127.0.0.1" in tcp_dsn
     rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
     fixed = 2 * min(RECEIVE_BUFFER, rmem_max)  # what Linux makes of SO_RCVBUF
-    rc = _pausing(db_dsn, "pacing_fixed")
+    rc = _pausing(tcp_dsn, "pacing_fixed")
     try:
         assert _receive_buffer(rc) == (fixed, 1)
         # 8 MB through it, read as fast as it comes: autotuning would have grown the buffer
-        sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 400) FROM generate_series(1, 20000) g")
+        sql(tcp_dsn, "INSERT INTO pacing SELECT g, repeat('x', 400) FROM generate_series(1, 20000) g")
         got = 0
         while got < 20000:
             rc.wait(1.0)
@@ -154,11 +154,11 @@ def test_to_this_host_the_receive_buffer_is_fixed(db_dsn: str) -> None:
         rc.close()
 
 
-def test_to_another_host_a_stream_starts_with_room_to_pause(db_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_to_another_host_a_stream_starts_with_room_to_pause(tcp_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from pgrecv.stream.pacing import RECEIVE_BUFFER
 
     monkeypatch.setattr("pgrecv.stream.connection.same_host", lambda local, peer: False)
-    rc = _pausing(db_dsn, "pacing_room")
+    rc = _pausing(tcp_dsn, "pacing_room")
     try:
         buffer, mark = _receive_buffer(rc)
         assert buffer >= 2 * RECEIVE_BUFFER and mark == 1  # grown, and autotuning goes on from there
@@ -185,20 +185,20 @@ def test_same_host(local: str, peer: str, same: bool) -> None:
     assert same_host(local, peer) is same
 
 
-def test_over_tcp_a_pause_sleeps_then_reads_what_gathered(db_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_over_tcp_a_pause_sleeps_then_reads_what_gathered(tcp_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
     monkeypatch.setattr("pgrecv.stream.connection.PAUSE_SECONDS", 0.3)
     monkeypatch.setattr("pgrecv.stream.connection.GATHER_SECONDS", 5.0)
-    rc = _pausing(db_dsn, "pacing_sleep")
+    rc = _pausing(tcp_dsn, "pacing_sleep")
     try:
-        sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(1, 2000) g")
+        sql(tcp_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(1, 2000) g")
         time.sleep(0.5)  # far more than GATHER_BYTES buffered by now
         started = time.monotonic()
         rc.pause(latency=False)
         assert time.monotonic() - started >= 0.3  # a sleep, however much is buffered
         assert b"w" in _drain(rc)  # and then what was buffered is read
-        sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(2001, 4000) g")
+        sql(tcp_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(2001, 4000) g")
         time.sleep(0.5)
         started = time.monotonic()
         rc.pause(latency=True)  # where latency counts: the short wait, over at once with the bytes there
@@ -209,15 +209,15 @@ def test_over_tcp_a_pause_sleeps_then_reads_what_gathered(db_dsn: str, monkeypat
 
 
 def test_the_short_pause_waits_for_its_bytes_then_every_wait_wakes_for_one_byte(
-    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+    tcp_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import socket
     import time
 
     monkeypatch.setattr("pgrecv.stream.connection.GATHER_SECONDS", 0.3)
-    rc = _pausing(db_dsn, "pacing_gather")
+    rc = _pausing(tcp_dsn, "pacing_gather")
     try:
-        sql(db_dsn, "INSERT INTO pacing VALUES (1, 'a')")  # a few hundred bytes: below the 64 KiB mark
+        sql(tcp_dsn, "INSERT INTO pacing VALUES (1, 'a')")  # a few hundred bytes: below the 64 KiB mark
         time.sleep(0.5)  # sent by now
         started = time.monotonic()
         rc.pause(latency=True)
@@ -226,7 +226,7 @@ def test_the_short_pause_waits_for_its_bytes_then_every_wait_wakes_for_one_byte(
         assert rc._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
         assert b"w" in _drain(rc)  # what was buffered was read
         monkeypatch.setattr("pgrecv.stream.connection.GATHER_SECONDS", 5.0)
-        sql(db_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(2, 2000) g")
+        sql(tcp_dsn, "INSERT INTO pacing SELECT g, repeat('x', 200) FROM generate_series(2, 2000) g")
         started = time.monotonic()
         rc.pause(latency=True)
         assert time.monotonic() - started < 4  # GATHER_BYTES arrived long before the timeout

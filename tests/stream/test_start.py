@@ -461,7 +461,7 @@ def test_password_is_asked_once_across_reconnects(pg_server: Any, tmp_path: Path
 
     from pgrecv.pg.server import TempServer
 
-    hba = ["host all alice 127.0.0.1/32 scram-sha-256", "host replication alice 127.0.0.1/32 scram-sha-256"]
+    hba = ["local all alice scram-sha-256", "local replication alice scram-sha-256"]
     with TempServer(pg_server.install, hba_lines=hba) as server:
         dsn = server.dsn()
         sql(dsn, "CREATE ROLE alice LOGIN REPLICATION PASSWORD 'Typed-s3cret'")
