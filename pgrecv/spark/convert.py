@@ -15,10 +15,12 @@ JSON scanner in an Arrow-batched UDF: the one rule here that Spark SQL cannot ex
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
 
+from pgrecv.spark.source import JSON_LIMITS
 from pgrecv.spark.types import ColumnType, spark_ddl
 
 _INT_TYPES = {
@@ -92,7 +94,7 @@ def _array(raw: Any, ct: ColumnType) -> tuple[Any, Any]:
     element = column_type(ct.pg_type[:-2], -1)
     if element.is_json or pa.types.is_list(element.arrow):
         element = ColumnType(element.pg_type, pa.string(), None)
-    elements = F.from_json(raw, "array<string>")
+    elements = F.from_json(raw, "array<string>", JSON_LIMITS)
     typed = F.transform(elements, lambda x: scalar(x, element)[0])
     ok_each = F.forall(elements, lambda x: x.isNull() | (~x.startswith("[") & scalar(x, element)[1]))
     ok = raw.isNull() | (elements.isNotNull() & ok_each)
@@ -101,9 +103,10 @@ def _array(raw: Any, ct: ColumnType) -> tuple[Any, Any]:
 
 # --- json/jsonb: exact member text ----------------------------------------------------------------
 
-_SCAN = json.JSONDecoder(parse_int=lambda s: None, parse_float=lambda s: None, parse_constant=lambda s: None)
 _scanstring: Any = json.decoder.scanstring  # type: ignore[attr-defined]
 _WS = " \t\n\r"
+_STRUCTURE = re.compile(r'["\[\]{}]')  # what a value's end depends on, inside an array or object
+_SCALAR_END = re.compile(r"[,}\]\s]|$")
 
 
 def member_text(text: str | None, name: str) -> str | None:
@@ -132,12 +135,37 @@ def _member(text: str, name: str) -> str | None:
         key, i = _scanstring(text, i + 1)
         while text[i] in _WS or text[i] == ":":
             i += 1
-        _value, end = _SCAN.raw_decode(text, i)
+        end = _value_end(text, i)
         if key == name:
             out = text[i:end]
             return None if out == "null" else out
         i = end
     return None
+
+
+def _value_end(text: str, i: int) -> int:
+    """Where the JSON value at ``i`` ends. Without recursion (jsonb nests thousands deep, past
+    Python's recursion limit) and without checking it: the JSON reader parsed the image already."""
+    if text[i] == '"':
+        return int(_scanstring(text, i + 1)[1])
+    if text[i] not in "[{":
+        match = _SCALAR_END.search(text, i + 1)
+        assert match is not None  # the pattern matches at the end of the text
+        return match.start()
+    depth = 0
+    while True:
+        match = _STRUCTURE.search(text, i)
+        if match is None:
+            raise ValueError("unterminated JSON value")
+        i = match.start()
+        c = text[i]
+        if c == '"':
+            i = _scanstring(text, i + 1)[1]
+            continue
+        depth += 1 if c in "[{" else -1
+        i += 1
+        if depth == 0:
+            return i
 
 
 def json_member(raw_image: Any, name: str) -> Any:

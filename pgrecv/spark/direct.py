@@ -33,10 +33,12 @@ from pgrecv.output.format import FORMAT_VERSION
 from pgrecv.spark import replay as rp
 from pgrecv.spark.source import (
     ENVELOPE_FIELDS,
+    JSON_LIMITS,
     LSN_FIELDS,
     LSN_PATTERN,
     _spelling,
     _urls,
+    json_read,
     literal_read,
     lsn_expr,
 )
@@ -132,7 +134,7 @@ class Plain:
         # value of the wrong type fails the job); otherwise only what the replay reads
         wanted = [f for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"] if lean else CHANGE_FIELDS
         fields = [f if images is None or _name(f) not in ("new", "old") else f"{_name(f)} {images}" for f in wanted]
-        reader = literal_read(self.spark).schema(", ".join(fields))
+        reader = json_read(self.spark).schema(", ".join(fields))
         lines = (reader.option("mode", "FAILFAST") if lean else reader).json(self.urls)
         # checked by the first pass (or the lean read's check): no pattern to match again
         lsns = {n: lsn_expr(F.col(n), checked=True) for n in LSN_FIELDS}
@@ -251,7 +253,7 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     urls = _urls(files, links)
     rank = {_spelling(spark, u): i for i, u in enumerate(urls)}
     narrow = (
-        literal_read(spark)
+        json_read(spark)
         .schema(NARROW)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt")
@@ -426,7 +428,7 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
         .text(urls)
         .where(~skip & (F.trim(text) != ""))
         .select(
-            F.from_json(text, NARROW.replace(", _corrupt string", ""), {"mode": "FAILFAST"}).alias("_j"),
+            F.from_json(text, NARROW.replace(", _corrupt string", ""), {"mode": "FAILFAST", **JSON_LIMITS}).alias("_j"),
             F.col("_metadata.file_path").alias("_f"),
             F.col("_metadata.file_block_start").alias("_b"),
         )

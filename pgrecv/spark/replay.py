@@ -22,6 +22,7 @@ from typing import Any
 
 from pgrecv.errors import InputError
 from pgrecv.spark.convert import json_member, scalar
+from pgrecv.spark.source import JSON_LIMITS
 from pgrecv.spark.types import ColumnType
 
 ROW_OPS = ("insert", "update", "delete")
@@ -405,7 +406,9 @@ def parse_images(rows: Any, plan: TablePlan, images: tuple[str, ...] = ("new", "
         "*",
         *[
             (
-                F.col(i) if isinstance(rows.schema[i].dataType, StructType) else F.from_json(F.col(i), texts_type(plan))
+                F.col(i)
+                if isinstance(rows.schema[i].dataType, StructType)
+                else F.from_json(F.col(i), texts_type(plan), JSON_LIMITS)
             ).alias(f"_{i}_t")
             for i in images
         ],
@@ -420,9 +423,12 @@ def image_texts(image: str, plan: TablePlan, json_nulls: Any) -> dict[str, Any]:
     for n in plan.columns:
         text = parsed[n]
         if plan.columns[n].is_json:
+            # cut from the image's text alone: ``from_json`` leaves a member nested deeper than
+            # 1,000 levels NULL whatever its options (the JSON reader itself does not)
+            text = json_member(F.col(image), n)
             text = F.when(
                 text.isNull() & F.coalesce(F.array_contains(json_nulls, n), F.lit(False)), F.lit("null")
-            ).otherwise(F.when(text.isNotNull(), json_member(F.col(image), n)))
+            ).otherwise(text)
         out[n] = text
     return out
 

@@ -109,7 +109,7 @@ def read_records(
         return Records(None, files)
     urls = _urls(ordered, links)
     df = (
-        literal_read(spark)
+        json_read(spark)
         .schema(ENVELOPE)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt")
@@ -138,6 +138,20 @@ def read_records(
         df.write.mode("error").parquet(file_url(stage))
         df = literal_read(spark).parquet(file_url(stage))
     return Records(df, files)
+
+
+# Jackson's default limits under Spark's JSON reader and ``from_json``: a string of 20,000,000
+# characters, a number of 1,000 digits, 1,000 levels of nesting. PostgreSQL's values go far past
+# them (a text or bytea of up to 1 GB, jsonb numbers of 131,072 digits, jsonb nested thousands
+# deep), and Spark's permissive parsing then nulls the whole record, which dropped the row (issue
+# 54, H1). Every JSON parse of change data takes these options (:func:`json_read`, and
+# ``from_json(..., JSON_LIMITS)``), so that every pass reads the same lines whole.
+JSON_LIMITS = {name: str(2**31 - 1) for name in ("maxStringLen", "maxNumLen", "maxNestingDepth")}
+
+
+def json_read(spark: Any) -> Any:
+    """:func:`literal_read` for JSON lines, without Jackson's limits (:data:`JSON_LIMITS`)."""
+    return literal_read(spark).options(**JSON_LIMITS)
 
 
 def literal_read(spark: Any) -> Any:

@@ -154,3 +154,18 @@ def test_member_text_of_what_is_not_an_object_is_none() -> None:
     assert member_text('{"a":null}', "a") is None
     for text in ("not an object", "[1]", "12", '{"a": "unterminated', "{"):
         assert member_text(text, "a") is None, text
+
+
+def test_member_text_of_deep_values_and_brackets_in_strings() -> None:
+    """A member nested thousands deep (jsonb allows it; Python's recursive decoder stopped at
+    about 1,000 levels, failing the task), brackets and quotes inside strings, each member whole."""
+    from pgrecv.spark.convert import member_text
+
+    deep = "[" * 5000 + '"]"' + "]" * 5000
+    text = f'{{"s": "a]\\"}}[", "d": {deep}, "o": {{"x": ["}}", {{"y": null}}]}}, "n": -1.5e3 , "t":true}}'
+    assert member_text(text, "s") == '"a]\\"}["'
+    assert member_text(text, "d") == deep
+    assert member_text(text, "o") == '{"x": ["}", {"y": null}]}'
+    assert member_text(text, "n") == "-1.5e3"
+    assert member_text(text, "t") == "true"
+    assert member_text('{"a": [1, [2}', "a") is None
