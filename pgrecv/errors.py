@@ -47,6 +47,11 @@ class ExitCode(IntEnum):
         " value and the fix; they keep their position), every other table was applied",
     )
     SPARK = 16, "`spark-apply`: Spark did not start (`--master`, `--conf`, no Java); its reason follows"
+    FOREIGN_OUTPUT = (
+        17,
+        "`start`: the output directory holds another stream's output (another slot, database or server),"
+        " or a file pgrecv did not write there (nothing confirmed)",
+    )
     INTERRUPTED = 130, "interrupted by SIGINT before finishing"
 
 
@@ -129,6 +134,13 @@ class SparkStartError(PgrecvError):
     """Spark could not start: a bad ``--master`` or ``--conf``, or no Java."""
 
     exit_code = ExitCode.SPARK
+
+
+class ForeignOutput(PgrecvError):
+    """An output directory written for another stream (slot, database, server), or holding a file
+    that is not what its name claims: resuming from it would skip changes this stream never wrote."""
+
+    exit_code = ExitCode.FOREIGN_OUTPUT
 
 
 class StreamLost(PgrecvError):

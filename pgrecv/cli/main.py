@@ -517,7 +517,10 @@ def start(
     server sent in this run, are ever confirmed. A start position (-I) ahead of the server's WAL, or
     an output record (state file, file name) claiming changes past it, is refused before the slot is
     touched (exit 13, nothing confirmed); records that do not parse or overlap are refused with
-    exit 8.
+    exit 8. An --output-dir records whose stream it holds (slot, database, the server's system
+    identifier) and each file before it appears: another stream's directory, or a non-empty file
+    past that record (without one: a file that does not end with the transaction its name
+    claims), is refused with exit 17, nothing confirmed. Give each slot its own --output-dir.
 
     Synchronous standby: with --synchronous the output is made durable and reported at every
     transaction boundary; commits that arrive together share one fsync and one status update. Name

@@ -652,6 +652,29 @@ _UNIT_ENDS: Final[dict[str, tuple[str, str]]] = {
 }
 
 
+def unit_end(line: bytes) -> tuple[int, int] | None:
+    """(commit LSN, end LSN) of a record that ends a unit (as :func:`last_unit_end` takes it;
+    a non-transactional message counts), or None for any other line."""
+    try:
+        rec = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(rec, dict) or rec.get("v") != FORMAT_VERSION:
+        return None
+    op = rec.get("op")
+    fields = _UNIT_ENDS.get(op) if isinstance(op, str) else None
+    if fields is None and op == "message" and rec.get("transactional") is False:
+        fields = ("lsn", "lsn")
+    if fields is None:
+        return None
+    try:
+        commit = int(LSN.parse(rec[fields[0]]))
+        end = rec.get(fields[1])
+        return commit, commit if end is None else int(LSN.parse(end))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def last_unit_end(lines: BinaryIO) -> tuple[int, int, int] | None:
     """(bytes read up to the end of the last whole unit, its commit LSN, its end LSN), or None.
 

@@ -40,14 +40,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from pgrecv.errors import OutputError, UsageError
+from pgrecv.errors import ForeignOutput, OutputError, UsageError
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.output.files import (
     DIR_MODE,
     FILE_MODE,
     FINAL_RE,
+    LEFTOVER_RE,
     LOCK_NAME,
     LOOKS_FINAL_RE,
+    MANIFEST_SUFFIX,
+    SNAPSHOT_FILE_RE,
     STATE_NAME,
     TMP_PREFIX,
     TMP_SUFFIX,
@@ -66,6 +69,10 @@ if TYPE_CHECKING:
 
 BUFFER_SIZE = 1 << 17
 STATE_VERSION = 1
+# `--output-dir`'s state from version 2 on records whose stream the directory holds (:class:`Owner`)
+# and each file before it is published, so that a file past the record is never pgrecv's.
+# Version 1 (no owner, files recorded after publishing) is still read: :meth:`DirSink._recover`.
+DIR_STATE_VERSION = 2
 # `-f`'s state file is one record padded to this size and rewritten in place (pwrite + fdatasync):
 # within one disk sector, as PostgreSQL's own pg_control is, so a crash leaves the old record or
 # the new one. Replacing the file by rename cost three fsyncs and a directory fsync per update.
@@ -80,6 +87,21 @@ STATE_SYNC_AGE = 1.0
 WRITEBACK_BYTES = 4 << 20
 TAILS = ("jsonl",)  # output formats whose whole units a restart can find by reading the lines
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The stream an output directory holds: the slot, its database and the server's system
+    identifier (IDENTIFY_SYSTEM; a promoted standby keeps its primary's). Recorded in
+    ``DIR/.pgrecv-state``: a directory shared by two slots made the second skip, and confirm,
+    changes it never wrote."""
+
+    slot: str
+    database: str
+    system_identifier: str
+
+    def describe(self) -> str:
+        return f'slot "{self.slot}" of database "{self.database}" (server system identifier {self.system_identifier})'
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +313,13 @@ class Sink(ABC):
 
     def tick(self, now: float) -> None:  # noqa: B027 - optional hook
         """Periodic and cheap; ``now`` is ``time.monotonic()``."""
+
+    def check_owner(self, owner: Owner) -> None:  # noqa: B027 - optional hook
+        """Refuse an output that holds another stream's records (:class:`ForeignOutput`); called
+        once connected, before the slot is touched. Only ``--output-dir`` records its owner."""
+
+    def record_owner(self) -> None:  # noqa: B027 - optional hook
+        """Record the owner :meth:`check_owner` accepted, once the start positions are checked."""
 
     def reopen(self) -> None:  # noqa: B027 - optional hook
         """SIGHUP."""
@@ -620,14 +649,20 @@ class DirSink(_BufferedSink):
     :meth:`tick`, or SIGHUP) finds a unit half-written, the file is finished at that unit's
     boundary instead, never split.
 
-    Resume: the greatest LAST among final names, and the state file ``DIR/.pgrecv-state`` (the
-    last finished file's commit and end LSN, replaced after the rename is durable), whichever is
-    further: consumers may take files away, the state stays. A final name must parse, and no two
-    files' LSN ranges may overlap: anything else is an error naming the file, since resuming after
-    a stray or hand-edited name would skip data. Temporary files left by a crash are deleted at
-    :meth:`open` (only names pgrecv makes, only regular files of ours); what they held was never
-    confirmed. An advisory lock on
-    ``DIR/.pgrecv.lock`` keeps a second pgrecv out.
+    Resume: the state file ``DIR/.pgrecv-state`` (version 2): whose stream the directory holds
+    (:class:`Owner`, checked by :meth:`check_owner`: a directory shared by two slots would make the
+    second skip what the first wrote) and the commit and end LSN of the last finished file. It is
+    rewritten *before* each rename, naming the file and its temporary name, so a file that
+    appears under a final name is always on record; a crash between the two is completed at the
+    next :meth:`open` (the rename is done then). Consumers may take files away: the state stays.
+    So a non-empty file whose name reaches past the state is not this stream's, and is refused
+    (:class:`ForeignOutput`) rather than resumed after. A version-1 state (earlier pgrecv, no
+    owner, files recorded after the rename) or none: the greatest LAST among final names counts
+    too, and the newest file must then end with the unit its name claims (pgrecv's JSONL), or be
+    a snapshot its manifest vouches for. A final name must parse, and no two files' LSN ranges
+    may overlap: anything else is an error naming the file. Temporary files left by a crash are
+    deleted at :meth:`open` (only names pgrecv makes, only regular files of ours); what they held
+    was never confirmed. An advisory lock on ``DIR/.pgrecv.lock`` keeps a second pgrecv out.
     """
 
     STATE_NAME = STATE_NAME
@@ -665,6 +700,10 @@ class DirSink(_BufferedSink):
         self._final_name: str | None = None
         self._state_end: int | None = None  # end LSN last written to the state file
         self._run_end: int | None = None  # end LSN of the last unit this run made final
+        # whose stream this is: as recorded in the state, as vouched by a snapshot's manifest, as given
+        self._owner: Owner | None = None
+        self._manifest: tuple[Path, str] | None = None  # (manifest, its slot) of a snapshot without a v2 state
+        self._claimed: Owner | None = None
 
     # opening
 
@@ -688,32 +727,130 @@ class DirSink(_BufferedSink):
 
     def _recover(self) -> Resume:
         d = self.directory
+        state_path = d / self.STATE_NAME
+        state = _read_state(state_path, what=d, has_offset=False, versions=(STATE_VERSION, DIR_STATE_VERSION))
+        recorded = state is not None and state["version"] == DIR_STATE_VERSION  # every file on record
         try:
+            if recorded:
+                assert state is not None
+                self._complete_rename(state)
             remove_leftovers(d)  # a crash's (this sink's or pgrecv snapshot's), never confirmed
             ranges = _final_ranges(d)
         except OSError as exc:
             raise output_error(exc, d, "read the output directory") from None
         newest = max(ranges, default=None, key=lambda r: r[1])
-        state_path = d / self.STATE_NAME
-        state = _read_state(state_path, what=d, has_offset=False)
         commit: int | None = None
         end: int | None = None
         source: str | None = None
-        if state is not None and state["commit_lsn"] is not None:
-            commit, end, source = state["commit_lsn"], state["end_lsn"], str(state_path)
-            self._final_name = state.get("file")
+        if state is not None:
+            self._owner = state.get("owner")
+            if state["commit_lsn"] is not None:
+                commit, end, source = state["commit_lsn"], state["end_lsn"], str(state_path)
+                self._final_name = state.get("file")
         empty = False
         if newest is not None and (commit is None or newest[1] > commit):
-            commit, end = newest[1], None  # finished after the state was last written: end unknown
-            self._final_name, source = newest[2], str(d / newest[2])
+            path = d / newest[2]
             try:
-                empty = (d / newest[2]).stat().st_size == 0
+                empty = path.lstat().st_size == 0
             except OSError as exc:
-                raise output_error(exc, d / newest[2], "read") from None
-        self._final_commit, self._final_end, self._state_end = commit, end, end
+                raise output_error(exc, path, "read") from None
+            if not empty:  # an empty one is judged against the slot (Streamer._check_positions)
+                if recorded:
+                    on_record = f"what {state_path} records ({lsn_str(commit)})" if commit is not None else None
+                    raise ForeignOutput(
+                        f"{path} reaches past {on_record or f'the start of the stream {state_path} records'}; "
+                        "pgrecv records each file there before publishing it, so this one is not from this "
+                        "stream; nothing was confirmed: move it out of the directory and run again"
+                    )
+                self._vouch(path, newest[1], on_record=state is not None)
+            commit, end = newest[1], None  # finished after the state was last written: end unknown
+            self._final_name, source = newest[2], str(path)
+        if commit is not None and end is None:
+            # known from a name only: a state recording it says where to start, commit + 1 (written
+            # with the owner, once the positions are checked: never by a run that was refused)
+            self._final_end = commit + 1
+        else:
+            self._final_end = end
+        self._final_commit, self._state_end = commit, self._final_end
         if commit is not None:
             self._max_commit = commit
         return Resume(commit, end, source, empty_source=empty)
+
+    def _complete_rename(self, state: dict[str, Any]) -> None:
+        """A crash between recording a file (its temporary name, its size) and renaming it: the
+        state already counts it, so the rename is done now. The file may also be gone because a
+        consumer took it, or the temporary name reused by a newer part: then nothing is done."""
+        part, name, size = state.get("part"), state.get("file"), state.get("size")
+        if part is None or name is None:
+            return
+        tmp, final = self.directory / part, self.directory / name
+        try:
+            st = tmp.lstat()
+        except FileNotFoundError:
+            return
+        if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size == size):
+            return
+        if os.path.lexists(final):
+            return
+        os.rename(tmp, final)
+        fsync_dir(self.directory)
+
+    def _vouch(self, path: Path, last: int, *, on_record: bool) -> None:
+        """The newest file of a directory without a version-2 state must be what its name says:
+        a snapshot whose manifest names it (its slot is checked by :meth:`check_owner`), or
+        pgrecv JSONL ending with the unit whose commit LSN its name claims. Anything else (a
+        stray file, another format that cannot be read back) would move the resume position by
+        a name alone."""
+        name = path.name
+        why: str
+        if name.endswith(MANIFEST_SUFFIX) or SNAPSHOT_FILE_RE.fullmatch(name):
+            manifest = path.with_name(name[: 2 * 16 + 1] + MANIFEST_SUFFIX)
+            slot = _manifest_slot(manifest, last)
+            if slot is not None:
+                self._manifest = (manifest, slot)
+                return
+            why = f"no manifest {manifest.name} for that position vouches for it (an incomplete snapshot?)"
+        elif FINAL_RE.fullmatch(name) and name.endswith(".jsonl") and name.count(".") == 1:
+            from pgrecv.output.jsonl import unit_end
+
+            try:
+                found = unit_end(_last_line(path))
+            except OSError as exc:
+                raise output_error(exc, path, "read") from None
+            if found is not None and found[0] == last:
+                return
+            claimed = lsn_str(last)
+            why = f"it does not end with the transaction its name claims ({claimed})"
+        else:
+            why = "pgrecv cannot read back that its last unit is the one its name claims"
+        state = self.directory / self.STATE_NAME
+        unrecorded = f"past what {state} records" if on_record else f"not recorded ({state} is missing)"
+        raise ForeignOutput(
+            f"{path} is {unrecorded} and {why}: it is not this stream's output; nothing was "
+            "confirmed: move it out of the directory and run again"
+        )
+
+    def check_owner(self, owner: Owner) -> None:
+        state = self.directory / self.STATE_NAME
+        if self._owner is not None and self._owner != owner:
+            raise ForeignOutput(
+                f"{state} says {self.directory} holds the output of {self._owner.describe()}, not of "
+                f"{owner.describe()}: resuming there would skip changes; nothing was confirmed: "
+                "give each slot an --output-dir of its own"
+            )
+        if self._manifest is not None and self._manifest[1] != owner.slot:
+            raise ForeignOutput(
+                f'{self._manifest[0]} is a snapshot for slot "{self._manifest[1]}", not "{owner.slot}": '
+                "resuming there would skip changes; nothing was confirmed: give each slot an --output-dir of its own"
+            )
+        self._claimed = owner
+
+    def record_owner(self) -> None:
+        owner = self._claimed
+        if owner is None or owner == self._owner:
+            return
+        self._owner = owner
+        self._write_state(self._final_commit, self._final_end, self._final_name)
 
     def _new_file(self) -> None:
         try:
@@ -760,15 +897,26 @@ class DirSink(_BufferedSink):
         if self._first is not None:
             self._rotate_soon()
         if self._final_end is not None and self._final_end != self._state_end:
-            doc: dict[str, Any] = {
-                "version": STATE_VERSION,
-                "commit_lsn": lsn_str(self._final_commit or 0),
-                "end_lsn": lsn_str(self._final_end),
-                "file": self._final_name,
-            }
-            self._state.write(doc)
-            self._state_end = self._final_end
+            self._write_state(self._final_commit or 0, self._final_end, self._final_name)
         return self._run_end
+
+    def _write_state(
+        self, commit: int | None, end: int | None, name: str | None, part: str | None = None, size: int = 0
+    ) -> None:
+        """The state, made durable: where the output ends, the last file (``part``: the temporary
+        name it is about to be renamed from, and its ``size``) and whose stream it is."""
+        doc: dict[str, Any] = {
+            "version": DIR_STATE_VERSION,
+            "commit_lsn": None if commit is None or end is None else lsn_str(commit),
+            "end_lsn": None if commit is None or end is None else lsn_str(end),
+            "file": name,
+        }
+        if part is not None:
+            doc["part"], doc["size"] = part, size
+        if self._owner is not None:
+            doc.update(_owner_doc(self._owner))
+        self._state.write(doc)
+        self._state_end = end
 
     def reopen(self) -> None:
         """SIGHUP: finish the current file (at once, or at the boundary of the unit being written)."""
@@ -808,11 +956,15 @@ class DirSink(_BufferedSink):
             self._fdraw.settle()
             self._fdraw.detach()
             fd, self._fdraw.fd = self._fdraw.fd, -1
+            size = os.fstat(fd).st_size
             os.close(fd)
             if final.exists():
                 raise OutputError(
                     f"cannot publish {final}: it already exists; is another program writing {self.directory}?"
                 )
+            # on record before it appears (see the class docstring); a crash before the rename
+            # leaves the part, which the next open() renames
+            self._write_state(self._max_commit, self._last_end, name, tmp.name, size)
             os.rename(tmp, final)
             self._tmp = None
             fsync_dir(self.directory)
@@ -958,8 +1110,70 @@ class _StateRecord:
             self.fd = -1
 
 
-def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] | None:
-    """The state file, LSNs parsed to ints; None when there is none."""
+_OWNER_KEYS = ("slot", "database", "system_identifier")
+
+
+def _owner_doc(owner: Owner) -> dict[str, str]:
+    return {"slot": owner.slot, "database": owner.database, "system_identifier": owner.system_identifier}
+
+
+def write_dir_state(directory: Path, owner: Owner, commit_lsn: int, end_lsn: int, file: str) -> None:
+    """A directory's state written whole by another writer than :class:`DirSink` (``pgrecv
+    snapshot``: its files are on record, and so is the stream they start)."""
+    doc = {
+        "version": DIR_STATE_VERSION,
+        "commit_lsn": lsn_str(commit_lsn),
+        "end_lsn": lsn_str(end_lsn),
+        "file": file,
+        **_owner_doc(owner),
+    }
+    data = json.dumps(doc).encode()
+    data += b" " * max(0, STATE_RECORD_SIZE - 1 - len(data)) + b"\n"  # as DirSink rewrites it in place
+    write_atomic(directory / STATE_NAME, data, what="the state file")
+
+
+def _manifest_slot(manifest: Path, last: int) -> str | None:
+    """The slot of a snapshot manifest written for the position ``last`` (CP - 1), or None."""
+    try:
+        doc = json.loads(manifest.read_bytes())
+        if not isinstance(doc, dict) or not isinstance(doc.get("slot"), str):
+            return None
+        if max(int(LSN.parse(doc["snapshot_lsn"])) - 1, 0) != last:
+            return None
+        return str(doc["slot"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _last_line(path: Path) -> bytes:
+    """The file's last line (without its newline; b"" if the file does not end with one), read
+    from the end: the file may be large, its last record is not."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) != b"\n":
+            return b""
+        chunks: list[bytes] = []
+        pos = size - 1  # the last line ends here
+        while pos > 0:
+            step = min(pos, 1 << 16)
+            pos -= step
+            chunk = os.pread(fd, step, pos)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                chunks.append(chunk[cut + 1 :])
+                break
+            chunks.append(chunk)
+        return b"".join(reversed(chunks))
+    finally:
+        os.close(fd)
+
+
+def _read_state(
+    path: Path, *, what: Path, has_offset: bool, versions: tuple[int, ...] = (STATE_VERSION,)
+) -> dict[str, Any] | None:
+    """The state file, LSNs parsed to ints (and, from version 2, ``owner`` an :class:`Owner` or
+    None); None when there is none."""
     try:
         text = path.read_bytes()
     except FileNotFoundError:
@@ -968,8 +1182,9 @@ def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] |
         raise output_error(exc, path, "read") from None
     try:
         doc = json.loads(text)
-        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
-            raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else '?'} is not 1")
+        if not isinstance(doc, dict) or doc.get("version") not in versions:
+            known = " or ".join(str(v) for v in versions)
+            raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else '?'} is not {known}")
         for key in ("commit_lsn", "end_lsn"):
             value = doc.get(key)
             doc[key] = None if value is None else int(LSN.parse(value))
@@ -983,9 +1198,29 @@ def _read_state(path: Path, *, what: Path, has_offset: bool) -> dict[str, Any] |
             offset = doc.get("offset")
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
                 raise ValueError(f"bad offset {offset!r}")
+        if doc["version"] >= DIR_STATE_VERSION:
+            _check_dir_state(doc)
     except (ValueError, TypeError, AttributeError) as exc:
         raise OutputError(
             f"cannot use {path}: {exc}; it records where {what} ends: restore it, or delete it to start "
             "without resuming (transactions may then repeat)"
         ) from None
     return doc
+
+
+def _check_dir_state(doc: dict[str, Any]) -> None:
+    """The version-2 fields: the owner (all three or none), the last file and its temporary name."""
+    given = [k for k in _OWNER_KEYS if doc.get(k) is not None]
+    if given and len(given) != len(_OWNER_KEYS):
+        raise ValueError(f"{', '.join(_OWNER_KEYS)} go together")
+    if not all(isinstance(doc.get(k), str) for k in given):
+        raise ValueError(f"{', '.join(_OWNER_KEYS)} must be strings")
+    doc["owner"] = Owner(*(doc[k] for k in _OWNER_KEYS)) if given else None
+    name, part, size = doc.get("file"), doc.get("part"), doc.get("size")
+    if name is not None and not (isinstance(name, str) and FINAL_RE.fullmatch(name)):
+        raise ValueError(f"bad file {name!r}")
+    if part is not None:
+        if not (isinstance(part, str) and LEFTOVER_RE.fullmatch(part) and part.startswith(TMP_PREFIX)):
+            raise ValueError(f"bad part {part!r}")
+        if name is None or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError("part needs file and size")

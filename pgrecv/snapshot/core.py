@@ -77,6 +77,7 @@ from pgrecv.output.files import (
     snapshot_part_name,
     write_atomic,
 )
+from pgrecv.output.sinks import Owner, write_dir_state
 from pgrecv.pg.conn import ConnOptions, connect, server_major, server_message, translate, with_typed_password
 from pgrecv.pg.types import type_name as builtin_type_name
 from pgrecv.stream.pipeline import table_filter
@@ -266,7 +267,7 @@ def _run(
         rows = workers.run(with_typed_password(opts), snapshot_name, cp, tasks, progress)
         # The snapshot counts only if the exporting connection outlived every import and COPY.
         try:
-            rconn.execute("IDENTIFY_SYSTEM").fetchall()
+            (system_identifier, _, _, database), *_ = rconn.execute("IDENTIFY_SYSTEM").fetchall()
         except psycopg.Error:
             raise SnapshotLost(
                 "the connection exporting the snapshot was lost before the copy finished: the snapshot "
@@ -280,7 +281,13 @@ def _run(
             result.files.append({"name": t.name, "table": t.table.qualified, "rows": rows[t.seq]})
         tmp_paths = []
         fsync_dir(directory)
-        _write_manifest(directory / manifest_name(cp), result)
+        manifest = directory / manifest_name(cp)
+        _write_manifest(manifest, result)
+        final_paths.append(manifest)
+        # last: the stream these files start (pgrecv start refuses the directory to any other),
+        # and where it goes on: the slot's consistent point
+        owner = Owner(slot, str(database), str(system_identifier))
+        write_dir_state(directory, owner, max(cp - 1, 0), cp, manifest.name)
         return result
     except BaseException as exc:
         for p in tmp_paths + final_paths:

@@ -49,6 +49,7 @@ class StreamConnection(Protocol):
     native: int | None
 
     def identify_system(self) -> LSN: ...
+    def system(self) -> tuple[str, str]: ...
     def wal_position(self) -> LSN: ...
     def slot_confirmed(self, slot: str) -> LSN | None: ...
     def start(self, slot: str, start: int, options: Sequence[tuple[str, str]]) -> None: ...
@@ -88,6 +89,14 @@ class ReplicationConnection:
         row = self.conn.execute("IDENTIFY_SYSTEM").fetchone()
         assert row is not None
         return LSN.parse(str(row[2]))
+
+    def system(self) -> tuple[str, str]:
+        """(the server's system identifier, the connection's database), as IDENTIFY_SYSTEM says:
+        whose stream an output holds (:class:`pgrecv.output.sinks.Owner`). A standby promoted from
+        a physical copy keeps its primary's identifier."""
+        row = self.conn.execute("IDENTIFY_SYSTEM").fetchone()
+        assert row is not None
+        return str(row[0]), str(row[3])
 
     def wal_position(self) -> LSN:
         """The furthest WAL position that exists on the server: IDENTIFY_SYSTEM's (the flush

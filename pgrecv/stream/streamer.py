@@ -48,7 +48,7 @@ from pgrecv.lsn import lsn_str
 from pgrecv.native import copyfast
 from pgrecv.output.fastpath import FastRows
 from pgrecv.output.jsonl import JsonlEncoder
-from pgrecv.output.sinks import Resume, Sink
+from pgrecv.output.sinks import Owner, Resume, Sink
 from pgrecv.output.status_line import StatusLine
 from pgrecv.pg.conn import ConnOptions, connect
 from pgrecv.pg.slots import get_slot, logical_slot
@@ -277,6 +277,9 @@ class Streamer:
 
     def _stream(self, rc: StreamConnection) -> None:
         cfg = self.cfg
+        if not self._started_once:  # before anything touches a slot: is the output this stream's?
+            system_identifier, database = rc.system()
+            self.sink.check_owner(Owner(cfg.slot, database, system_identifier))
         if cfg.temporary and not self._started_once:
             if self.resume_start:
                 raise PositionError(
@@ -290,6 +293,7 @@ class Streamer:
             self.log(f'created temporary slot "{cfg.slot}" ({cfg.plugin}) at {lsn_str(at)}')
         if not self._started_once:
             self._check_positions(rc)
+            self.sink.record_owner()
         if cfg.until_caught_up and self.target is None:
             self.target = rc.identify_system()
             self.log(f"streaming until caught up with {lsn_str(self.target)}")

@@ -914,7 +914,9 @@ def test_dir_durable_publishes_complete_units_only(tmp_path: Path) -> None:
     assert [whole_transactions((tmp_path / n).read_bytes()) for n in finals(tmp_path)] == [[1], [2, 3]]
 
 
-def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dir_durable_order_fsync_state_rename_dirsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state records a file before it appears under its final name (issue 54, M1): a final
+    name past the state is then never pgrecv's."""
     events: list[str] = []
     real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
 
@@ -943,10 +945,10 @@ def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monke
     assert sink.durable() == lsns(1)[1]
     assert events == [
         "fsync TMP",
-        "rename TMP FINAL",
-        "fsync DIR",
         "fsync .pgrecv-state.RANDOM.tmp",
         "replace .pgrecv-state",
+        "fsync DIR",
+        "rename TMP FINAL",
         "fsync DIR",
     ]
     events.clear()
@@ -969,10 +971,10 @@ def test_dir_durable_order_fsync_rename_dirsync_then_state(tmp_path: Path, monke
     assert sink.durable() == lsns(2)[1]
     assert events == [
         "fsync TMP",
-        "rename TMP FINAL",
-        "fsync DIR",
         "pwrite .pgrecv-state 512@0",
         "fdatasync .pgrecv-state",
+        "rename TMP FINAL",
+        "fsync DIR",
     ]
     monkeypatch.undo()
     sink.close()
@@ -1127,22 +1129,53 @@ def test_dir_after_any_crash_final_files_hold_a_gapless_prefix(
         again.close()
 
 
-def test_dir_resume_from_names_when_state_lags_and_from_state_when_files_are_taken(tmp_path: Path) -> None:
+def test_dir_resume_from_the_state_which_records_files_before_they_appear(tmp_path: Path) -> None:
     sink = DirSink(tmp_path, rotate_size=1)
     sink.open()
     for n in (1, 2):
         feed(sink, n)
     assert sink.durable() == lsns(2)[1]
-    feed(sink, 3)  # finished by size, not yet recorded by a durable() call
+    feed(sink, 3)  # finished by size, between two durable() calls: on record all the same
     crash(sink)
     again = DirSink(tmp_path)
-    assert again.open() == Resume(lsns(3)[0], None)  # end LSN unknown from a name
+    assert again.open() == Resume(*lsns(3))
     again.close()
     for name in finals(tmp_path):  # a consumer takes every file
         (tmp_path / name).unlink()
     (tmp_path / "unrelated.jsonl").write_text("")
     (tmp_path / "0000000000000001-0000000000000002.jsonl.bak").write_text("")
-    assert DirSink(tmp_path).open() == Resume(*lsns(2))
+    assert DirSink(tmp_path).open() == Resume(*lsns(3))
+
+
+class _Killed(BaseException):
+    pass
+
+
+def test_dir_crash_between_recording_a_file_and_renaming_it_publishes_it_at_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state counts a file from before its rename: a crash between the two must not leave
+    the state past what the directory holds (the next open renames the part, issue 54, M1)."""
+    sink = DirSink(tmp_path)
+    sink.open()
+    feed(sink, 1)
+    assert sink.durable() == lsns(1)[1]
+    feed(sink, 2)
+
+    def killed(src: Any, dst: Any) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(os, "rename", killed)
+    with pytest.raises(_Killed):
+        sink.durable()
+    monkeypatch.undo()
+    crash(sink)
+    assert len(finals(tmp_path)) == 1
+    again = DirSink(tmp_path)
+    assert again.open() == Resume(*lsns(2))
+    assert whole_transactions(read_all(tmp_path)) == [1, 2]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == [again._tmp.name]  # type: ignore[union-attr]
+    again.close()
 
 
 def test_dir_reader_never_sees_an_incomplete_final_file(tmp_path: Path) -> None:

@@ -100,6 +100,9 @@ class FakeConnection:
     def identify_system(self) -> LSN:
         return LSN(1 << 40)
 
+    def system(self) -> tuple[str, str]:
+        return "7000000000000000001", "db"
+
     def wal_position(self) -> LSN:
         return LSN(1 << 40)
 
