@@ -143,7 +143,7 @@ _pgrecv() {
             _arguments \
                 '--help[show help]' \
                 '(-S --slot)'{-S,--slot}'[Name of the logical replication slot.]:slot: ' \
-                '(-f --file)'{-f,--file}'[Append to this file ('\''-'\'' for stdout, the default).]:file:_files' \
+                '(-f --file)'{-f,--file}'[Append to this file ('\''-'\'' for stdout, the default). A regular file must be the user'\''s own and named directly, not through a symbolic link (links to devices such as /dev/stdout are fine); so must its state file .FILE.pgrecv-state.]:file:_files' \
                 '--output-dir[Write rotated files here, named by LSN (batch consumers).]:directory:_files -/' \
                 '--rotate-size[--output-dir\: start a new file past this size (e.g. 64MB).]:rotate_size: ' \
                 '--rotate-interval[--output-dir\: start a new file after this long (e.g. 5m).]:rotate_interval: ' \

@@ -396,7 +396,14 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 @cli.command()
 @click.option("-S", "--slot", type=NAME, required=True, help="Name of the logical replication slot.")
 @click.option(
-    "-f", "--file", "file", type=PathType(), metavar="FILE", help="Append to this file ('-' for stdout, the default)."
+    "-f",
+    "--file",
+    "file",
+    type=PathType(),
+    metavar="FILE",
+    help="Append to this file ('-' for stdout, the default). A regular file must be the user's own and "
+    "named directly, not through a symbolic link (links to devices such as /dev/stdout are fine); so must "
+    "its state file .FILE.pgrecv-state.",
 )
 @click.option(
     "--output-dir", type=PathType(), metavar="DIR", help="Write rotated files here, named by LSN (batch consumers)."

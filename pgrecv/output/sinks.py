@@ -453,7 +453,7 @@ class FileSink(_BufferedSink):
         self._state = _StateRecord(self.state_path)
 
     def open(self) -> Resume:
-        existed = self.path.exists()
+        existed = os.path.lexists(self.path)
         fd, size = self._open_file()
         if not self._regular:
             self._fdraw.attach(fd, 0, str(self.path), sync=False)
@@ -509,7 +509,7 @@ class FileSink(_BufferedSink):
         from pgrecv.output.jsonl import last_unit_end
 
         # our descriptor is write-only: read through the path, checked to be the file we locked
-        rfd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        rfd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         with open(rfd, "rb") as f:
             mine, theirs = os.fstat(fd), os.fstat(rfd)
             if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
@@ -522,20 +522,46 @@ class FileSink(_BufferedSink):
         return offset + size, commit, end
 
     def _open_file(self) -> tuple[int, int]:
+        """The output, opened to append (created 0600 if missing). A regular file only by its own
+        name (O_NOFOLLOW) and only of the effective user: the file is truncated back to the state's
+        offset at a restart, and in a shared directory a planted link or file could make that
+        another user's file. A link to a device or FIFO (/dev/stdout) is followed: nothing is
+        truncated there."""
+        via_link = False
         try:
-            fd = os.open(self.path, _OPEN_FLAGS, FILE_MODE)
+            fd = os.open(self.path, _OPEN_FLAGS | os.O_NOFOLLOW, FILE_MODE)
         except OSError as exc:
-            raise output_error(exc, self.path, "open") from None
+            # a link: ELOOP, or EACCES where the kernel protects links in sticky directories
+            if not (exc.errno in (errno.ELOOP, errno.EACCES) and os.path.islink(self.path)):
+                raise output_error(exc, self.path, "open") from None
+            via_link = True
+            fd = self._open_link()
         try:
             st = os.fstat(fd)
             self._regular = stat.S_ISREG(st.st_mode)
             if self._regular:
+                if via_link:
+                    raise _link_refused(self.path)
+                _check_ours(st, self.path, "an output file")
                 lock_fd(fd, self.path, busy=_busy(self.path))
         except BaseException:
             os.close(fd)
             raise
         self._ident = (st.st_dev, st.st_ino)
         return fd, st.st_size if self._regular else 0
+
+    def _open_link(self) -> int:
+        """FILE is a symbolic link: followed only to what is not a regular file (nor missing)."""
+        try:
+            target = os.stat(self.path)
+        except OSError:
+            raise _link_refused(self.path) from None
+        if stat.S_ISREG(target.st_mode) or stat.S_ISDIR(target.st_mode):
+            raise _link_refused(self.path)
+        try:
+            return os.open(self.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise output_error(exc, self.path, "open") from None
 
     def _write_state(self, sync: bool = True) -> None:
         doc: dict[str, Any] = {
@@ -1174,12 +1200,9 @@ def _read_state(
 ) -> dict[str, Any] | None:
     """The state file, LSNs parsed to ints (and, from version 2, ``owner`` an :class:`Owner` or
     None); None when there is none."""
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
+    text = _read_own_state(path)
+    if text is None:
         return None
-    except OSError as exc:
-        raise output_error(exc, path, "read") from None
     try:
         doc = json.loads(text)
         if not isinstance(doc, dict) or doc.get("version") not in versions:
@@ -1206,6 +1229,58 @@ def _read_state(
             "without resuming (transactions may then repeat)"
         ) from None
     return doc
+
+
+def _link_refused(path: Path) -> OutputError:
+    return OutputError(
+        f"{path} is a symbolic link: pgrecv writes a file only by its own name, never through a link "
+        "(in a shared directory one can point at another user's file, which a restart truncates): "
+        "give the file's real path, or '-' for standard output"
+    )
+
+
+def _check_ours(st: os.stat_result, path: Path, what: str) -> None:
+    """A file pgrecv may write, truncate or trust belongs to the effective user."""
+    if st.st_uid != os.geteuid():
+        raise OutputError(
+            f"{path} belongs to another user (uid {st.st_uid}): pgrecv uses only {what} of its own "
+            "user (it truncates the output to what the state file says at a restart): move it out of "
+            "the way, choose another path, or run as its owner"
+        )
+
+
+def _read_own_state(path: Path) -> bytes | None:
+    """A state file's bytes; None when there is none. Only a regular file of the effective user,
+    by its own name: a planted state (a link, another user's file saying offset 0) would make
+    pgrecv truncate what it does not own; a directory or FIFO there is named as such."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OutputError(
+                f"{path} is a symbolic link, not pgrecv's state file (pgrecv never writes one through a "
+                "link): remove it, and run again"
+            ) from None
+        raise output_error(exc, path, "read") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise OutputError(
+                f"{path} is {kind}, not pgrecv's state file (pgrecv keeps where the output ends in a file "
+                "of that name): move it out of the way, and run again"
+            )
+        _check_ours(st, path, "a state file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise output_error(exc, path, "read") from None
+    finally:
+        os.close(fd)
 
 
 def _check_dir_state(doc: dict[str, Any]) -> None:
