@@ -64,7 +64,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from slots' -s S -l slot -x -d 'On
 complete -c pgrecv -n '__fish_seen_subcommand_from slots' -l check -d 'Print one line per problem instead; exit 14 if there is any.'
 complete -c pgrecv -n '__fish_seen_subcommand_from slots' -l max-lag -x -d '--check: WAL not confirmed by the consumer, at most.'
 complete -c pgrecv -n '__fish_seen_subcommand_from slots' -l max-retained -x -d '--check: WAL the slot keeps on the server, at most.'
-complete -c pgrecv -n '__fish_seen_subcommand_from slots' -l max-inactive -x -d '--check: time without a consumer, at most (PostgreSQL 17+).'
+complete -c pgrecv -n '__fish_seen_subcommand_from slots' -l max-inactive -x -d '--check: time without a consumer, at most. PostgreSQL 17+: older servers do not record since when a slot is inactive, and the option is refused there (exit 2) rather than passed unchecked; use --max-lag or --max-retained instead.'
 complete -c pgrecv -n '__fish_seen_subcommand_from slots' -l standby -x -d '--check: every failover slot must have a copy on this standby that survives a promotion.'
 complete -c pgrecv -n '__fish_seen_subcommand_from slots' -s d -l dbname -x -d 'Database name, conninfo string or URI.'
 complete -c pgrecv -n '__fish_seen_subcommand_from slots' -s h -l host -x -d 'Server host or socket directory.'

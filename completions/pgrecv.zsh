@@ -92,7 +92,7 @@ _pgrecv() {
                 '--check[Print one line per problem instead; exit 14 if there is any.]' \
                 '--max-lag[--check\: WAL not confirmed by the consumer, at most.]:max_lag: ' \
                 '--max-retained[--check\: WAL the slot keeps on the server, at most.]:max_retained: ' \
-                '--max-inactive[--check\: time without a consumer, at most (PostgreSQL 17+).]:max_inactive: ' \
+                '--max-inactive[--check\: time without a consumer, at most. PostgreSQL 17+\: older servers do not record since when a slot is inactive, and the option is refused there (exit 2) rather than passed unchecked; use --max-lag or --max-retained instead.]:max_inactive: ' \
                 '--standby[--check\: every failover slot must have a copy on this standby that survives a promotion.]:connstr: ' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \

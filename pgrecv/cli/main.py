@@ -210,7 +210,13 @@ def drop(slot: str, if_exists: bool, **kw: Any) -> None:
 @click.option("--check", is_flag=True, help="Print one line per problem instead; exit 14 if there is any.")
 @click.option("--max-lag", type=SIZE, help="--check: WAL not confirmed by the consumer, at most.")
 @click.option("--max-retained", type=SIZE, help="--check: WAL the slot keeps on the server, at most.")
-@click.option("--max-inactive", type=DURATION, help="--check: time without a consumer, at most (PostgreSQL 17+).")
+@click.option(
+    "--max-inactive",
+    type=DURATION,
+    help="--check: time without a consumer, at most. PostgreSQL 17+: older servers do not record since when a "
+    "slot is inactive, and the option is refused there (exit 2) rather than passed unchecked; use --max-lag "
+    "or --max-retained instead.",
+)
 @click.option(
     "--standby",
     metavar="CONNSTR",
@@ -235,6 +241,16 @@ def slots(
     if limits_given and not check:
         raise UsageError("--max-lag, --max-retained, --max-inactive and --standby go with --check")
     opts = conn_opts(kw)
+    if max_inactive is not None:  # a monitoring check must not pass by not checking
+        from pgrecv.pg.slots import slot_column_missing
+
+        major = slot_column_missing(opts, "inactive_since")
+        if major is not None:
+            raise UsageError(
+                f"--max-inactive needs PostgreSQL 17 or newer (pg_replication_slots.inactive_since); this "
+                f"server is {major} and does not record since when a slot is inactive: use --max-lag or "
+                "--max-retained instead, which catch a slot nobody consumes as its WAL grows"
+            )
     rows = list_slots(opts)
     if only:
         missing = sorted(set(only) - {r["slot_name"] for r in rows})

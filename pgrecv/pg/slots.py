@@ -293,6 +293,18 @@ SLOT_COLUMNS = (
 )
 
 
+def slot_column_missing(opts: ConnOptions, column: str) -> int | None:
+    """The server's major version if ``pg_replication_slots`` has no ``column`` (``inactive_since``
+    came with PostgreSQL 17), else None: a check on it must be refused, not passed unchecked."""
+    with connect(opts) as conn:
+        row = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_replication_slots'::regclass"
+            " AND attname = %s AND NOT attisdropped",
+            (column,),
+        ).fetchone()
+        return None if row is not None else server_major(conn)
+
+
 def list_slots(opts: ConnOptions) -> list[dict[str, Any]]:
     """Every slot, with lag (bytes the consumer has not confirmed) and retained WAL in bytes;
     for an active slot what its walsender reports (``sync_state``, write and flush lag in

@@ -127,3 +127,22 @@ def test_check_fails_for_a_slot_that_lost_its_wal(pg_server: TempServer) -> None
         assert proc.returncode == ExitCode.UNHEALTHY, err(proc)
         out = proc.stdout.decode()
         assert "slot lost1 " in out and ("invalidated" in out or "lost WAL" in out), out
+
+
+def test_max_inactive_is_refused_where_the_server_cannot_tell_and_checked_where_it_can(
+    db_dsn: str, pg_server: TempServer
+) -> None:
+    """PostgreSQL 15 and 16 have no pg_replication_slots.inactive_since: --max-inactive used to
+    pass there without checking anything (issue 54, L3). It is refused up front: one line, exit 2,
+    what to use instead. From 17 on an idle slot past the limit is reported."""
+    sql(db_dsn, "SELECT pg_create_logical_replication_slot('idle1', 'test_decoding')")
+    proc = pgrecv("slots", "-d", db_dsn, "--check", "--slot", "idle1", "--max-inactive", "1ms")
+    text = err(proc)
+    if pg_server.version < 17:
+        assert proc.returncode == ExitCode.USAGE, text
+        assert text.count("\n") == 1 and text.startswith("pgrecv: error: --max-inactive needs PostgreSQL 17"), text
+        assert f"this server is {pg_server.version}" in text and "--max-lag or --max-retained" in text, text
+        assert proc.stdout == b""
+    else:
+        assert proc.returncode == ExitCode.UNHEALTHY, text
+        assert proc.stdout.decode().startswith("slot idle1 has had no consumer for "), proc.stdout
