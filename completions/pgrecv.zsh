@@ -165,7 +165,7 @@ _pgrecv() {
                 '--until-caught-up[Stop at the first transaction boundary past the server'\''s WAL position at start.]' \
                 '(-F --fsync-interval)'{-F,--fsync-interval}'[How often to make output durable.]:fsync_interval: ' \
                 '(-s --status-interval)'{-s,--status-interval}'[How often to report to the server.]:status_interval: ' \
-                '--metrics-file[Rewrite PATH (Prometheus text format, for node_exporter'\''s textfile collector) every status interval.]:path: ' \
+                '--metrics-file[Rewrite PATH (Prometheus text format, for node_exporter'\''s textfile collector) every status interval. A write that fails is one warning on stderr (once per distinct failure) and streaming goes on.]:path: ' \
                 '--heartbeat[After INTERVAL without changes, emit a transactional logical message in the slot'\''s database (a normal connection), so the slot advances while the published tables are idle; heartbeats are confirmed, not written.]:interval: ' \
                 '--keep-heartbeats[With --heartbeat\: write heartbeat messages to the output too.]' \
                 '--synchronous[Make the output durable and report it at every transaction boundary, without a timer (for synchronous_standby_names; name pgrecv there by the application_name in -d).]' \

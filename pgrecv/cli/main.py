@@ -473,7 +473,8 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
     "--metrics-file",
     type=PathType(),
     metavar="PATH",
-    help="Rewrite PATH (Prometheus text format, for node_exporter's textfile collector) every status interval.",
+    help="Rewrite PATH (Prometheus text format, for node_exporter's textfile collector) every status interval. "
+    "A write that fails is one warning on stderr (once per distinct failure) and streaming goes on.",
 )
 @click.option(
     "--heartbeat",

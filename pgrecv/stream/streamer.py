@@ -43,7 +43,7 @@ from typing import Any, Protocol, cast
 
 from pgrecv import events as ev
 from pgrecv.decode.plugins import Decoder, PgOutputSettings, make_decoder, plan_options
-from pgrecv.errors import ConnectionFailed, PositionError, SlotError, StreamLost
+from pgrecv.errors import ConnectionFailed, OutputError, PositionError, SlotError, StreamLost
 from pgrecv.lsn import lsn_str
 from pgrecv.native import copyfast
 from pgrecv.output.fastpath import FastRows
@@ -177,6 +177,7 @@ class Streamer:
         self._synced_transactions = 0  # stats.transactions at the last sync point (-vvv reports groups)
         self._metrics_path = Path(config.metrics_file) if config.metrics_file else None
         self._next_metrics = 0.0
+        self._metrics_failure: str | None = None  # the failure last warned about (None: the last write worked)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -585,7 +586,18 @@ class Streamer:
         self._next_metrics = now + interval
         fb = self.feedback
         data = stream_metrics.render(self.cfg.slot, self.stats, fb.received, fb.flushed, self.sink.bytes_written)
-        stream_metrics.write(self._metrics_path, data)
+        try:
+            stream_metrics.write(self._metrics_path, data)
+        except OutputError as exc:
+            # Metrics describe the stream; stopping it for them would leave the slot holding WAL.
+            # One line per distinct failure, not one per status interval.
+            if exc.message != self._metrics_failure:
+                self._metrics_failure = exc.message
+                self.log(f"warning: {exc.message}; streaming goes on without metrics until a write works", 0)
+            return
+        if self._metrics_failure is not None:
+            self._metrics_failure = None
+            self.log(f"the metrics file {self._metrics_path} is written again", 0)
 
     def _tick_with_status(self, status: StatusLine, now: float) -> None:
         """Flush the tables to the terminal without tearing the status line, then redraw it."""
