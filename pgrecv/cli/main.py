@@ -19,6 +19,7 @@ from pgrecv.cli.options import (
     POSITIVE_DURATION,
     POSITIVE_SIZE,
     SIZE,
+    SLOT,
     STATE,
     LSNType,
     PathType,
@@ -62,7 +63,7 @@ format_option = click.option(
 
 
 @cli.command()
-@click.option("-S", "--slot", type=NAME, required=True, help="Name of the logical replication slot.")
+@click.option("-S", "--slot", type=SLOT, required=True, help="Name of the logical replication slot.")
 @click.option(
     "-P",
     "--plugin",
@@ -182,7 +183,7 @@ def warn_divergence(opts: ConnOptions, publication: str | None, slot: str | None
 
 
 @cli.command()
-@click.option("-S", "--slot", type=NAME, required=True, help="Name of the slot to drop.")
+@click.option("-S", "--slot", type=SLOT, required=True, help="Name of the slot to drop.")
 @click.option("--if-exists", is_flag=True, help="Do not fail if the slot does not exist.")
 @connection_options
 @common_options
@@ -206,7 +207,7 @@ def drop(slot: str, if_exists: bool, **kw: Any) -> None:
     help="A table for people, one JSON object per slot, or the Prometheus text format "
     "(for node_exporter's textfile collector).",
 )
-@click.option("-S", "--slot", "only", type=NAME, multiple=True, help="Only this slot (repeatable).")
+@click.option("-S", "--slot", "only", type=SLOT, multiple=True, help="Only this slot (repeatable).")
 @click.option("--check", is_flag=True, help="Print one line per problem instead; exit 14 if there is any.")
 @click.option("--max-lag", type=SIZE, help="--check: WAL not confirmed by the consumer, at most.")
 @click.option("--max-retained", type=SIZE, help="--check: WAL the slot keeps on the server, at most.")
@@ -260,7 +261,7 @@ def slots(
 
         standby_rows = None
         if standby is not None:
-            standby_rows = list_slots(ConnOptions(dbname=standby, prompt=opts.prompt))
+            standby_rows = list_slots(ConnOptions(dbname=standby, prompt=opts.prompt, option="--standby"))
         found = [f"slot {name} does not exist" for name in missing] if only else []
         found += slot_health.problems(
             rows, slot_health.Limits(max_lag, max_retained, max_inactive), standby=standby_rows
@@ -292,7 +293,7 @@ def slots(
 
 
 @cli.command()
-@click.option("-S", "--slot", type=NAME, required=True, help="Name of the logical replication slot.")
+@click.option("-S", "--slot", type=SLOT, required=True, help="Name of the logical replication slot.")
 @click.option("--consume", is_flag=True, help="Advance the slot past the changes once the output is durable.")
 @click.option("--upto-lsn", type=LSNType(), help="Stop at this LSN.")
 @click.option("--upto-nchanges", type=click.IntRange(1, 2**31 - 1), help="Stop after about this many changes.")
@@ -410,7 +411,7 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
 
 
 @cli.command()
-@click.option("-S", "--slot", type=NAME, required=True, help="Name of the logical replication slot.")
+@click.option("-S", "--slot", type=SLOT, required=True, help="Name of the logical replication slot.")
 @click.option(
     "-f",
     "--file",
@@ -544,7 +545,9 @@ def start(
     exit 8. An --output-dir records whose stream it holds (slot, database, the server's system
     identifier) and each file before it appears: another stream's directory, or a non-empty file
     past that record (without one: a file that does not end with the transaction its name
-    claims), is refused with exit 17, nothing confirmed. Give each slot its own --output-dir.
+    claims), is refused with exit 17, nothing confirmed. Give each slot its own --output-dir. A
+    refused start creates nothing: the file, its state file and the directory are made only once
+    every check has passed.
 
     Synchronous standby: with --synchronous the output is made durable and reported at every
     transaction boundary; commits that arrive together share one fsync and one status update. Name

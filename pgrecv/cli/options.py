@@ -103,12 +103,33 @@ def common_options(f: F) -> F:
     return f
 
 
+class PortType(click.ParamType):  # type: ignore[type-arg]
+    """-p: a TCP port (1-65535), or libpq's comma-separated list of them for several -h hosts. A
+    value libpq would refuse is a bad command line (exit 2), not a failed connection."""
+
+    name = "PORT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip()
+        for part in text.split(","):
+            part = part.strip()
+            if part and not (part.isascii() and part.isdigit() and 1 <= int(part) <= 65535):
+                raise UsageError(
+                    f"-p/--port {str(value)!r} is not a port number: give one from 1 to 65535 "
+                    "(or a comma-separated list of them, one per -h host)"
+                )
+        return text
+
+
+PORT = PortType()
+
+
 def connection_options(f: F) -> F:
     """pg_recvlogical's connection options; libpq's PG* variables, services and .pgpass still apply."""
     options = [
         click.option("-d", "--dbname", metavar="CONNSTR", help="Database name, conninfo string or URI."),
         click.option("-h", "--host", metavar="HOST", help="Server host or socket directory."),
-        click.option("-p", "--port", metavar="PORT", help="Server port."),
+        click.option("-p", "--port", type=PORT, metavar="PORT", help="Server port."),
         click.option("-U", "--username", metavar="NAME", help="Connect as this role."),
         click.option("-w", "--no-password", "no_password", is_flag=True, help="Never prompt for a password."),
         click.option("-W", "--password", "ask_password", is_flag=True, help="Prompt for a password before connecting."),
@@ -249,4 +270,29 @@ class PathType(click.ParamType):  # type: ignore[type-arg]
         return text
 
 
+class SlotNameType(NameType):
+    """A replication slot name, checked as PostgreSQL checks it (ReplicationSlotValidateName) before
+    any connection: lower-case letters, digits and underscores, at most 63 bytes. A name the
+    server would refuse is a bad value on the command line (exit 2), not a server error."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = super().convert(value, param, ctx)
+        bad = sorted({c for c in text if not ("a" <= c <= "z" or "0" <= c <= "9" or c == "_")})
+        if bad:
+            shown = "".join(bad)
+            raise UsageError(
+                f"{_option_name(param)} {text!r} is not a replication slot name (it has {shown!r}): slot names "
+                "may only contain lower-case letters, digits and underscores (e.g. "
+                f"{_slot_like(text)!r})"
+            )
+        return text
+
+
+def _slot_like(text: str) -> str:
+    """A slot name close to ``text`` that PostgreSQL accepts, for the message."""
+    name = "".join(c if "a" <= c <= "z" or "0" <= c <= "9" else "_" for c in text.lower())
+    return name.encode()[: NAMEDATALEN - 1].decode(errors="ignore") or "slot"
+
+
 NAME = NameType()
+SLOT = SlotNameType()

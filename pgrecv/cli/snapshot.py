@@ -11,6 +11,7 @@ import click
 from pgrecv.cli.options import (
     NAME,
     POSITIVE_SIZE,
+    SLOT,
     STATE,
     PathType,
     common_options,
@@ -23,13 +24,14 @@ from pgrecv.cli.options import (
 
 
 @click.command("snapshot")
-@click.option("-S", "--slot", type=NAME, required=True, help="Name of the new logical replication slot.")
+@click.option("-S", "--slot", type=SLOT, required=True, help="Name of the new logical replication slot.")
 @click.option(
     "--output-dir",
     type=PathType(),
     required=True,
     metavar="DIR",
-    help="Write the snapshot files here (an empty directory).",
+    help="Write the snapshot files here: a new or empty directory (anything in it but pgrecv's lock and an "
+    "interrupted run's temporary files is refused, exit 8).",
 )
 @table_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker connections.")

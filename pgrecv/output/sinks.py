@@ -1,10 +1,13 @@
 """Long-running outputs of `pgrecv start`, and when what they hold counts as durable.
 
-The streamer calls, in stream order: :meth:`Sink.write` for each record, :meth:`Sink.boundary`
-after the last record of each unit (a transaction, a PREPARE, a COMMIT/ROLLBACK PREPARED, a
-non-transactional message), :meth:`Sink.durable` every ``--fsync-interval`` and at a clean stop,
-and :meth:`Sink.tick` on every loop wake-up. A position is confirmed to the server only once
-``durable()`` has returned it, so "durable" is the whole contract:
+First :meth:`Sink.look` (what the output holds, read without creating anything), then, once the
+start checks have passed, :meth:`Sink.begin` (the file or directory made): a refused start leaves
+nothing behind. Then the streamer calls, in stream order: :meth:`Sink.write` for each record,
+:meth:`Sink.boundary` after the last record of each unit (a transaction, a PREPARE, a
+COMMIT/ROLLBACK PREPARED, a non-transactional message), :meth:`Sink.durable` every
+``--fsync-interval`` and at a clean stop, and :meth:`Sink.tick` on every loop wake-up. A position
+is confirmed to the server only once ``durable()`` has returned it, so "durable" is the whole
+contract:
 
 * standard output (:class:`StdoutSink`): written to the pipe or terminal, like pg_recvlogical;
 * one file (:class:`FileSink`): fsync'd, then recorded in a state file beside it (JSONL at every
@@ -86,7 +89,7 @@ STATE_SYNC_AGE = 1.0
 # start the writeback (sync_file_range), 3 ms with the syncs (bench/NOTES.md).
 WRITEBACK_BYTES = 4 << 20
 TAILS = ("jsonl",)  # output formats whose whole units a restart can find by reading the lines
-_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +297,16 @@ class Sink(ABC):
 
     @abstractmethod
     def open(self) -> Resume:
-        """Prepare the output; say what it already holds."""
+        """Prepare the output; say what it already holds. (:meth:`look`, then :meth:`begin`.)"""
+
+    def look(self) -> Resume:
+        """What the output already holds, read without creating or changing anything: the checks
+        that may refuse to start (positions, owner) come between this and :meth:`begin`, and a
+        refused run must leave nothing behind. A sink that cannot look without opening opens."""
+        return self.open()
+
+    def begin(self) -> None:  # noqa: B027 - optional hook
+        """Create and prepare what :meth:`look` only read (the file, the directory, the state)."""
 
     @abstractmethod
     def boundary(self, commit_lsn: int, end_lsn: int) -> None:
@@ -451,15 +463,33 @@ class FileSink(_BufferedSink):
         self._ident: tuple[int, int] | None = None
         self._regular = True
         self._state = _StateRecord(self.state_path)
+        self._looked: Resume | None = None
+        self._pending_fd = -1  # the file, opened (and locked) by look(), until begin() takes it
+        self._size = 0  # its size when looked at: begin() cuts it back to _b_off
 
     def open(self) -> Resume:
+        resume = self.look()
+        self.begin()
+        return resume
+
+    def look(self) -> Resume:
+        if self._looked is None:
+            self._looked = self._look()
+        return self._looked
+
+    def _look(self) -> Resume:
+        """The file (if it exists: opened to append and locked, nothing cut) and its state."""
         existed = os.path.lexists(self.path)
-        fd, size = self._open_file()
+        if not existed:  # created by begin(): its directory must be one
+            try:
+                if not stat.S_ISDIR(os.stat(self.path.parent).st_mode):
+                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            except OSError as exc:
+                raise output_error(exc, self.path, "open") from None
+        fd, size = self._open_file(0) if existed else (-1, 0)
+        self._pending_fd, self._size = fd, size
         if not self._regular:
-            self._fdraw.attach(fd, 0, str(self.path), sync=False)
             return Resume()
-        with contextlib.suppress(OSError):  # a directory we may write in but not list: leftovers stay
-            remove_leftovers(self.path.parent, temp_name_re(self.state_path.name))
         commit: int | None = None
         end: int | None = None
         try:
@@ -479,11 +509,8 @@ class FileSink(_BufferedSink):
                         f"it was truncated or replaced; restore it, or delete {self.state_path} to append "
                         "without resuming (transactions may then repeat)"
                     )
-                elif offset < size:
-                    if state.get("tail") is not None:
-                        offset, commit, end = self._scan_tail(fd, offset, commit, end)
-                    if offset < size:
-                        os.ftruncate(fd, offset)  # a unit cut short by a crash: it will come again whole
+                elif offset < size and state.get("tail") is not None:
+                    offset, commit, end = self._scan_tail(fd, offset, commit, end)
             else:
                 offset = size
                 if size:
@@ -491,16 +518,42 @@ class FileSink(_BufferedSink):
                         f"{self.path} has no pgrecv state: appending; transactions already in it may be repeated"
                     )
         except OSError as exc:
-            os.close(fd)
-            raise output_error(exc, self.path, "truncate") from None
+            self._close_pending()
+            raise output_error(exc, self.path, "read") from None
         except OutputError:
-            os.close(fd)
+            self._close_pending()
             raise
-        self._fdraw.attach(fd, offset, str(self.path))
         self._b_off, self._b_commit, self._b_end = offset, commit, end
+        return Resume(commit, end, str(self.state_path))
+
+    def begin(self) -> None:
+        """The file created if missing (O_EXCL: it did not exist when looked at), cut back to the
+        state's offset (a unit a crash cut short comes again whole), and the state written."""
+        self.look()
+        if self._fdraw.fd >= 0:
+            return
+        fd, self._pending_fd = self._pending_fd, -1
+        if fd < 0:
+            fd, self._size = self._open_file(os.O_CREAT | os.O_EXCL)
+        if not self._regular:
+            self._fdraw.attach(fd, 0, str(self.path), sync=False)
+            return
+        with contextlib.suppress(OSError):  # a directory we may write in but not list: leftovers stay
+            remove_leftovers(self.path.parent, temp_name_re(self.state_path.name))
+        if self._b_off < self._size:
+            try:
+                os.ftruncate(fd, self._b_off)
+            except OSError as exc:
+                os.close(fd)
+                raise output_error(exc, self.path, "truncate") from None
+        self._fdraw.attach(fd, self._b_off, str(self.path))
         self._write_state()
         self._durable_end = None  # nothing of this run yet: the old end is the runner's to check
-        return Resume(commit, end, str(self.state_path))
+
+    def _close_pending(self) -> None:
+        fd, self._pending_fd = self._pending_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def _scan_tail(
         self, fd: int, offset: int, commit: int | None, end: int | None
@@ -521,18 +574,24 @@ class FileSink(_BufferedSink):
         size, commit, end = found
         return offset + size, commit, end
 
-    def _open_file(self) -> tuple[int, int]:
-        """The output, opened to append (created 0600 if missing). A regular file only by its own
-        name (O_NOFOLLOW) and only of the effective user: the file is truncated back to the state's
-        offset at a restart, and in a shared directory a planted link or file could make that
-        another user's file. A link to a device or FIFO (/dev/stdout) is followed: nothing is
-        truncated there."""
+    def _open_file(self, create: int) -> tuple[int, int]:
+        """The output, opened to append (``create``: O_CREAT, and O_EXCL, as wanted; 0600). A
+        regular file only by its own name (O_NOFOLLOW) and only of the effective user: the file
+        is truncated back to the state's offset at a restart, and in a shared directory a planted
+        link or file could make that another user's file. A link to a device or FIFO
+        (/dev/stdout) is followed: nothing is truncated there."""
         via_link = False
         try:
-            fd = os.open(self.path, _OPEN_FLAGS | os.O_NOFOLLOW, FILE_MODE)
+            fd = os.open(self.path, _OPEN_FLAGS | create | os.O_NOFOLLOW, FILE_MODE)
         except OSError as exc:
-            # a link: ELOOP, or EACCES where the kernel protects links in sticky directories
-            if not (exc.errno in (errno.ELOOP, errno.EACCES) and os.path.islink(self.path)):
+            # a link: ELOOP, EEXIST with O_EXCL, or EACCES where the kernel protects links in
+            # sticky directories
+            if not (exc.errno in (errno.ELOOP, errno.EACCES, errno.EEXIST) and os.path.islink(self.path)):
+                if exc.errno == errno.EEXIST:
+                    raise OutputError(
+                        f"cannot create {self.path}: it appeared while pgrecv was starting; is another "
+                        "program writing it? run again"
+                    ) from None
                 raise output_error(exc, self.path, "open") from None
             via_link = True
             fd = self._open_link()
@@ -623,7 +682,7 @@ class FileSink(_BufferedSink):
         self.durable()
         old = self._ident
         self._close_fd()
-        fd, size = self._open_file()
+        fd, size = self._open_file(os.O_CREAT)
         self._fdraw.attach(fd, size, str(self.path), sync=self._regular)
         self._b_off = size
         if self._regular:
@@ -639,6 +698,7 @@ class FileSink(_BufferedSink):
             os.close(fd)
 
     def close(self) -> None:
+        self._close_pending()  # looked at, never begun (a refused start): nothing to write
         if self._fdraw.fd < 0:
             return
         try:
@@ -730,10 +790,44 @@ class DirSink(_BufferedSink):
         self._owner: Owner | None = None
         self._manifest: tuple[Path, str] | None = None  # (manifest, its slot) of a snapshot without a v2 state
         self._claimed: Owner | None = None
+        self._looked: Resume | None = None
+        self._begun = False
 
     # opening
 
     def open(self) -> Resume:
+        resume = self.look()
+        self.begin()
+        return resume
+
+    def look(self) -> Resume:
+        if self._looked is None:
+            self._looked = self._look()
+        return self._looked
+
+    def _look(self) -> Resume:
+        """The directory read, under its lock if a pgrecv ever wrote there; nothing created,
+        renamed or removed. A directory that does not exist holds nothing."""
+        d = self.directory
+        if not os.path.lexists(d):
+            return Resume()
+        if not d.is_dir():
+            exists = OSError(errno.EEXIST, os.strerror(errno.EEXIST))
+            raise output_error(exists, d, "create the output directory")
+        if os.path.lexists(d / self.LOCK_NAME):
+            self._lock_fd = open_lock(d / self.LOCK_NAME, busy=_busy(d))
+        try:
+            return self._recover(tidy=False)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def begin(self) -> None:
+        """The directory created if missing and locked, a crash's leftovers dealt with (a rename
+        on record completed, temporary files removed), and the first temporary file started."""
+        looked = self.look()
+        if self._begun:
+            return
         d = self.directory
         try:
             if not d.is_dir():
@@ -741,26 +835,35 @@ class DirSink(_BufferedSink):
                 fsync_dir(d.parent)
         except OSError as exc:
             raise output_error(exc, d, "create the output directory") from None
-        self._lock_fd = open_lock(d / self.LOCK_NAME, busy=_busy(d))
+        if self._lock_fd < 0:
+            self._lock_fd = open_lock(d / self.LOCK_NAME, busy=_busy(d))
         try:
-            resume = self._recover()
+            if self._recover(tidy=True) != looked:  # read again under the lock: the same, or refused
+                raise OutputError(f"{d} changed while pgrecv was starting: is another program writing it? run again")
             self._new_file()
         except BaseException:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+            self._unlock()
             raise
-        return resume
+        self._begun = True
 
-    def _recover(self) -> Resume:
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def _recover(self, *, tidy: bool) -> Resume:
+        """What the directory holds (see the class docstring); ``tidy``: also complete a rename
+        the state has on record and remove a crash's temporary files (neither moves the result)."""
         d = self.directory
         state_path = d / self.STATE_NAME
         state = _read_state(state_path, what=d, has_offset=False, versions=(STATE_VERSION, DIR_STATE_VERSION))
         recorded = state is not None and state["version"] == DIR_STATE_VERSION  # every file on record
         try:
-            if recorded:
+            if recorded and tidy:
                 assert state is not None
                 self._complete_rename(state)
-            remove_leftovers(d)  # a crash's (this sink's or pgrecv snapshot's), never confirmed
+            if tidy:
+                remove_leftovers(d)  # a crash's (this sink's or pgrecv snapshot's), never confirmed
             ranges = _final_ranges(d)
         except OSError as exc:
             raise output_error(exc, d, "read the output directory") from None
@@ -1004,6 +1107,9 @@ class DirSink(_BufferedSink):
             self.file_started += 1
 
     def close(self) -> None:
+        if not self._begun:  # looked at, never begun (a refused start): nothing to write
+            self._unlock()
+            return
         if self._lock_fd < 0:
             return
         try:

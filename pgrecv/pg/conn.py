@@ -42,6 +42,8 @@ class ConnOptions:
     user: str | None = None
     password: str | None = None  # only from -W's prompt; never printed
     prompt: bool | None = None  # True: -W (always prompt); False: -w (never); None: prompt if needed
+    # the option that gave dbname, named by every message about it (`slots --standby` is not -d)
+    option: str = "--dbname"
 
     def __post_init__(self) -> None:
         # before anything can fail: every later message is masked, even if -d does not parse
@@ -72,13 +74,13 @@ class ConnOptions:
             # (an option name is kept: it tells what to fix, and a known password is masked anyway)
             reason = _QUOTED.sub(_mask_token, _first_line(redact(str(exc))))
             raise UsageError(
-                f"invalid connection string in --dbname: {reason}; use key=value pairs or a postgresql:// URI"
+                f"invalid connection string in {self.option}: {reason}; use key=value pairs or a postgresql:// URI"
             ) from None
         if _URI.match(base) and any("@" in str(parsed.get(k) or "") for k in ("host", "hostaddr", "port", "dbname")):
             # libpq ends the user:password part at the first '@': the rest of the password
             # would be taken for the host and shown in every message about it
             raise UsageError(
-                "the --dbname URI has more than one '@' before the host: percent-encode '@' in the user "
+                f"the {self.option} URI has more than one '@' before the host: percent-encode '@' in the user "
                 "name or password as %40 (or pass the password with PGPASSWORD or ~/.pgpass)"
             )
         return conninfo
@@ -176,7 +178,7 @@ def _refused(exc: psycopg.OperationalError, opts: ConnOptions, replication: bool
     only its text, translated by the server's lc_messages): when a replication connection is
     refused for a reason the text does not reveal, ask the server over a plain connection whether
     the role may replicate at all."""
-    error = translate(exc)
+    error = translate(exc, conn_option=opts.option)
     if not replication or type(error) is not ConnectionFailed or "FATAL:" not in str(exc):
         return error
     try:
@@ -272,9 +274,12 @@ def _unwrapped(msg: str) -> str:
     return msg
 
 
-def _connect_advice(low: str) -> str:
+def _connect_advice(low: str, option: str = "--dbname") -> str:
     """What to do about a connection that failed before the server said why (or said who is
-    unknown): the option that names the thing at fault."""
+    unknown): the option that names the thing at fault. A connection given by another option
+    than -d (``slots --standby``) is all in that option's string."""
+    if option != "--dbname":
+        return f"check the connection string given with {option} and that its server is running"
     if "role " in low and "does not exist" in low:
         return "connect as an existing role with -U (or PGUSER)"
     if "database " in low and "does not exist" in low:
@@ -317,8 +322,11 @@ _CONFIGURATION_LIMIT = "53400"
 _TOO_MANY_CONNECTIONS = "53300"
 
 
-def translate(exc: BaseException, *, slot: str | None = None, publication: str | None = None) -> PgrecvError:
-    """Map a psycopg error to the one-line user error that says what to do about it."""
+def translate(
+    exc: BaseException, *, slot: str | None = None, publication: str | None = None, conn_option: str = "--dbname"
+) -> PgrecvError:
+    """Map a psycopg error to the one-line user error that says what to do about it; ``conn_option``
+    is the option that gave the connection (for what to fix when it cannot be made)."""
     msg = server_message(exc)
     detail = redact(str(exc))
     low = msg.lower()
@@ -367,7 +375,9 @@ def translate(exc: BaseException, *, slot: str | None = None, publication: str |
             return ConnectionFailed(f"{msg}: allow replication connections for this role in pg_hba.conf", detail=detail)
         if "password authentication failed" in low or "no password supplied" in low:
             return ConnectionFailed(f"{msg}: check the password (-W to be asked, or .pgpass)", detail=detail)
-        return ConnectionFailed(f"cannot connect: {_unwrapped(msg)}: {_connect_advice(low)}", detail=detail)
+        where = "" if conn_option == "--dbname" else f" to the {conn_option} server"
+        advice = _connect_advice(low, conn_option)
+        return ConnectionFailed(f"cannot connect{where}: {_unwrapped(msg)}: {advice}", detail=detail)
     if state:  # the server's own words: not a bug here, and its hint (if any) says what to do
         hint = server_hint(exc)
         return ServerError(f"server error: {msg}" + (f": {hint}" if hint else ""), detail=detail)

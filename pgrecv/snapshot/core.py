@@ -867,13 +867,22 @@ def _prepare_dir(directory: Path) -> int:
         busy=f"{directory} is in use by another pgrecv process: stop it, or choose another directory",
     )
     try:
-        remove_leftovers(directory)
-        for entry in os.scandir(directory):
+        remove_leftovers(directory)  # an interrupted snapshot's (or stream's) temporary files
+        # What else may be there: the lock, which every pgrecv leaves. Anything more is another
+        # run's output or someone's files: the snapshot's files must sort before every change of
+        # its slot, and `start` would resume after whatever a stray name claims.
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            if entry.name == LOCK_NAME:
+                continue
             if FINAL_RE.fullmatch(entry.name):
                 raise OutputError(
                     f"{directory} already holds pgrecv output ({entry.name}): a snapshot starts a new "
                     "directory; choose an empty one"
                 )
+            raise OutputError(
+                f"{directory} is not empty (it holds {entry.name}): a snapshot starts a directory of its "
+                "own; choose an empty or new one"
+            )
     except OSError as exc:
         os.close(fd)
         raise OutputError(f"cannot use {directory} for the snapshot: {exc.strerror or exc}") from None

@@ -211,7 +211,7 @@ class Streamer:
     def run(self) -> RunStats:
         with self._signals():
             try:
-                resume = self.sink.open()
+                resume = self.sink.look()  # begun (created) only once the checks have passed
                 if self.sink.warning:
                     self.log(f"warning: {self.sink.warning}", 0)
                 self.resume = resume
@@ -294,13 +294,17 @@ class Streamer:
             self.log(f'created temporary slot "{cfg.slot}" ({cfg.plugin}) at {lsn_str(at)}')
         if not self._started_once:
             self._check_positions(rc)
-            self.sink.record_owner()
         if cfg.until_caught_up and self.target is None:
             self.target = rc.identify_system()
             self.log(f"streaming until caught up with {lsn_str(self.target)}")
         start = max(cfg.startpos or 0, self.resume_start, self.feedback.written)
         rc.start(cfg.slot, start, cfg.options)
-        if not self._started_once:  # said once the stream runs, not before an error of its own
+        if not self._started_once:
+            # the output is made only now that every check passed and the server took the slot
+            # and its options: a refused start leaves nothing behind
+            self.sink.begin()
+            self.sink.record_owner()
+            # said once the stream runs, not before an error of its own
             for line in cfg.warnings:
                 self.log(f"warning: {line}", 0)
         self._started_once = True

@@ -68,6 +68,16 @@ BAD = {
     "snapshot-long-slot": ["snapshot", "-S", LONG, "--output-dir", "snap"],
     "start-long-publication": [*CATCH_UP, "--publication", "p" * 64],
     "peek-long-publication": ["peek", "-S", "sp", "--publication", "p" * 64],
+    # issue 54, L8: names the server refuses (it used to: exit 12) and ports libpq refuses (exit 3)
+    "create-invalid-slot": ["create", "-S", "Bad-Name"],
+    "create-upper-case-slot": ["create", "-S", "Upper", "-P", "test_decoding"],
+    "start-create-invalid-slot": ["start", "--create", "-S", "a.b", "--until-caught-up", "-f", "out.jsonl"],
+    "snapshot-invalid-slot": ["snapshot", "-S", "snap shot", "--output-dir", "snap"],
+    "slots-invalid-slot": ["slots", "-S", "sp;", "--check"],
+    "port-too-large": [*CATCH_UP, "-p", "99999999999"],
+    "port-zero": ["peek", "-S", "sp", "-p", "0"],
+    "port-text": ["slots", "-p", "postgres"],
+    "port-list-with-a-bad-one": ["slots", "-p", "5432,65536"],
 }
 
 
@@ -94,6 +104,25 @@ def test_one_line_messages_say_what_to_do(slot_dsn: str, tmp_path: Path) -> None
     assert proc.stderr.count("\n") == 1 and "at most" in proc.stderr, proc.stderr
     proc = run(tmp_path, "snapshot", "-S", "snap", "--output-dir", "snap", "--range-size", "0kB", "-d", slot_dsn)
     assert proc.stderr == "pgrecv: error: --range-size '0kB' must be more than 0: write it like 64MB or 1GiB\n"
+
+
+def test_slot_names_and_ports_are_checked_before_connecting(tmp_path: Path) -> None:
+    """PostgreSQL's rule for slot names (lower-case letters, digits, underscores) and the range of
+    ports, applied before any connection: with no server to reach, still exit 2, one line."""
+    nowhere = ["-h", str(tmp_path / "no-server-here")]
+    proc = run(tmp_path, "create", "-S", "Bad-Name", *nowhere)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert proc.stderr == (
+        "pgrecv: error: --slot 'Bad-Name' is not a replication slot name (it has '-BN'): slot names may "
+        "only contain lower-case letters, digits and underscores (e.g. 'bad_name')\n"
+    )
+    proc = run(tmp_path, "start", "-S", "ok", "-p", "99999999999", *nowhere)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert proc.stderr == (
+        "pgrecv: error: -p/--port '99999999999' is not a port number: give one from 1 to 65535 "
+        "(or a comma-separated list of them, one per -h host)\n"
+    )
+    assert run(tmp_path, "slots", "-p", "5432", *nowhere).returncode == ExitCode.CONNECTION, "a good port connects"
 
 
 def test_name_of_63_bytes_is_fine(slot_dsn: str, tmp_path: Path) -> None:

@@ -104,8 +104,12 @@ def test_snapshot_cleans_only_its_own_leftovers(db_dsn: str, tmp_path: Path) -> 
     theirs = out / ".tmp-notes.txt"  # hidden, but no name pgrecv makes
     theirs.write_bytes(b"keep me\n")
     proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "snap", "--output-dir", str(out))
-    assert proc.returncode == 0, err(proc)
+    # a directory holding anything of someone else's is refused (issue 54, L8), and left as it was
+    assert proc.returncode == 8 and "is not empty (it holds .tmp-notes.txt)" in err(proc), err(proc)
     assert not ours.exists(), "an interrupted snapshot's part was not removed"
     assert theirs.read_bytes() == b"keep me\n", "a file pgrecv did not make was removed"
+    theirs.unlink()
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "snap", "--output-dir", str(out))
+    assert proc.returncode == 0, err(proc)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot('snap')")

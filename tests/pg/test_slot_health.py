@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,3 +147,19 @@ def test_max_inactive_is_refused_where_the_server_cannot_tell_and_checked_where_
     else:
         assert proc.returncode == ExitCode.UNHEALTHY, text
         assert proc.stdout.decode().startswith("slot idle1 has had no consumer for "), proc.stdout
+
+
+def test_standby_errors_name_the_standby_option(db_dsn: str, tmp_path: Path) -> None:
+    """--standby's connection string is not -d's: a message about it names --standby (issue 54, L8)."""
+    proc = pgrecv("slots", "-d", db_dsn, "--check", "--standby", "host=x port")
+    assert proc.returncode == ExitCode.USAGE, err(proc)
+    assert err(proc).startswith("pgrecv: error: invalid connection string in --standby: "), err(proc)
+    assert "--dbname" not in err(proc) and err(proc).count("\n") == 1
+    proc = pgrecv("slots", "-d", db_dsn, "--check", "--standby", "postgresql://u:p@ss@host/db")
+    assert proc.returncode == ExitCode.USAGE and "the --standby URI has more than one '@'" in err(proc), err(proc)
+    proc = pgrecv("slots", "-d", db_dsn, "--check", "--standby", f"host={tmp_path} dbname=postgres")
+    text = err(proc)
+    assert proc.returncode == ExitCode.CONNECTION, text
+    assert text.startswith("pgrecv: error: cannot connect to the --standby server: ") and text.count("\n") == 1, text
+    assert text.endswith("check the connection string given with --standby and that its server is running\n"), text
+    assert " -d" not in text and "-h and -p" not in text, text

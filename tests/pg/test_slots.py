@@ -9,7 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pgrecv.errors import ExitCode
+from pgrecv.errors import ExitCode, ServerError
+from pgrecv.pg.conn import ConnOptions
+from pgrecv.pg.slots import create_slot
 from tests.util import err, pgrecv, sql
 
 
@@ -231,13 +233,15 @@ def test_create_keeps_an_existing_publication_on_failure(db_dsn: str) -> None:
 
 
 def test_a_refused_name_says_what_the_server_allows(db_dsn: str) -> None:
-    """The server's HINT is the "what to do" of an error pgrecv has no advice of its own for."""
-    proc = pgrecv("create", "-d", db_dsn, "--slot", "Bad-Name")
-    assert proc.returncode == ExitCode.SERVER, err(proc)
-    assert err(proc).splitlines() == [
-        'pgrecv: error: server error: replication slot name "Bad-Name" contains invalid character: '
+    """The server's HINT is the "what to do" of an error pgrecv has no advice of its own for. (The
+    command line refuses such a name itself, before connecting: tests/cli/test_cli_input.py.)"""
+    with pytest.raises(ServerError) as caught:
+        create_slot(ConnOptions(dbname=db_dsn), "Bad-Name")
+    assert caught.value.exit_code == ExitCode.SERVER
+    assert caught.value.message == (
+        'server error: replication slot name "Bad-Name" contains invalid character: '
         "Replication slot names may only contain lower case letters, numbers, and the underscore character."
-    ]
+    )
 
 
 @pytest.mark.parametrize(

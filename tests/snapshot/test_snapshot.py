@@ -608,3 +608,21 @@ def test_password_is_asked_once_for_every_connection(pg_server: Any, tmp_path: P
         assert len(files) > (1 if jobs == "2" else 0)  # with two jobs, t was split: workers connected
         rows = [orjson.loads(x) for f in files for x in (out / f).read_bytes().splitlines()]
         assert sorted(r["new"]["id"] for r in rows if r["op"] == "snapshot") == list(range(1, 5001))
+
+
+@pytest.mark.parametrize("stray", ["notes.txt", ".pgrecv-state", "subdir"])
+def test_refuses_a_directory_that_is_not_empty(db_dsn: str, tmp_path: Path, stray: str) -> None:
+    """Only an empty directory (but for pgrecv's lock and an interrupted run's temporary files)
+    takes a snapshot: anything else is another run's output or someone's files (issue 54, L8)."""
+    _setup(db_dsn, rows=10)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / stray).mkdir() if stray == "subdir" else (out / stray).write_text("{}")
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "d", "--output-dir", str(out))
+    assert proc.returncode == 8, err(proc)
+    assert err(proc) == (
+        f"pgrecv: error: {out} is not empty (it holds {stray}): a snapshot starts a directory of its own; "
+        "choose an empty or new one\n"
+    )
+    assert _slots(db_dsn) == []
+    assert sorted(p.name for p in out.iterdir()) == sorted([stray, ".pgrecv.lock"])

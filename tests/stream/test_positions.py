@@ -14,8 +14,8 @@ import pytest
 
 from pgrecv.errors import ExitCode
 from pgrecv.lsn import LSN
-from tests.stream.test_start import committed, records, slot_info
-from tests.util import err, pgrecv, sql
+from tests.stream.test_start import committed, records, slot_info, spawn
+from tests.util import err, pgrecv, sql, wait_for
 
 
 @pytest.fixture
@@ -169,3 +169,57 @@ def test_startpos_of_an_asynchronous_commit_is_accepted(pg_server: object, tmp_p
         out = tmp_path / "o.jsonl"
         proc = pgrecv("start", "-d", dsn, "--slot", "s", "-I", insert_lsn, "--until-caught-up", "-f", str(out))
         assert proc.returncode == 0, err(proc)
+
+
+@pytest.mark.parametrize("output", ["file", "dir", "existing-dir"])
+def test_a_refused_start_creates_nothing(table: str, tmp_path: Path, output: str) -> None:
+    """-I ahead of the server is refused (exit 13) before the output is created: no empty file, no
+    state file, no directory, nothing new in an existing one (issue 54, L8)."""
+    if output == "existing-dir":
+        outdir = tmp_path / "out"
+        sql(table, "INSERT INTO t VALUES (1, 'x')")
+        assert (
+            pgrecv("start", "-d", table, "--slot", "s", "--output-dir", str(outdir), "--until-caught-up").returncode
+            == 0
+        )
+        sql(table, "INSERT INTO t VALUES (2, 'y')")
+    before = {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    where = ["-f", str(tmp_path / "new.jsonl")] if output == "file" else ["--output-dir", str(tmp_path / "out")]
+    bad = pgrecv("start", "-d", table, "--slot", "s", "-I", "5/0", "--until-caught-up", *where)
+    refused(bad, names="-I/--startpos 5/0 is ahead of the server's WAL")
+    assert {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")} == before
+
+
+@pytest.mark.parametrize("output", ["file", "dir"])
+def test_a_state_file_that_is_a_directory_is_named_as_such(table: str, tmp_path: Path, output: str) -> None:
+    """Not the hint for an output path that is a directory ("give a file name, or use
+    --output-dir"): the state's name is pgrecv's, and what to do is to move it away (issue 54, L8)."""
+    if output == "file":
+        state, where = tmp_path / ".out.jsonl.pgrecv-state", ["-f", str(tmp_path / "out.jsonl")]
+    else:
+        state, where = tmp_path / "out" / ".pgrecv-state", ["--output-dir", str(tmp_path / "out")]
+    state.mkdir(parents=True)
+    proc = pgrecv("start", "-d", table, "--slot", "s", "--until-caught-up", *where)
+    text = err(proc)
+    assert proc.returncode == ExitCode.OUTPUT, text
+    assert text == (
+        f"pgrecv: error: {state} is a directory, not pgrecv's state file (pgrecv keeps where the output ends "
+        "in a file of that name): move it out of the way, and run again\n"
+    )
+
+
+def test_a_start_the_server_refuses_creates_nothing(table: str, tmp_path: Path) -> None:
+    """The output is made once START_REPLICATION is taken: a slot in use elsewhere (exit 5) leaves
+    no empty file or directory behind either."""
+    busy = spawn("start", "-d", table, "--slot", "s", "-f", str(tmp_path.parent / f"{tmp_path.name}-first.jsonl"))
+    try:
+        wait_for(lambda: slot_info(table, "s")["active_pid"] is not None, what="the first consumer")
+        out = tmp_path / "second"
+        for where in (["-f", str(out / "new.jsonl")], ["--output-dir", str(out / "dir")]):
+            out.mkdir(exist_ok=True)
+            proc = pgrecv("start", "-d", table, "--slot", "s", "--until-caught-up", *where)
+            assert proc.returncode == ExitCode.SLOT, err(proc)
+            assert list(out.iterdir()) == [], "a refused start created its output"
+    finally:
+        busy.kill()
+        busy.wait()
