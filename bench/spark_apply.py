@@ -12,8 +12,7 @@ replay in that JVM; its rounds are printed).
 With ``--tables N`` the keys are spread over N tables (key k in table ``t{k % N}``), as in a
 stream of a whole database; the floor then keeps the last change per (table, key) and writes one
 directory per table.
-Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--replay spark|driver]
-[--format ...] (one replay per run, so that the RSS is that replay's).
+Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--format ...].
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pgrecv.spark.apply import ApplyConfig, run_apply
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig
 from pgrecv.spark.sparkops import start_session
 
 REL = {
@@ -165,7 +165,6 @@ def main() -> None:
     ap.add_argument(
         "--txn-size", type=int, default=500, help="changes a transaction (1: a transaction per change, as OLTP has it)"
     )
-    ap.add_argument("--replay", choices=["spark", "driver"], default="spark")
     ap.add_argument("--format", dest="fmts", action="append", choices=["parquet", "delta"])
     ap.add_argument("--repeat", type=int, default=2, help="measure each side this many times, keep the best")
     args = ap.parse_args()
@@ -181,7 +180,7 @@ def main() -> None:
         write_input(changes, args.events, args.keys, args.tables, first_lsn=after_base, txn_size=args.txn_size)
 
         def config(sources: tuple[str, ...], fmt: str, target: Path | None = None) -> ApplyConfig:
-            return ApplyConfig(sources, target or base / fmt, fmt=fmt, engine="delta-rs", replay=args.replay)
+            return ApplyConfig(sources, target or base / fmt, fmt=fmt, engine="delta-rs")
 
         for fmt in fmts:  # the existing table (also warms the JVM up)
             run_apply(config((str(base_in),), fmt), spark=spark)
@@ -206,10 +205,7 @@ def main() -> None:
                 run_apply(config((str(changes),), fmt, target), spark=spark)
                 results.setdefault(fmt, []).append(time.monotonic() - t0)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(
-        f"events {args.events}, keys {args.keys}, tables {args.tables}, {args.txn_size} a transaction, local[2], "
-        f"--replay {args.replay}"
-    )
+    print(f"events {args.events}, keys {args.keys}, tables {args.tables}, {args.txn_size} a transaction, local[2]")
     n = max(1, args.repeat)
     print(f"floor (Spark: read JSONL with schema, max_by per key, write the final table; best of {n}): {floor:.2f} s")
     print(f"old floor (read with schema, write every event; best of {n}): {old_floor:.2f} s")

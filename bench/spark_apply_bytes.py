@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from spark_apply import REL, lsn, write_input  # the same table and record layout
 
-from pgrecv.spark.apply import ApplyConfig, run_apply
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig
 from pgrecv.spark.sparkops import start_session
 
 

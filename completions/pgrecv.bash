@@ -91,12 +91,11 @@ _pgrecv() {
                 --master) return ;;
                 --conf) return ;;
                 --mode) COMPREPLY=($(compgen -W "latest history" -- "$cur")); return ;;
-                --delta-engine) COMPREPLY=($(compgen -W "auto spark delta-rs" -- "$cur")); return ;;
+                --delta-engine) COMPREPLY=($(compgen -W "auto delta-rs" -- "$cur")); return ;;
                 --key) return ;;
-                --replay) COMPREPLY=($(compgen -W "spark driver" -- "$cur")); return ;;
                 --bad-values) COMPREPLY=($(compgen -W "fail null text" -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --key --append-only --replay --bad-values --json -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --key --append-only --bad-values --json -v --verbose -q --quiet" -- "$cur")) ;;
         start)
             case "$prev" in
                 -S|--slot) return ;;

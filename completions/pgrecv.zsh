@@ -131,11 +131,10 @@ _pgrecv() {
                 '--master[Spark master (default local\[*\], or spark-submit'\''s).]:url: ' \
                 '*--conf[Spark configuration (repeatable).]:key=value: ' \
                 '--mode[latest\: the tables as they are; history\: every version (SCD type 2).]:value:(latest history)' \
-                '--delta-engine[auto\: delta-rs (with --replay driver\: Delta'\''s Spark connector when on the classpath).]:value:(auto spark delta-rs)' \
+                '--delta-engine[Who commits Delta tables\: delta-rs (auto chooses it).]:value:(auto delta-rs)' \
                 '*--key[Key columns (comma-separated) of a table whose input names none, as test_decoding'\''s may not (repeatable; double-quote names holding . , = or ").]:schema.table=columns: ' \
                 '--append-only[Tables without any key\: append their inserts.]' \
-                '--replay[Where the replay runs\: spark (Spark tasks\: the driver'\''s memory does not grow with the input; a table that cannot be applied is held back alone, exit 15) or driver (the older replay in this process; needed for --delta-engine spark).]:value:(spark driver)' \
-                '--bad-values[Values the target type cannot hold (numeric NaN, dates past 9999, ...), --replay spark\: fail (hold the table back), null (store NULL), text (a new column becomes a string column holding the value'\''s text). Changed values are counted in the summary.]:value:(fail null text)' \
+                '--bad-values[Values the target type cannot hold (numeric NaN, dates past 9999, ...)\: fail (hold the table back), null (store NULL), text (a new column becomes a string column holding the value'\''s text). Changed values are counted in the summary.]:value:(fail null text)' \
                 '--json[Print a machine-readable summary on stdout.]' \
                 ''*{-v,--verbose}'[More detail on stderr (repeat for more).]' \
                 '(-q --quiet)'{-q,--quiet}'[Print no progress or notices.]' ;;

@@ -212,7 +212,8 @@ def _lake(opts: ConnOptions, console: Console) -> None:
         )
         return
     from pgrecv.output.jsonl import JsonlEncoder
-    from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
+    from pgrecv.spark.apply import run_apply
+    from pgrecv.spark.model import ApplyConfig, table_dir_name
 
     with tempfile.TemporaryDirectory(prefix="pgrecv-demo-lake-") as tmp:
         changes = Path(tmp) / "changes.jsonl"

@@ -5,12 +5,15 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgrecv.cli.options import STATE, common_options
+from pgrecv.cli.options import STATE, common_options, log
 from pgrecv.errors import UsageError
+
+if TYPE_CHECKING:
+    from pgrecv.spark.model import BadValues, DeltaEngine, Format, Mode
 
 
 def _conf(values: tuple[str, ...]) -> dict[str, str]:
@@ -39,10 +42,10 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--delta-engine",
-    type=click.Choice(["auto", "spark", "delta-rs"]),
+    type=click.Choice(["auto", "delta-rs"]),
     default="auto",
     show_default=True,
-    help="auto: delta-rs (with --replay driver: Delta's Spark connector when on the classpath).",
+    help="Who commits Delta tables: delta-rs (auto chooses it).",
 )
 @click.option(
     "--key",
@@ -53,21 +56,13 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
     '(repeatable; double-quote names holding . , = or ").',
 )
 @click.option("--append-only", is_flag=True, help="Tables without any key: append their inserts.")
-@click.option(
-    "--replay",
-    type=click.Choice(["spark", "driver"]),
-    default="spark",
-    show_default=True,
-    help="Where the replay runs: spark (Spark tasks: the driver's memory does not grow with the input; "
-    "a table that cannot be applied is held back alone, exit 15) or driver (the older replay in this "
-    "process; needed for --delta-engine spark).",
-)
+@click.option("--replay", type=click.Choice(["spark", "driver"]), hidden=True, help="Deprecated: always spark.")
 @click.option(
     "--bad-values",
     type=click.Choice(["fail", "null", "text"]),
     default="fail",
     show_default=True,
-    help="Values the target type cannot hold (numeric NaN, dates past 9999, ...), --replay spark: "
+    help="Values the target type cannot hold (numeric NaN, dates past 9999, ...): "
     "fail (hold the table back), null (store NULL), text (a new column becomes a string column "
     "holding the value's text). Changed values are counted in the summary.",
 )
@@ -76,16 +71,16 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
 def _spark_apply(
     sources: tuple[str, ...],
     target: str,
-    fmt: str,
+    fmt: Format,
     tables: tuple[str, ...],
     master: str | None,
     confs: tuple[str, ...],
-    mode: str,
-    delta_engine: str,
+    mode: Mode,
+    delta_engine: DeltaEngine,
     keys: tuple[str, ...],
     append_only: bool,
-    replay: str,
-    bad_values: str,
+    replay: str | None,
+    bad_values: BadValues,
     as_json: bool,
 ) -> None:
     """Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.
@@ -96,9 +91,15 @@ def _spark_apply(
     applied (tables held back, each named; the others applied), 9 bad input (file:line named), 8
     cannot write the target (or another run is applying to it), 16 Spark did not start.
     """
-    from pgrecv.spark.apply import ApplyConfig, run_apply
+    from pgrecv.spark.apply import run_apply
     from pgrecv.spark.keys import parse_keys
+    from pgrecv.spark.model import ApplyConfig
     from pgrecv.spark.ui import RichProgress, print_summary
+
+    if replay == "driver":
+        raise UsageError("--replay driver: the in-driver replay is gone (spark-apply replays in Spark): leave it out")
+    if replay is not None:
+        log("warning: --replay is deprecated and does nothing: spark-apply always replays in Spark", 0)
 
     target_path = Path(target)
     if not target_path.parent.is_dir():  # a typo must not grow a new directory tree
@@ -116,7 +117,6 @@ def _spark_apply(
         conf=_conf(confs),
         append_only=append_only,
         keys=parse_keys(keys),
-        replay=replay,
         bad_values=bad_values,
     )
     show = sys.stderr.isatty() and not STATE.quiet and not as_json

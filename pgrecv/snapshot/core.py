@@ -59,6 +59,7 @@ from pgrecv.errors import (
     SlotError,
     UsageError,
 )
+from pgrecv.filters import table_filter
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.output.files import (
     DIR_MODE,
@@ -80,7 +81,6 @@ from pgrecv.output.files import (
 from pgrecv.output.sinks import Owner, write_dir_state
 from pgrecv.pg.conn import ConnOptions, connect, server_major, server_message, translate, with_typed_password
 from pgrecv.pg.types import type_name as builtin_type_name
-from pgrecv.stream.pipeline import table_filter
 
 BATCH = 4096  # rows between progress reports (and parent-alive checks) on the reference path
 WRITEBACK = 8 << 20  # bytes between background fdatasyncs of a snapshot file (files.Syncer)

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from pgrecv.errors import SparkStartError
-from pgrecv.spark.types import spark_ddl
+from pgrecv.spark.schema import spark_ddl
 
 QUIET_LOG4J2 = """\
 rootLogger.level = error

@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from pgrecv.output.console import PipeConsole
-from pgrecv.spark.apply import Progress as Hooks
-from pgrecv.spark.apply import Summary
+from pgrecv.spark.model import Progress as Hooks
+from pgrecv.spark.model import Summary
 
 
 class RichProgress(Hooks):

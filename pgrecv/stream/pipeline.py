@@ -23,7 +23,6 @@ filtered.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from pgrecv.decode.kinds import (
     ROLLBACK_PREPARED,
 )
 from pgrecv.errors import UsageError
+from pgrecv.filters import table_filter
 from pgrecv.stream.heartbeat import is_heartbeat
 
 if TYPE_CHECKING:
@@ -49,29 +49,6 @@ OPS = ("insert", "update", "delete", "truncate", "message")
 Emit = Callable[[ev.Event, Any], None]  # (event, the plugin's message)
 Boundary = Callable[[int, int, bool], None]  # (commit LSN, end LSN, counted)
 Handler = Callable[[Any, int], None]  # (the plugin's message, its LSN)
-
-
-def table_filter(include: Sequence[str], exclude: Sequence[str]) -> Callable[[str, str], bool] | None:
-    """A predicate on (schema, table) from ``--table``/``--exclude-table`` globs (schema-qualified;
-    a pattern without a dot matches the table name in any schema); None when both are empty."""
-    if not include and not exclude:
-        return None
-
-    def matches(patterns: Sequence[str], schema: str, table: str) -> bool:
-        qualified = f"{schema}.{table}"
-        return any(fnmatch.fnmatchcase(qualified if "." in p else table, p) for p in patterns)
-
-    cache: dict[tuple[str, str], bool] = {}
-
-    def keep(schema: str, table: str) -> bool:
-        key = (schema, table)
-        hit = cache.get(key)
-        if hit is None:
-            hit = (not include or matches(include, schema, table)) and not matches(exclude, schema, table)
-            cache[key] = hit
-        return hit
-
-    return keep
 
 
 def parse_ops(value: str | None) -> frozenset[str] | None:

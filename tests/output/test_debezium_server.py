@@ -107,10 +107,12 @@ def test_two_phase_is_refused(db_dsn: str) -> None:
     ]
 
 
-def test_spark_apply_reader_refuses_debezium_files(tmp_path: Path) -> None:
+def test_spark_apply_refuses_debezium_files(tmp_path: Path, spark: Any) -> None:
     """spark-apply reads pgrecv's JSONL only; a directory of envelopes is refused, not half-applied."""
     pytest.importorskip("pyarrow")
-    from pgrecv.spark.read import Reader, expand_sources
+    from pgrecv.spark.apply import run_apply
+    from pgrecv.spark.inputs import expand_sources
+    from pgrecv.spark.model import ApplyConfig
 
     name = "0000000001000000-0000000001000000.debezium.jsonl"
     line = b'{"before":null,"after":{"id":1},"source":{"connector":"postgresql"},"op":"c","ts_ms":1}\n'
@@ -118,7 +120,8 @@ def test_spark_apply_reader_refuses_debezium_files(tmp_path: Path) -> None:
     files = expand_sources([str(tmp_path)])
     assert [f.name for f in files] == [name]  # it is not skipped silently
     with pytest.raises(InputError, match=f"{name}:1: "):
-        Reader().feed_file(files[0], name)
+        run_apply(ApplyConfig((str(tmp_path),), tmp_path / "lake", fmt="delta"), spark=spark)
+    assert not (tmp_path / "lake" / "s.t").exists()
 
 
 def test_peek_consume_stops_before_a_prepared_transaction(db_dsn: str, db_conn: psycopg.Connection[Any]) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
+from pgrecv.spark.model import table_dir_name
+from tests.spark.oracle import ApplyConfig, run_apply
 from tests.util import err, pgrecv
 
 pytest.importorskip("pyspark")
@@ -390,7 +391,7 @@ def test_one_server_table_through_the_lean_read_matches_postgres(
     """A real server's stream of one table (inserts, updates, primary-key changes, deletes, over
     two batches) through the lean read (pgrecv/spark/direct.py; its size threshold lowered): the
     tables PostgreSQL has, in both formats."""
-    from pgrecv.spark import direct
+    from pgrecv.spark.read import direct
 
     monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
     with psycopg.connect(db_dsn, autocommit=True) as conn:

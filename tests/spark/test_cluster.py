@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 import pytest
 
-from pgrecv.spark.apply import ApplyConfig, run_apply
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig
 from tests.spark.changegen import Gen
 from tests.spark.test_differential import _expected, _files, _got
 from tests.util import err, pgrecv
@@ -83,8 +84,6 @@ def test_cluster_equals_local(
         str(on_cluster),
         "--format",
         fmt,
-        "--replay",
-        "spark",
         "--master",
         spark_cluster.url,
         *LOOPBACK,
@@ -110,9 +109,7 @@ def test_cluster_equals_local(
 
     # the same replay in local mode (in this process, the local[2] `spark` fixture)
     started = time.monotonic()
-    local_summary = run_apply(
-        ApplyConfig(tuple(str(f) for f in files), local, fmt=fmt, engine="delta-rs", replay="spark"), spark=spark
-    )
+    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt=fmt, engine="delta-rs"), spark=spark)
     local_seconds = time.monotonic() - started
     assert not local_summary.warnings, local_summary.warnings
     assert _counts(summary["tables"]) == _counts([asdict(t) for t in local_summary.tables])
@@ -141,7 +138,7 @@ def test_spark_submit_uses_its_master(spark_cluster: Any, stream: tuple[Gen, lis
     submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
     main = os.path.join(os.path.dirname(pgrecv.__file__), "__main__.py")
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    args = ["spark-apply", *map(str, files), "--target", str(target), "--format", "parquet", "--replay", "spark"]
+    args = ["spark-apply", *map(str, files), "--target", str(target), "--format", "parquet"]
     proc = subprocess.run(
         # the README's command: PySpark's call-site capture is a static conf, set at launch
         [submit, "--master", spark_cluster.url, *LOOPBACK, *CONF, *NO_CALL_SITES, main, *args, "-q"],

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from pgrecv.cli.main import main
-from pgrecv.spark.apply import table_dir_name
+from pgrecv.spark.model import table_dir_name
 from tests.util import err, pgrecv
 
 pytest.importorskip("pyspark")
@@ -317,9 +317,8 @@ def test_target_where_nothing_can_be_made_exits_8(tmp_path: Path) -> None:
     assert err(proc).count("\n") == 1 and "Traceback" not in err(proc)
 
 
-@pytest.mark.parametrize("replay", ["spark", "driver"])
 @pytest.mark.parametrize(("made", "given"), [("parquet", "delta"), ("delta", "parquet")])
-def test_a_table_of_the_other_format_is_refused_untouched(tmp_path: Path, made: str, given: str, replay: str) -> None:
+def test_a_table_of_the_other_format_is_refused_untouched(tmp_path: Path, made: str, given: str) -> None:
     """--format that differs from the target's tables: one line, exit 2, the table untouched. (It
     used to write the other format's table into the same directory: two tables in one.)"""
     src = _first(tmp_path)
@@ -328,7 +327,7 @@ def test_a_table_of_the_other_format_is_refused_untouched(tmp_path: Path, made: 
     assert first.returncode == 0, err(first)
     table = target / table_dir_name("s", "t")
     before = sorted(str(p.relative_to(table)) for p in table.rglob("*"))
-    proc = _here("spark-apply", str(src), "--target", str(target), "--format", given, "--replay", replay)
+    proc = _here("spark-apply", str(src), "--target", str(target), "--format", given)
     assert proc.returncode == 2, err(proc)
     name = "a Delta table" if made == "delta" else "a Parquet table of spark-apply's"
     assert err(proc) == f"pgrecv: error: {table} is {name}: use --format {made} with this target, or another --target\n"
@@ -342,8 +341,7 @@ def test_summary_onto_a_full_disk_is_one_line_exit_8(tmp_path: Path, args: list[
     target = tmp_path / "lake"
     cmd = [sys.executable, "-m", "pgrecv", "spark-apply", str(_first(tmp_path)), "--target", str(target)]
     with open("/dev/full", "wb") as full:
-        # the driver replay through delta-rs starts no JVM: what is tested is the summary's write
-        cmd += ["--format", "delta", "--delta-engine", "delta-rs", "--replay", "driver", *args]
+        cmd += ["--format", "delta", *args]
         proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, timeout=300)
     stderr = proc.stderr.decode()
     assert proc.returncode == 8, stderr
@@ -353,10 +351,7 @@ def test_summary_onto_a_full_disk_is_one_line_exit_8(tmp_path: Path, args: list[
     assert _rows(target, "t") == [{"id": 1, "x": "b"}]
 
 
-@pytest.mark.parametrize("replay", ["spark", "driver"])
-def test_a_directory_without_finished_files_starts_no_spark_and_names_what_it_did_not_take(
-    tmp_path: Path, replay: str
-) -> None:
+def test_a_directory_without_finished_files_starts_no_spark_and_names_what_it_did_not_take(tmp_path: Path) -> None:
     """A cron run before the stream's first file has nothing to read: it starts no JVM (here none
     could start) and exits 0. A .jsonl file that a directory does not take (not named by `pgrecv
     start --output-dir`) is named in a warning, not passed over in silence."""
@@ -366,7 +361,7 @@ def test_a_directory_without_finished_files_starts_no_spark_and_names_what_it_di
     (src / ".tmp-abc.part").write_bytes(b"{}")  # a file being written: not taken, not named
     target = tmp_path / "lake"
     proc = pgrecv(
-        "spark-apply", str(src), "--target", str(target), "--format", "parquet", "--json", "--replay", replay,
+        "spark-apply", str(src), "--target", str(target), "--format", "parquet", "--json",
         env={"JAVA_HOME": "/nonexistent"},
     )  # fmt: skip
     assert proc.returncode == 0, err(proc)
@@ -375,3 +370,21 @@ def test_a_directory_without_finished_files_starts_no_spark_and_names_what_it_di
     assert len(summary["warnings"]) == 1, summary["warnings"]
     assert "1 file(s) not taken (changes.jsonl)" in summary["warnings"][0]
     assert "FIRST-LAST.jsonl" in summary["warnings"][0]
+
+
+def test_the_in_driver_replay_is_gone_and_replay_is_a_deprecated_no_op(tmp_path: Path) -> None:
+    """--replay left the help (spark-apply replays in Spark only); ``--replay driver`` is refused
+    before anything is read or started, ``--replay spark`` warns and applies."""
+    help_text = _here("spark-apply", "--help").stdout.decode()
+    assert "--replay" not in help_text and "driver" not in help_text
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    gone = _here("spark-apply", str(src), "--target", str(target), "--format", "delta", "--replay", "driver")
+    assert gone.returncode == 2 and not target.exists()
+    assert err(gone) == (
+        "pgrecv: error: --replay driver: the in-driver replay is gone (spark-apply replays in Spark): leave it out\n"
+    )
+    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", "delta", "--replay", "spark")
+    assert proc.returncode == 0, err(proc)
+    assert "warning: --replay is deprecated and does nothing" in err(proc)
+    assert _rows(target, "t") == [{"id": 1, "x": "b"}]

@@ -21,9 +21,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
-from pgrecv.spark.types import column_type, convert_value
+from pgrecv.spark.model import Tuning, table_dir_name
+from pgrecv.spark.schema import column_type
 from tests.spark.changegen import Gen, TableModel
+from tests.spark.oracle import ApplyConfig, run_apply
+from tests.spark.oracle.convert import convert_value
 
 pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
@@ -93,8 +95,8 @@ def _got(t: TableModel, target: Path, fmt: str) -> list[str]:
 
 def _oracle(t: TableModel, files: list[Path]) -> list[str]:
     """The old replay, as it ran on the driver before the Spark engine."""
-    from pgrecv.spark import reduce as rd
-    from pgrecv.spark.read import Reader
+    from tests.spark.oracle import reduce as rd
+    from tests.spark.oracle.read import Reader
 
     reader = Reader()
     for f in files:
@@ -120,9 +122,6 @@ def _json_back(t: TableModel, col: str, v: Any) -> Any:
 def single(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """The stream's small tables each applied by one task (engine.single_task, the default), or
     by the shuffled plan that larger batches take."""
-    from pgrecv.spark import engine
-
-    monkeypatch.setattr(engine, "SINGLE_TASK", request.param)
     return bool(request.param)
 
 
@@ -149,9 +148,10 @@ def test_engine_equals_the_truth(
     lines = gen.run(50)
     files = _files(lines, where, cut)
     target = where / "lake"
-    run_apply(ApplyConfig((str(files[0]),), target, fmt=fmt, engine="delta-rs", replay="spark"), spark=spark)
+    tuning = Tuning(single_task=single)
+    run_apply(ApplyConfig((str(files[0]),), target, fmt=fmt, engine="delta-rs"), spark=spark, tuning=tuning)
     summary = run_apply(
-        ApplyConfig(tuple(str(f) for f in files), target, fmt=fmt, engine="delta-rs", replay="spark"), spark=spark
+        ApplyConfig(tuple(str(f) for f in files), target, fmt=fmt, engine="delta-rs"), spark=spark, tuning=tuning
     )
     assert not summary.warnings, summary.warnings
     truth = gen.truth()
@@ -270,7 +270,6 @@ def test_the_direct_read_equals_the_staged_read_and_the_truth(
     """Plain transactions only (key changes, unchanged TOAST values, TRUNCATEs, redeliveries and
     cut copies, a transaction cut by the file's end): the direct read (pgrecv/spark/direct.py)
     gives the staged read's tables and summaries, and latest mode gives the true tables."""
-    from pgrecv.spark import direct
 
     where = tmp_path_factory.mktemp("direct") / "a dir ü"
     where.mkdir()
@@ -278,12 +277,11 @@ def test_the_direct_read_equals_the_staged_read_and_the_truth(
     files = _files(gen.run(40), where, cut)
     got = {}
     for enabled in (True, False):
-        monkeypatch.setattr(direct, "ENABLED", enabled)
         target = where / f"lake-{enabled}"
         summaries = []
         for fs in ([files[0]], files):
-            cfg = ApplyConfig(tuple(map(str, fs)), target, fmt=fmt, engine="delta-rs", mode=mode, replay="spark")
-            s = run_apply(cfg, spark=spark)
+            cfg = ApplyConfig(tuple(map(str, fs)), target, fmt=fmt, engine="delta-rs", mode=mode)
+            s = run_apply(cfg, spark=spark, tuning=Tuning(direct=enabled))
             assert not s.warnings, s.warnings
             assert s.input_read == ("direct" if enabled else "staged")
             tabs = sorted(
@@ -319,7 +317,7 @@ def test_the_lean_read_equals_the_direct_read_and_the_truth(
     redeliveries and cut copies, a transaction cut by the file's end), over two runs: the lean
     read (pgrecv/spark/direct.py, its size threshold lowered) gives the direct read's tables and
     summaries, and the true tables."""
-    from pgrecv.spark import direct
+    from pgrecv.spark.read import direct
 
     monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
     where = tmp_path_factory.mktemp("lean") / "a dir ü"
@@ -328,12 +326,11 @@ def test_the_lean_read_equals_the_direct_read_and_the_truth(
     files = _files(gen.run(40), where, cut)
     got = {}
     for lean in (True, False):
-        monkeypatch.setattr(direct, "LEAN", lean)
         target = where / f"lake-{lean}"
         summaries = []
         for fs in ([files[0]], files):
-            cfg = ApplyConfig(tuple(map(str, fs)), target, fmt=fmt, engine="delta-rs", replay="spark")
-            s = run_apply(cfg, spark=spark)
+            cfg = ApplyConfig(tuple(map(str, fs)), target, fmt=fmt, engine="delta-rs")
+            s = run_apply(cfg, spark=spark, tuning=Tuning(lean=lean))
             assert not s.warnings, s.warnings
             # the lean read may leave a run to the first pass (nothing new, a cut at a transaction's
             # start); the explicit example takes it in both runs, so that this test exercises it

@@ -13,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pgrecv.errors import InputError
-from pgrecv.spark import direct
-from pgrecv.spark import replay as rp
-from pgrecv.spark.apply import ApplyConfig, Summary, run_apply, table_dir_name
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig, Summary, Tuning, table_dir_name
+from pgrecv.spark.read import direct
+from pgrecv.spark.replay import committed as rp
 from tests.spark.test_engine import _insert, _rel, _rows, _txn, _write
 
 pytest.importorskip("pyspark")
@@ -25,8 +26,9 @@ pytest.importorskip("deltalake")
 def _run(
     src: list[Path], target: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, enabled: bool, fmt: str = "delta"
 ) -> Summary:
-    monkeypatch.setattr(direct, "ENABLED", enabled)
-    return run_apply(ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt, replay="spark"), spark=spark)
+    return run_apply(
+        ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt), spark=spark, tuning=Tuning(direct=enabled)
+    )
 
 
 def _facts(s: Summary) -> Any:
@@ -340,7 +342,7 @@ def test_images_are_parsed_by_the_reader_only_where_their_texts_stay_exact(
         src = _write(tmp_path / f"{name}.jsonl", lines)
         plain = direct.read_plain(spark, [src], tmp_path / f"links-{name}")
         assert plain is not None
-        from pgrecv.spark.engine import _image_type
+        from pgrecv.spark.engine.facts import image_type as _image_type
 
         kind = _image_type([("public", name)], plain.structure, {("public", name): _Empty()}, _Config())
         assert (kind is None) == (name == "j"), (name, kind)

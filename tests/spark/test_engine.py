@@ -10,7 +10,9 @@ import orjson
 import pytest
 
 from pgrecv.errors import InputError, UsageError
-from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
+from pgrecv.spark.model import Tuning, table_dir_name
+from pgrecv.spark.tables import Batch, Table
+from tests.spark.oracle import ApplyConfig, run_apply
 from tests.util import pgrecv
 
 pytest.importorskip("pyspark")
@@ -68,7 +70,7 @@ def test_json_reaches_the_target_as_the_exact_text(tmp_path: Path, spark: Any) -
     rows = [_insert("j", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"doc":{d}}}') for i, d in enumerate(docs)]
     src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
     target = tmp_path / "lake"
-    summary = run_apply(ApplyConfig((str(src),), target, fmt="delta", replay="spark"), spark=spark)
+    summary = run_apply(ApplyConfig((str(src),), target, fmt="delta"), spark=spark)
     assert [t.status for t in summary.tables] == ["applied"]
     assert [r["doc"] for r in _rows(target, "j")] == docs
 
@@ -86,9 +88,7 @@ def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path)
     src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
     target = tmp_path / "lake"
     target.mkdir()
-    proc = pgrecv(
-        "spark-apply", str(src), "--target", str(target), "--format", "delta", "--replay", "spark", timeout=900
-    )
+    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", "delta", timeout=900)
     assert proc.returncode == 15, proc.stderr
     err = proc.stderr.decode()
     assert f"{src}:6" in err and "'10000-01-01'" in err and "column d" in err, err
@@ -111,7 +111,7 @@ def test_bad_values_null_and_text_store_and_count_them(tmp_path: Path, spark: An
     src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
     for policy in ("null", "text"):
         target = tmp_path / policy
-        config = ApplyConfig((str(src),), target, fmt="delta", replay="spark", bad_values=policy)
+        config = ApplyConfig((str(src),), target, fmt="delta", bad_values=policy)
         summary = run_apply(config, spark=spark)
         by = {t.table: t for t in summary.tables}
         assert by["public.t"].status == "applied"
@@ -130,14 +130,14 @@ def test_bad_values_null_and_text_store_and_count_them(tmp_path: Path, spark: An
     # the string columns stay: a later run stores the text of good and bad values alike
     more = [_insert("t", "0/200", "0/110", '{"id":4,"d":"2025-01-01","n":"-Infinity"}')]
     src2 = _write(tmp_path / "b.jsonl", _txn("0/200", more))
-    summary = run_apply(ApplyConfig((str(src), str(src2)), tmp_path / "text", fmt="delta", replay="spark"), spark=spark)
+    summary = run_apply(ApplyConfig((str(src), str(src2)), tmp_path / "text", fmt="delta"), spark=spark)
     assert {t.table: t.status for t in summary.tables}["public.t"] == "applied"
     assert _rows(tmp_path / "text", "t")[-1] == {"id": 4, "d": "2025-01-01", "n": "-Infinity"}
     # text cannot retype a column the target already has as a date: that table is held back, named
     good = _write(tmp_path / "0.jsonl", lines[:1] + _txn("0/50", [_insert("t", "0/50", "0/5", '{"id":9,"d":null}')]))
     typed = tmp_path / "typed"
-    run_apply(ApplyConfig((str(good),), typed, fmt="delta", replay="spark"), spark=spark)
-    config = ApplyConfig((str(good), str(src)), typed, fmt="delta", replay="spark", bad_values="text", tables=("*.t",))
+    run_apply(ApplyConfig((str(good),), typed, fmt="delta"), spark=spark)
+    config = ApplyConfig((str(good), str(src)), typed, fmt="delta", bad_values="text", tables=("*.t",))
     summary = run_apply(config, spark=spark)
     assert summary.tables[0].status == "held back"
     assert "cannot turn the existing date32[day] column d into text" in (summary.tables[0].error or "")
@@ -156,14 +156,14 @@ def test_malformed_input_is_refused_with_its_line(tmp_path: Path, spark: Any, ba
     lines = [orjson.dumps(_rel("t", [("id", "integer")])).decode(), *_txn("0/100", [bad])]
     src = _write(tmp_path / "a.jsonl", lines)
     with pytest.raises(InputError, match=rf"{src}:3: {what}"):
-        run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="parquet", replay="spark"), spark=spark)
+        run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="parquet"), spark=spark)
 
 
 def test_a_float_for_an_integer_is_refused(tmp_path: Path, spark: Any) -> None:
     lines = [orjson.dumps(_rel("t", [("id", "integer"), ("i", "integer")])).decode()]
     lines += _txn("0/100", [_insert("t", "0/100", "0/10", '{"id":1,"i":1.5}')])
     src = _write(tmp_path / "a.jsonl", lines)
-    summary = run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="parquet", replay="spark"), spark=spark)
+    summary = run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="parquet"), spark=spark)
     assert [t.status for t in summary.tables] == ["held back"]
     assert f"{src}:3: value '1.5' of column i (integer)" in (summary.tables[0].error or "")
 
@@ -171,7 +171,7 @@ def test_a_float_for_an_integer_is_refused(tmp_path: Path, spark: Any) -> None:
 @pytest.mark.parametrize("fmt", ["delta", "parquet"])
 def test_every_name_postgresql_allows(tmp_path: Path, spark: Any, fmt: str) -> None:
     """Names that need escaping, and two of 63 bytes (NAMEDATALEN - 1), for both formats."""
-    from pgrecv.spark.apply import MAX_DIR_NAME
+    from pgrecv.spark.model import MAX_DIR_NAME
 
     names = [("public", "%C3%BCn ü.x~"), ("s" * 63, "€" * 21)]
     lines = []
@@ -197,7 +197,7 @@ def test_every_name_postgresql_allows(tmp_path: Path, spark: Any, fmt: str) -> N
     ]
     src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
     target = tmp_path / "lake"
-    summary = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+    summary = run_apply(ApplyConfig((str(src),), target, fmt=fmt), spark=spark)
     assert [t.status for t in summary.tables] == ["applied", "applied"]
     for i, (s, t) in enumerate(names):
         path = target / table_dir_name(s, t)
@@ -214,12 +214,12 @@ def test_every_name_postgresql_allows(tmp_path: Path, spark: Any, fmt: str) -> N
 def test_shuffle_partitions_follow_the_input_size(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """One shuffle partition per SHUFFLE_INPUT_BYTES of input while the run lasts (a fixed count
     ran out of heap at 10M keys), the session's own value afterwards, and the user's --conf wins."""
-    from pgrecv.spark import engine
+    from pgrecv.spark.engine import tuning
 
     lines = [orjson.dumps(_rel("s", [("id", "integer"), ("v", "text")])).decode()]
     rows = [_insert("s", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"{"x" * 50}"}}') for i in range(40)]
     src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
-    monkeypatch.setattr(engine, "SHUFFLE_INPUT_BYTES", 100)
+    monkeypatch.setattr(tuning, "SHUFFLE_INPUT_BYTES", 100)
     key = "spark.sql.shuffle.partitions"
     old = spark.conf.get(key)
     spark.conf.set(key, "3")
@@ -266,7 +266,7 @@ def test_table_facts_stay_bounded_by_tables_and_columns(spark: Any) -> None:
     """What the driver collects about a table does not grow with the input: counts, positions, the
     last TRUNCATE and lists of column names, however many TRUNCATEs the batch holds (history
     mode's list of them stays in Spark). Unchanged-TOAST columns and key changes are found."""
-    from pgrecv.spark.engine import _table_facts
+    from pgrecv.spark.engine.facts import table_facts as _table_facts
 
     rows = [(10, 1, "insert", [], None), (30, 3, "update", ["big"], '{"id":1}'), (50, 5, "insert", [], None)]
     rows += [(100 + i, 100 + i, "truncate", None, None) for i in range(40)]
@@ -371,16 +371,16 @@ def _change(op: str, table: str, commit: str, lsn: str, new: str | None, old: st
 def _spy_one_pass(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The real one-pass rewrite; each call noted (by the table's first column: every table of
     these tests has ``id`` first, so the list counts the tables applied in one pass)."""
-    from pgrecv.spark import lake
+    from pgrecv.spark.tables import rewrite as lake
 
     calls: list[str] = []
-    real = lake._Rewrite._one_pass
+    real = lake.Rewrite._one_pass
 
     def spy(self: Any) -> Any:
         calls.append(self.batch.schema.names[0])
         return real(self)
 
-    monkeypatch.setattr(lake._Rewrite, "_one_pass", spy)
+    monkeypatch.setattr(lake.Rewrite, "_one_pass", spy)
     return calls
 
 
@@ -398,7 +398,6 @@ def _table(target: Path, table: str, fmt: str) -> list[dict[str, Any]]:
 def test_a_batch_touching_much_of_the_table_is_applied_in_one_pass(
     tmp_path: Path, spark: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgrecv.spark import engine
 
     rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
     base = [_insert("t", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"base {i}"}}') for i in range(40)]
@@ -414,10 +413,9 @@ def test_a_batch_touching_much_of_the_table_is_applied_in_one_pass(
     calls = _spy_one_pass(monkeypatch)
     tables = {}
     for name, one_pass in (("one", True), ("steps", False)):
-        monkeypatch.setattr(engine, "ONE_PASS", one_pass)
         target = tmp_path / name
         for src in (src0, src1):
-            s = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+            s = run_apply(ApplyConfig((str(src),), target, fmt=fmt), spark=spark, tuning=Tuning(one_pass=one_pass))
             assert [(t.status, t.applied_lsn) for t in s.tables] == [("applied", "0/100" if src == src0 else "0/300")]
         tables[name] = _table(target, "t", fmt)
     # the first run writes a new table (one pass); the second updates or deletes 31 of 40 rows
@@ -457,19 +455,19 @@ def test_a_one_pass_batch_shuffles_its_events_once_and_keeps_nearby_keys_togethe
     its tasks take the rows by range of the key (lake.task_of_key), not through Spark's range
     partitioner (whose sample is a job of its own). Nearby keys still share a file: a later batch
     of fifty neighbouring keys rewrites at most two of the table's files of 100 rows."""
-    from pgrecv.spark import lake
+    from pgrecv.spark.tables import rewrite as lake
 
     monkeypatch.setattr(lake, "ROWS_PER_FILE", 100)
     ranged = _spy_range_partitioner(spark, monkeypatch)
     plans: list[str] = []
-    real_write = lake._Rewrite.write
+    real_write = lake.Rewrite.write
 
     def write(self: Any, rows: Any, out: Path, dropped: list[str]) -> list[Path]:
         if self.batch.final is not None and self.files:
             plans.append(rows._jdf.queryExecution().executedPlan().toString())
         return real_write(self, rows, out, dropped)
 
-    monkeypatch.setattr(lake._Rewrite, "write", write)
+    monkeypatch.setattr(lake.Rewrite, "write", write)
     rel = orjson.dumps(_rel("t", [("id", "bigint"), ("v", "text")])).decode()
     base = [_insert("t", "0/10000", f"0/{0x10 + i:X}", f'{{"id":{i * 3},"v":"a"}}') for i in range(1000)]
     most = [
@@ -491,7 +489,7 @@ def test_a_one_pass_batch_shuffles_its_events_once_and_keeps_nearby_keys_togethe
     try:
         for n, (commit, rows) in enumerate((("0/10000", base), ("0/20000", most), ("0/30000", near))):
             src = _write(tmp_path / f"{n}.jsonl", [rel, *_txn(commit, rows)])
-            s = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+            s = run_apply(ApplyConfig((str(src),), target, fmt=fmt), spark=spark)
             assert [(t.status, t.applied_lsn) for t in s.tables] == [("applied", commit)]
             files.append(_data_files(table, fmt))
             if n == 0:
@@ -517,7 +515,7 @@ def test_each_write_task_takes_ranges_of_the_key(spark: Any) -> None:
     overflow (ANSI mode fails a job on that) nor land elsewhere than that rule says."""
     from pyspark.sql import functions as F
 
-    from pgrecv.spark import lake
+    from pgrecv.spark.tables import rewrite as lake
 
     def tasks_of(keys: list[int], kind: str, span: tuple[int, int], tasks: int) -> dict[int, int]:
         frame = spark.createDataFrame([(k,) for k in keys], f"id {kind}")
@@ -541,7 +539,7 @@ def test_key_span_comes_from_the_footers(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pgrecv.spark import lake
+    from pgrecv.spark.tables import rewrite as lake
 
     a, b, c = tmp_path / "a.parquet", tmp_path / "b.parquet", tmp_path / "c.parquet"
     pq.write_table(pa.table({"id": list(range(0, 1000, 2))}), a, row_group_size=100)
@@ -565,7 +563,7 @@ def test_a_poison_value_in_a_one_pass_batch_is_named_and_leaves_nothing(
     ]
     src0 = _write(tmp_path / "0.jsonl", [*rels, *_txn("0/100", base)])
     target = tmp_path / "lake"
-    run_apply(ApplyConfig((str(src0),), target, fmt=fmt, replay="spark"), spark=spark)
+    run_apply(ApplyConfig((str(src0),), target, fmt=fmt), spark=spark)
     bad_dir = target / table_dir_name("public", "bad")
     before = sorted(p.name for p in bad_dir.rglob("*"))
     rows = [
@@ -574,7 +572,7 @@ def test_a_poison_value_in_a_one_pass_batch_is_named_and_leaves_nothing(
     ]
     src1 = _write(tmp_path / "1.jsonl", [*rels, *_txn("0/200", rows)])
     calls = _spy_one_pass(monkeypatch)
-    s = run_apply(ApplyConfig((str(src1),), target, fmt=fmt, replay="spark"), spark=spark)
+    s = run_apply(ApplyConfig((str(src1),), target, fmt=fmt), spark=spark)
     assert sorted(calls) == ["id", "id"]  # both tables tried in one pass
     status = {t.table: (t.status, t.applied_lsn) for t in s.tables}
     assert status == {"public.good": ("applied", "0/200"), "public.bad": ("held back", "0/100")}
@@ -588,14 +586,14 @@ def test_a_poison_value_in_a_one_pass_batch_is_named_and_leaves_nothing(
 def test_a_batch_of_new_keys_keeps_the_tables_files(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgrecv.spark import lake
+    from pgrecv.spark.tables import rewrite as lake
 
     monkeypatch.setattr(lake, "ROWS_PER_FILE", 10)  # the 40 rows in several files
     rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
     base = [_insert("t", "0/100", f"0/{0x10 + i:X}", f'{{"id":{i},"v":"base"}}') for i in range(40)]
     src0 = _write(tmp_path / "0.jsonl", [rel, *_txn("0/100", base)])
     target = tmp_path / "lake"
-    run_apply(ApplyConfig((str(src0),), target, fmt="parquet", replay="spark"), spark=spark)
+    run_apply(ApplyConfig((str(src0),), target, fmt="parquet"), spark=spark)
     table = target / table_dir_name("public", "t") / "current"
     old = {p.stat().st_ino for p in table.glob("*.parquet") if not p.name.startswith("_")}
     # 30 new keys and 9 updates: fewer updates and deletes than a quarter of the table's 40 rows
@@ -603,7 +601,7 @@ def test_a_batch_of_new_keys_keeps_the_tables_files(
     rows += [_change("update", "t", "0/200", f"0/{0x140 + i:X}", f'{{"id":{i},"v":"upd"}}', None) for i in range(9)]
     src1 = _write(tmp_path / "1.jsonl", [rel, *_txn("0/200", rows)])
     calls = _spy_one_pass(monkeypatch)
-    run_apply(ApplyConfig((str(src1),), target, fmt="parquet", replay="spark"), spark=spark)
+    run_apply(ApplyConfig((str(src1),), target, fmt="parquet"), spark=spark)
     assert calls == []
     got = {r["id"]: r["v"] for r in _table(target, "t", "parquet")}
     assert got == {i: "upd" if i < 9 else "base" for i in range(40)} | {1000 + i: "new" for i in range(30)}
@@ -615,7 +613,6 @@ def test_a_one_pass_batch_finds_rows_by_every_column_nulls_included(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """REPLICA IDENTITY FULL without a key: a row is found by all its values, NULL equal to NULL."""
-    from pgrecv.spark import engine
 
     rel = {**_rel("f", [("id", "integer"), ("v", "text")]), "replica_identity": "full", "key": []}
     rel["columns"] = [{**c, "key": True} for c in rel["columns"]]
@@ -630,9 +627,9 @@ def test_a_one_pass_batch_finds_rows_by_every_column_nulls_included(
     calls = _spy_one_pass(monkeypatch)
     tables = {}
     for name, one_pass in (("one", True), ("steps", False)):
-        monkeypatch.setattr(engine, "ONE_PASS", one_pass)
         for src in (src0, src1):
-            run_apply(ApplyConfig((str(src),), tmp_path / name, fmt="parquet", replay="spark"), spark=spark)
+            cfg = ApplyConfig((str(src),), tmp_path / name, fmt="parquet")
+            run_apply(cfg, spark=spark, tuning=Tuning(one_pass=one_pass))
         tables[name] = _table(tmp_path / name, "f", "parquet")
     assert calls == ["id", "id"]
     assert tables["one"] == tables["steps"] == [{"id": 1, "v": "a"}, {"id": 3, "v": "c"}, {"id": 4, "v": "d"}]
@@ -645,8 +642,6 @@ def test_row_count_reads_footers_until_the_count_passes_the_question(
     first files' footers, not from every file's."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from pgrecv.spark import lake
 
     files = []
     for i, n in enumerate((3, 4, 5)):
@@ -662,15 +657,12 @@ def test_row_count_reads_footers_until_the_count_passes_the_question(
 
     monkeypatch.setattr(pq, "read_metadata", noted)
 
-    class Table(lake._Frames):
-        def data_files(self) -> list[str]:
-            return files
-
-    assert Table().row_count() == 12 and read == files
+    table = _FilesTable(files)
+    assert table.row_count() == 12 and read == files
     read.clear()
-    assert Table().row_count(above=3) == 7 and read == files[:2]
+    assert table.row_count(above=3) == 7 and read == files[:2]
     read.clear()
-    assert Table().row_count(above=12) == 12 and read == files
+    assert table.row_count(above=12) == 12 and read == files
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
@@ -703,7 +695,7 @@ def test_a_small_table_is_written_as_one_file_sorted_by_key(
     before: set[str] = set()
     for n, rows in enumerate(batches):
         src = _write(tmp_path / f"{n}.jsonl", [rel, *_txn(f"0/{n + 1}000", rows)])
-        run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay="spark"), spark=spark)
+        run_apply(ApplyConfig((str(src),), target, fmt=fmt), spark=spark)
         if fmt == "delta":
             files = set(deltalake.DeltaTable(str(table)).file_uris())
         else:
@@ -729,7 +721,7 @@ def test_the_one_file_write_counts_the_rows_of_the_files_it_rewrites(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pgrecv.spark import lake
+    from pgrecv.spark.tables import rewrite as lake
 
     monkeypatch.setattr(lake, "ROWS_PER_FILE", 100)
     files = []
@@ -739,9 +731,9 @@ def test_the_one_file_write_counts_the_rows_of_the_files_it_rewrites(
         files.append(str(f))
 
     def one_file(upserts: int | None, dropped: list[str]) -> bool:
-        batch = lake.FrameBatch(pa.schema([("id", pa.int32())]), ["id"], False, False, None, None, 0)
+        batch = Batch(pa.schema([("id", pa.int32())]), ["id"], False, False, None, None, 0)
         batch.upserts_at_most = upserts
-        return lake._Rewrite(None, batch, files, None)._one_file(dropped)
+        return lake.Rewrite(None, batch, files, None)._one_file(dropped)
 
     assert one_file(10, files)  # 100 rows: one file
     assert not one_file(11, files)
@@ -758,7 +750,6 @@ def test_a_small_tables_batch_is_replayed_and_written_without_a_shuffle(
     joined with the current rows and written in one task (engine.single_task): a run over several
     small tables takes fewer Spark jobs, at least two fewer a table (each shuffle of the shuffled
     plan is a job), and leaves the same tables. Batches that do not fit keep the shuffled plan."""
-    from pgrecv.spark import engine
 
     names = ["a", "b", "c"]
     rels = [orjson.dumps(_rel(t, [("id", "integer"), ("v", "text")])).decode() for t in names]
@@ -779,11 +770,10 @@ def test_a_small_tables_batch_is_replayed_and_written_without_a_shuffle(
     tracker = spark.sparkContext.statusTracker()
     jobs, tables = {}, {}
     for single in (True, False):
-        monkeypatch.setattr(engine, "SINGLE_TASK", single)
         target = tmp_path / f"lake-{single}"
-        run_apply(ApplyConfig((str(src0),), target, fmt=fmt, replay="spark"), spark=spark)
+        run_apply(ApplyConfig((str(src0),), target, fmt=fmt), spark=spark, tuning=Tuning(single_task=single))
         before = set(tracker.getJobIdsForGroup())
-        s = run_apply(ApplyConfig((str(src1),), target, fmt=fmt, replay="spark"), spark=spark)
+        s = run_apply(ApplyConfig((str(src1),), target, fmt=fmt), spark=spark, tuning=Tuning(single_task=single))
         jobs[single] = len(set(tracker.getJobIdsForGroup()) - before)
         assert [(t.status, t.applied_lsn) for t in s.tables] == [("applied", "0/200")] * 3
         tables[single] = [_table(target, t, fmt) for t in names]
@@ -799,31 +789,23 @@ def test_single_task_takes_only_small_batches_onto_one_file(tmp_path: Path, monk
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pgrecv.spark import engine, lake
+    from pgrecv.spark.engine import facts as engine
+    from pgrecv.spark.tables import rewrite as lake
 
     monkeypatch.setattr(lake, "ROWS_PER_FILE", 1000)
     monkeypatch.setattr(engine, "SINGLE_TASK_CHANGES", 2000)
-
-    class Target(lake._Frames):
-        def __init__(self, files: list[str]) -> None:
-            self.files = files
-
-        def data_files(self) -> list[str]:
-            return self.files
 
     f = tmp_path / "part-0.parquet"
     pq.write_table(pa.table({"id": list(range(100))}), f)
 
     def single(n: int, inserts: int, updates: int, files: list[str]) -> bool:
-        return engine.single_task({"n": n, "insert": inserts, "update": updates}, Target(files))
+        return engine.single_task({"n": n, "insert": inserts, "update": updates}, _FilesTable(files))
 
     assert single(10, 5, 5, [str(f)]) and single(10, 5, 5, [])
     assert single(2000, 400, 500, [str(f)])  # 900 upserts and the file's 100 rows: one file
     assert not single(2000, 400, 501, [str(f)])
     assert single(2000, 1000, 0, []) and not single(2000, 1001, 0, [])
     assert not single(2001, 0, 0, [])  # too many changes, whatever they are
-    monkeypatch.setattr(engine, "SINGLE_TASK", False)
-    assert not single(10, 5, 5, [])
 
 
 def _prepared(gid: str, at: str, rows: list[dict[str, Any]]) -> list[str]:
@@ -876,11 +858,10 @@ def test_paths_and_names_with_glob_characters(
     target and a table named so are read as they are, on every read (``driver``: the older replay,
     whose Parquet writer reads the current version with Spark) and by a second run that reads the
     target's files (until 2026-12-03 the second run failed: PATH_NOT_FOUND)."""
-    from pgrecv.spark import direct
+    from pgrecv.spark.read import direct
 
     monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
-    monkeypatch.setattr(direct, "LEAN", read == "lean")
-    monkeypatch.setattr(direct, "ENABLED", read != "staged")
+    tuning = Tuning(lean=read == "lean", direct=read != "staged")
     table = "t[1]{a,b}*?"
     rel = orjson.dumps(_rel(table, [("id", "integer"), ("v", "text")])).decode()
 
@@ -899,7 +880,7 @@ def test_paths_and_names_with_glob_characters(
     target = tmp_path / "lake[1]{x}*?"
     for src in (first, second):
         replay = "driver" if read == "driver" else "spark"
-        summary = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay=replay), spark=spark)
+        summary = run_apply(ApplyConfig((str(src),), target, fmt=fmt, replay=replay), spark=spark, tuning=tuning)
         assert [(t.status, t.error) for t in summary.tables] == [("applied", None)]
         if read != "driver":
             assert summary.input_read == read
@@ -911,3 +892,20 @@ def test_paths_and_names_with_glob_characters(
 
         got = pq.read_table(path / "current").to_pylist()
     assert sorted(got, key=lambda r: r["id"]) == [{"id": i, "v": "b" if i < 3 else "a"} for i in range(6)]
+
+
+class _FilesTable(Table):
+    """A table of these data files, for the choices made from their footers."""
+
+    def __init__(self, files: list[str]) -> None:
+        super().__init__(Path("/nonexistent"), "pgrecv:s.t", None)
+        self.files = files
+
+    def open(self) -> None:
+        pass
+
+    def data_files(self) -> list[str]:
+        return self.files
+
+    def write_frames(self, batch: Batch) -> int:
+        raise NotImplementedError

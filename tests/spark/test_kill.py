@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgrecv.spark.apply import ApplyConfig, run_apply
+from tests.spark.oracle import ApplyConfig, run_apply
 from tests.spark.test_apply_server import SCHEMA, _assert_equal, _peek, _workload
 from tests.util import err, pgrecv
 
@@ -98,7 +98,7 @@ def workload_files(db_dsn: str, tmp_path: Path) -> tuple[Path, Path]:
 
 # The Spark replay (the default) in both formats; the older driver replay through delta-rs only (its
 # Parquet runs start a JVM each, and CI's time is better spent on the default)
-REPLAYS = [("delta", "driver"), ("parquet", "spark"), ("delta", "spark")]
+REPLAYS = [("parquet", "spark"), ("delta", "spark")]
 
 
 @pytest.mark.parametrize(("fmt", "replay"), REPLAYS)
@@ -112,7 +112,7 @@ def test_killed_and_rerun_gives_the_exact_tables(
     base = tmp_path / f"{fmt}-base"
     shutil.copytree(target, base, symlinks=True)
     args = ["spark-apply", str(first), str(second), "--target", str(target), "--format", fmt]
-    args += ["--delta-engine", "delta-rs", "--master", "local[1]", "--replay", replay]
+    args += ["--delta-engine", "delta-rs", "--master", "local[1]"]
     rng = random.Random(f"{fmt}-{replay}-{db_dsn}")
     kills = attempt = 0
     # delays learnt: a run that finishes before its kill sets the span below its time
@@ -177,7 +177,7 @@ def test_failure_between_tables_then_rerun(
 def test_parquet_open_sweeps_what_a_killed_run_left(tmp_path: Path) -> None:
     """A run killed mid-write leaves temp versions and pointers; the next run removes them even when
     that table has nothing new to write (found by the kill test: a temp version outlived the re-run)."""
-    from pgrecv.spark.writers import ParquetTarget
+    from pgrecv.spark.tables.parquet import ParquetTable as ParquetTarget
 
     table = tmp_path / "s.t"
     (table / "_versions" / ".tmp-v000002-dead").mkdir(parents=True)

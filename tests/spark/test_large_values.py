@@ -18,7 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig, table_dir_name
 from tests.util import err, pgrecv, sql
 
 pytest.importorskip("pyspark")

@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pgrecv.errors import InputError
-from pgrecv.spark import direct
-from pgrecv.spark.apply import ApplyConfig, Summary, run_apply, table_dir_name
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig, Summary, Tuning, table_dir_name
+from pgrecv.spark.read import direct
 from tests.spark.test_direct import REFUSED as REFUSED_BY_THE_FIRST_PASS
 from tests.spark.test_direct import _cut_input, _facts, _plain_input, _update
 from tests.spark.test_engine import _insert, _rel, _rows, _txn, _write
@@ -27,9 +28,8 @@ pytest.importorskip("deltalake")
 
 
 def _run(src: list[Path], target: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, lean: bool, fmt: str) -> Summary:
-    monkeypatch.setattr(direct, "LEAN", lean)
     monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
-    return run_apply(ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt, replay="spark"), spark=spark)
+    return run_apply(ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt), spark=spark, tuning=Tuning(lean=lean))
 
 
 def _table(target: Path, fmt: str, table: str = "t") -> list[dict[str, Any]]:
@@ -217,7 +217,7 @@ def test_below_its_size_threshold_the_first_pass_decides(tmp_path: Path, spark: 
     """Small inputs keep the first pass, whose counts choose one task for a small batch."""
     src = _write(tmp_path / "a.jsonl", _plain_input())
     assert src.stat().st_size < direct.LEAN_MIN_BYTES
-    summary = run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="delta", replay="spark"), spark=spark)
+    summary = run_apply(ApplyConfig((str(src),), tmp_path / "lake", fmt="delta"), spark=spark)
     assert summary.input_read == "direct"
 
 
@@ -229,7 +229,7 @@ def test_not_where_conf_sets_the_json_readers_filter_pushdown(
     monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
     src = _write(tmp_path / "a.jsonl", _plain_input())
     conf = {"spark.sql.json.filterPushdown.enabled": "true"}
-    cfg = ApplyConfig((str(src),), tmp_path / "lake", fmt="delta", replay="spark", conf=conf)
+    cfg = ApplyConfig((str(src),), tmp_path / "lake", fmt="delta", conf=conf)
     assert run_apply(cfg, spark=spark).input_read == "direct"
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from pgrecv.spark.apply import ApplyConfig, run_apply, table_dir_name
+from pgrecv.spark.model import table_dir_name
+from tests.spark.oracle import ApplyConfig, run_apply
 
 pytest.importorskip("deltalake")
 

@@ -9,8 +9,9 @@ import orjson
 import pytest
 
 from pgrecv.errors import InputError
-from pgrecv.spark.read import Reader, check_snapshots
-from pgrecv.spark.reduce import reduce_changes
+from pgrecv.spark.inputs import check_snapshots
+from tests.spark.oracle.read import Reader
+from tests.spark.oracle.reduce import reduce_changes
 
 REL = {
     "v": 1,

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgrecv.errors import InputError
-from pgrecv.spark import reduce as rd
-from pgrecv.spark.read import Change
+from tests.spark.oracle import reduce as rd
+from tests.spark.oracle.read import Change
 
 KEY_VALUES = st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b", "1"]), st.none(), st.just(1.5), st.just(True))
 

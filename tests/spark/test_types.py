@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgrecv.errors import InputError
-from pgrecv.spark import apply as ap
-from pgrecv.spark import reduce as rd
-from pgrecv.spark.types import ColumnType, column_type, convert_value, fast_column
-from pgrecv.spark.writers import OP_COL
+from pgrecv.spark.schema import ColumnType, column_type
+from tests.spark.oracle import apply as ap
+from tests.spark.oracle import reduce as rd
+from tests.spark.oracle.convert import convert_value, fast_column
+from tests.spark.oracle.writers import OP_COL
 
 
 def _typmod(p: int, s: int) -> int:
@@ -136,18 +137,22 @@ def test_fast_column_result_is_used() -> None:
 
 
 def test_planned_columns_keep_the_fast_path() -> None:
-    from pgrecv.spark.read import TableInput
+    """A numeric(12,2) column is planned as decimal(12,2), new or existing, which the oracle's
+    whole-column cast takes (test_fast_column_result_is_used)."""
+    from pgrecv.spark.schema import plan
 
-    t = TableInput("s", "t", relations=[{"columns": [{"name": "n", "type": "numeric", "typmod": _typmod(12, 2)}]}])
-    assert ap._plan_columns(t, None, False)["n"].vector == "decimal"
+    relations = [{"columns": [{"name": "n", "type": "numeric", "typmod": _typmod(12, 2)}], "key": ["n"]}]
     existing = pa.schema([("n", pa.decimal128(12, 2))])
-    assert ap._plan_columns(t, existing, False)["n"].vector == "decimal"
+    for schema in (None, existing):
+        ct = plan("s", "t", relations, schema, False).columns["n"]
+        assert ct.arrow == pa.decimal128(12, 2)
+        assert fast_column(ct, ["1.5"]) is not None
 
 
 def test_member_text_of_what_is_not_an_object_is_none() -> None:
     """json columns' exact text is cut from the image's text; an image that is not an object (which
     the replay holds back, named) or not JSON gives None instead of failing the Spark task."""
-    from pgrecv.spark.convert import member_text
+    from pgrecv.spark.replay.convert import member_text
 
     assert member_text('{"a": 1.000000000000000000001, "b": {"c": [1]}}', "a") == "1.000000000000000000001"
     assert member_text(' {"a":1,"b":{"c":[1]}}', "b") == '{"c":[1]}'
@@ -159,7 +164,7 @@ def test_member_text_of_what_is_not_an_object_is_none() -> None:
 def test_member_text_of_deep_values_and_brackets_in_strings() -> None:
     """A member nested thousands deep (jsonb allows it; Python's recursive decoder stopped at
     about 1,000 levels, failing the task), brackets and quotes inside strings, each member whole."""
-    from pgrecv.spark.convert import member_text
+    from pgrecv.spark.replay.convert import member_text
 
     deep = "[" * 5000 + '"]"' + "]" * 5000
     text = f'{{"s": "a]\\"}}[", "d": {deep}, "o": {{"x": ["}}", {{"y": null}}]}}, "n": -1.5e3 , "t":true}}'

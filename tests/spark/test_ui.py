@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from pgrecv.spark.apply import Summary, TableResult
+from pgrecv.spark.model import Summary, TableResult
 from pgrecv.spark.ui import print_summary
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pgrecv.spark.writers import DeltaRsTarget
+from tests.spark.oracle.writers import OracleDelta as DeltaRsTarget
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -28,7 +28,7 @@ def test_lookup_after_a_delta_rs_merge(tmp_path: Path) -> None:
         .when_not_matched_insert_all()
         .execute()
     )
-    target = DeltaRsTarget(path, "pgrecv:s.t")
+    target = DeltaRsTarget(path, "pgrecv:s.t", None)
     target.open()
     found = target.lookup(["k"], [("b",), ("d",), ("x",)], ["v"], history=False)
     assert found == {("b",): {"k": "b", "v": 20}, ("d",): {"k": "d", "v": 40}}

@@ -1,74 +1,28 @@
-"""Writers for DataFrames: only the data files that hold a touched key are rewritten, by Spark.
+"""What a batch does to a table's current files: only the data files that hold a touched key
+are rewritten, by Spark.
 
-A batch is the table's final events (:func:`pgrecv.spark.replay.final_changes`): keys to delete and
-rows to upsert, and whether the batch starts with a TRUNCATE. The current data files that hold
-none of the batch's keys are kept as they are; the others are read, their touched rows dropped,
-and written again with the upserts, clustered by key (so that changes to nearby keys touch few
-files next time). One atomic step then switches the table and records the batch's position:
-
-* Parquet: a new version directory (kept files hard-linked into it), then the pointer and the
-  ``current`` link, as :class:`pgrecv.spark.writers.ParquetTarget` does;
-* Delta (delta-rs commits what Spark wrote): one commit with the remove and add actions and the
-  app transaction ``pgrecv:<schema>.<table>``.
+A batch is the table's final events (:func:`pgrecv.spark.replay.events.final_changes`): keys to
+delete and rows to upsert, and whether the batch starts with a TRUNCATE. The current data files
+that hold none of the batch's keys are kept as they are; the others are read, their touched rows
+dropped, and written again with the upserts, clustered by key (so that changes to nearby keys
+touch few files next time). Each table writer then makes the new files the table in one atomic
+step (:mod:`pgrecv.spark.tables`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
-from pgrecv.errors import OutputError
-from pgrecv.output.files import fsync_dir
-from pgrecv.spark.source import file_url, literal_read
-from pgrecv.spark.writers import DeltaRsTarget, ParquetTarget, close_versions, key_condition
+from pgrecv.spark.files import file_url, literal_read, local_path
+from pgrecv.spark.sparkops import spark_schema
+from pgrecv.spark.tables import DATA_SUFFIX, Batch
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
-DATA_SUFFIX = ".parquet"
-
-
-@dataclass
-class FrameBatch:
-    schema: pa.Schema  # the table's columns after the batch
-    key_cols: list[str]
-    null_safe: bool
-    truncate: bool
-    upserts: Any  # DataFrame of full rows (schema's columns)
-    keys: Any  # DataFrame of every touched key (key columns)
-    position: int
-    append_only: bool = False
-    # history mode: ``upserts`` are new version rows; ``closes`` ends the target's current version
-    # of each of their keys (key columns and the _end_* of the key's first new version)
-    history: bool = False
-    closes: Any = None
-    # one pass (see :class:`_Rewrite`): the final events (``_kind`` U or D, the key as the
-    # struct ``_k``, the typed values as the struct ``_v``; other columns are ignored) instead of
-    # ``upserts`` and ``keys``
-    final: Any = None
-    # ``final`` also has the key's columns as ``_k0``, ``_k1``, ... (replay.key_columns), by which
-    # it is partitioned: the one-pass join compares those, and needs no shuffle of its own
-    flat_key: bool = False
-    # at most this many rows come from the batch (its inserts and updates; None: not known): with
-    # the rows of the files it rewrites, what tells :meth:`_Rewrite.write` that one file holds all
-    upserts_at_most: int | None = None
-    # the batch's input and the table's current rows are small enough for one task: the input
-    # arrives in one partition (:func:`pgrecv.spark.engine.single_task`), the current rows are read
-    # into one, and nothing is shuffled between the replay and the write
-    single: bool = False
-    # called after the Spark job that writes the batch's files and before the commit (the lean
-    # read's counts and position: pgrecv.spark.engine._lean_settle); what it raises undoes the write
-    settle: Callable[[], None] | None = None
-
-
 ONE_PASS_FAILED = "pgrecv: the batch needs the step-by-step apply"  # raise_error's text, matched below
 
 
@@ -82,22 +36,49 @@ def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _spark_schema(schema: pa.Schema) -> Any:
-    from pgrecv.spark.sparkops import spark_schema
-
-    return spark_schema(schema)
+END_COLS = ("_end_lsn", "_end_change_lsn", "_end_time")  # what closing a history version sets
 
 
-def _local(uri: str) -> str:
-    from pgrecv.spark.source import local_path
+def key_condition(
+    left: str, right: str, key_cols: list[str], null_safe: bool, right_cols: list[str] | None = None
+) -> Any:
+    """Rows of the aliases ``left`` and ``right`` with equal keys (NULL equal to NULL for REPLICA
+    IDENTITY FULL, whose key is the whole row). ``right_cols``: the right side's names for the
+    key columns, where they differ."""
+    from pyspark.sql import functions as F
 
-    return local_path(uri)
+    cond = F.lit(True)
+    for k, r in zip(key_cols, right_cols or key_cols, strict=True):
+        a, b = F.col(f"{left}.{_q(k)}"), F.col(f"{right}.{_q(r)}")
+        cond = cond & (a.eqNullSafe(b) if null_safe else a == b)
+    return cond
 
 
-class _Rewrite:
+def close_versions(old: Any, closes: Any, key_cols: list[str], null_safe: bool, names: list[str]) -> Any:
+    """History mode: a table's rows ``old`` with the current version of each key in ``closes``
+    (its key columns and :data:`END_COLS`) closed: those columns taken from ``closes``, ``_current``
+    false. Versions are never dropped."""
+    from pyspark.sql import functions as F
+
+    flag = "_pgrecv_close"
+    s = closes.select(*[F.col(_q(c)) for c in (*key_cols, *END_COLS)]).withColumn(flag, F.lit(True)).alias("s")
+    joined = old.alias("t").join(s, key_condition("t", "s", key_cols, null_safe) & F.col("t.`_current`"), "left")
+    closed = F.col(f"s.{flag}").isNotNull()
+    out = []
+    for n in names:
+        if n in END_COLS:
+            out.append(F.when(closed, F.col(f"s.{_q(n)}")).otherwise(F.col(f"t.{_q(n)}")).alias(n))
+        elif n == "_current":
+            out.append(F.when(closed, F.lit(False)).otherwise(F.col("t.`_current`")).alias(n))
+        else:
+            out.append(F.col(f"t.{_q(n)}").alias(n))
+    return joined.select(*out)
+
+
+class Rewrite:
     """What a batch does to a set of current files; :meth:`write` leaves new files in ``out``."""
 
-    def __init__(self, spark: Any, batch: FrameBatch, files: list[str], current_schema: pa.Schema | None) -> None:
+    def __init__(self, spark: Any, batch: Batch, files: list[str], current_schema: pa.Schema | None) -> None:
         self.spark = spark
         self.batch = batch
         self.files = files  # local paths of the current data files
@@ -130,7 +111,7 @@ class _Rewrite:
                 .distinct()
                 .collect()  # one row per data file of the table: bounded by the file count, not the rows
             )
-            touched = sorted({_local(r["_f"]) for r in hits})
+            touched = sorted({local_path(r["_f"]) for r in hits})
         if not touched:
             return [], new_rows
         old = self._read(touched).alias("t")
@@ -168,7 +149,7 @@ class _Rewrite:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
         rows = (
             literal_read(self.spark)
-            .schema(_spark_schema(self.batch.schema))
+            .schema(spark_schema(self.batch.schema))
             .parquet(*[file_url(Path(f)) for f in files])
         )
         return rows.coalesce(1) if self.batch.single else rows
@@ -309,7 +290,7 @@ def rows_in(files: list[str], above: int | None = None) -> int:
     return n
 
 
-def _missing(path: Path) -> list[Path]:
+def missing_dirs(path: Path) -> list[Path]:
     """The directories down to ``path`` that do not exist yet (outermost first)."""
     out: list[Path] = []
     while not path.exists():
@@ -318,7 +299,7 @@ def _missing(path: Path) -> list[Path]:
     return out
 
 
-def _unmake(made: list[Path]) -> None:
+def unmake(made: list[Path]) -> None:
     """Removes what a failed write made of a new table's directories (innermost first), so that a
     held-back new table leaves no directory behind; a directory with anything in it stays."""
     for d in reversed(made):
@@ -328,186 +309,10 @@ def _unmake(made: list[Path]) -> None:
             d.rmdir()
 
 
-def _fsync_files(paths: list[Path]) -> None:
+def fsync_files(paths: list[Path]) -> None:
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-class _Frames:
-    """The current rows as a DataFrame over :meth:`data_files` (for unchanged-TOAST lookups)."""
-
-    spark: Any
-    schema: pa.Schema | None
-
-    def data_files(self) -> list[str]:
-        raise NotImplementedError
-
-    def row_count(self, above: int | None = None) -> int:
-        """The current rows (see :func:`rows_in`)."""
-        return rows_in(self.data_files(), above)
-
-    def frame(self) -> Any:
-        files = self.data_files()
-        if not files or self.schema is None:
-            return None
-        return literal_read(self.spark).schema(_spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
-
-
-class FrameParquetTarget(_Frames, ParquetTarget):
-    """:class:`ParquetTarget` with a batch of DataFrames; kept files are hard links."""
-
-    def data_files(self) -> list[str]:
-        if self.version is None:
-            return []
-        d = self._dir(self.version)
-        return sorted(str(p) for p in d.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
-
-    def write_frames(self, batch: FrameBatch) -> int:
-        """Writes the batch; returns the bytes of the files written."""
-        import pyarrow.parquet as pq
-
-        current = self.data_files()
-        rw = _Rewrite(self.spark, batch, current, self.schema)
-        dropped, rows = rw.plan()
-        version = (self.version or 0) + 1
-        base = self.path / "_versions"
-        made = _missing(self.path)
-        base.mkdir(parents=True, exist_ok=True)
-        final = self._dir(version)
-        if final.exists():  # left by a run killed after the rename and before the pointer switch
-            shutil.rmtree(final)
-        tmp = base / f".tmp-v{version:06d}-{uuid.uuid4().hex}"
-        try:
-            written = rw.write(rows, tmp, dropped)
-            if batch.settle is not None:
-                batch.settle()
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # what the failed job left
-            _unmake(made)
-            raise
-        size = sum(p.stat().st_size for p in written)
-        for p in tmp.iterdir():
-            if not p.name.endswith(DATA_SUFFIX) or p.name.startswith(("_", ".")):
-                p.unlink()  # Spark's _SUCCESS and .crc files
-        gone = set(dropped)
-        for kept in current:
-            if kept not in gone:
-                dest = tmp / os.path.basename(kept)
-                try:
-                    os.link(kept, dest)
-                except OSError:
-                    shutil.copy2(kept, dest)
-        pq.write_metadata(batch.schema, tmp / "_schema.parquet")  # the schema even when empty
-        _fsync_files(list(tmp.iterdir()))
-        fsync_dir(tmp)
-        os.rename(tmp, final)
-        fsync_dir(base)
-        self._switch(version, "history" if batch.history else "latest", batch.position, batch.key_cols)
-        return size
-
-
-class FrameDeltaRsTarget(_Frames, DeltaRsTarget):
-    """Spark writes the data files into the table's directory; delta-rs commits them (with the
-    removal of the files they replace and the app transaction) in one atomic commit."""
-
-    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
-        super().__init__(path, app_id)
-        self.spark = spark
-        self._files: dict[str, int] = {}  # path relative to the table → size, as in the log
-
-    def open(self) -> None:
-        super().open()
-        if self.version is None:
-            return
-        from deltalake import DeltaTable
-
-        actions = DeltaTable(str(self.path)).get_add_actions(flatten=True)
-        table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
-        paths = table.column("path").to_pylist()
-        sizes = table.column("size_bytes").to_pylist()
-        self._files = dict(zip(paths, sizes, strict=True))
-
-    def data_files(self) -> list[str]:
-        from urllib.parse import unquote
-
-        return [str(self.path / unquote(p)) for p in sorted(self._files)]
-
-    def write_frames(self, batch: FrameBatch) -> int:
-        import pyarrow.parquet as pq
-        from deltalake import CommitProperties, DeltaTable, Transaction
-        from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
-
-        current = self.data_files()
-        rw = _Rewrite(self.spark, batch, current, self.schema)
-        dropped, rows = rw.plan()
-        sub = f"pgrecv-{uuid.uuid4().hex}"
-        made = _missing(self.path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        try:
-            written = rw.write(rows, self.path / sub, dropped)
-            if batch.settle is not None:
-                batch.settle()
-        except BaseException:
-            shutil.rmtree(self.path / sub, ignore_errors=True)  # no commit names these files
-            _unmake(made)
-            raise
-        for f in (self.path / sub).iterdir():
-            if f not in written:
-                f.unlink()
-        _fsync_files(written)
-        now = int(time.time() * 1000)
-        adds = []
-        for f in written:
-            meta = pq.read_metadata(f)
-            adds.append(
-                AddAction(
-                    path=f"{sub}/{f.name}",
-                    size=f.stat().st_size,
-                    partition_values={},
-                    modification_time=now,
-                    data_change=True,
-                    stats=orjson.dumps({"numRecords": meta.num_rows}).decode(),
-                )
-            )
-        by_local = {str(self.path / _unq(p)): p for p in self._files}
-        removes = [
-            RemoveAction(path=by_local[f], data_change=True, deletion_timestamp=now, size=self._files[by_local[f]])
-            for f in dropped
-        ]
-        commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch.position)])
-        try:
-            if self.version is None:
-                create_table_with_add_actions(
-                    str(self.path), _delta_schema(batch.schema), adds, mode="error", commit_properties=commit
-                )
-            else:
-                DeltaTable(str(self.path)).create_write_transaction(
-                    [*adds, *removes], mode="append", schema=batch.schema, commit_properties=commit
-                )
-        except Exception as exc:
-            from deltalake.exceptions import CommitFailedError
-
-            if isinstance(exc, CommitFailedError):
-                raise OutputError(
-                    f"{self.path}: another writer committed to this Delta table meanwhile ({exc}): "
-                    "run spark-apply again (one run per target at a time)"
-                ) from None
-            raise
-        self.version = DeltaTable(str(self.path)).version()
-        return sum(f.stat().st_size for f in written)
-
-
-def _unq(p: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(p)
-
-
-def _delta_schema(schema: pa.Schema) -> Any:
-    from deltalake import Schema
-
-    return Schema.from_arrow(schema)

@@ -1,4 +1,4 @@
-"""Read JSONL change files into committed changes per table, in replay order.
+"""The oracle's reader: JSONL change files into committed changes per table, in replay order.
 
 This pass is sequential by nature (transaction boundaries, prepared transactions, streamed
 chunks), so it runs on the driver; it keeps only committed rows. Rules (docs/event-format.md):
@@ -18,9 +18,6 @@ integers: LSNs are parsed from ``X/X`` to 64-bit ints and never compared as text
 
 from __future__ import annotations
 
-import glob
-import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +26,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from pgrecv.errors import InputError
-from pgrecv.output.files import MANIFEST_SUFFIX, SNAPSHOT_FILE_RE, TMP_PREFIX, is_record_file
+from pgrecv.spark.inputs import _half, parse_lsn
 
 ROW_OPS = frozenset({"insert", "update", "delete"})
 TableId = tuple[str, str]
@@ -46,19 +43,6 @@ class Change(NamedTuple):
 
 
 _new_change: Any = tuple.__new__  # builds a Change from a tuple without NamedTuple's Python-level __new__
-
-
-# one half of an LSN: plain hex digits only (int(x, 16) alone would take "-5", "0x10" and "1_0")
-_half = re.compile(r"[0-9A-Fa-f]{1,8}\Z").match
-
-
-def parse_lsn(text: Any) -> int:
-    if not isinstance(text, str):
-        raise ValueError(f"LSN {text!r} is not a string")
-    hi, sep, lo = text.partition("/")
-    if not sep or not _half(hi) or not _half(lo):
-        raise ValueError(f"invalid LSN {text!r}")
-    return (int(hi, 16) << 32) | int(lo, 16)
 
 
 @dataclass
@@ -100,99 +84,6 @@ class ReadResult:
     pending: list[PendingPrepared] = field(default_factory=list)
     finished_gids: set[str] = field(default_factory=set)  # committed or rolled back in this input
     missing_prepared: list[tuple[str, int]] = field(default_factory=list)  # commit_prepared without rows
-
-
-# --- sources -----------------------------------------------------------------------------------
-
-
-def expand_sources(sources: Iterable[str]) -> list[Path]:
-    """Files, globs and directories → files in replay order (each directory sorted by name).
-
-    In a directory only finalised files count: ``FIRST-LAST*.jsonl`` names (not hidden ``.tmp-``
-    files being written) and snapshot files.
-    """
-    out: list[Path] = []
-    seen: set[Path] = set()
-
-    def add(path: Path) -> None:
-        key = path.resolve()
-        if key not in seen:
-            seen.add(key)
-            out.append(path)
-
-    for source in sources:
-        path = Path(source)
-        if path.is_dir():
-            names = sorted(e.name for e in os.scandir(path) if e.is_file() and not e.name.startswith("."))
-            for name in names:
-                if is_record_file(name):
-                    add(path / name)
-        elif path.is_file():
-            add(path)
-        else:
-            matches = sorted(glob.glob(source))
-            if not matches:
-                raise InputError(f"{source}: no such file, directory or matching glob: check the SOURCE arguments")
-            for match in matches:
-                mp = Path(match)
-                if mp.is_file() and not mp.name.startswith(TMP_PREFIX):
-                    add(mp)
-    return out
-
-
-def ignored_in_directories(sources: Iterable[str]) -> list[str]:
-    """A warning per directory SOURCE holding ``.jsonl`` files that it does not take (a
-    ``changes.jsonl`` of `pgrecv peek -f`, say): the run would otherwise say "0 files" and
-    exit 0, as if there were nothing to apply."""
-    out = []
-    for source in sources:
-        path = Path(source)
-        if not path.is_dir():
-            continue
-        names = sorted(
-            e.name
-            for e in os.scandir(path)
-            if e.is_file() and e.name.endswith(".jsonl") and not e.name.startswith(".") and not is_record_file(e.name)
-        )
-        if names:
-            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            out.append(
-                f"{path}: {len(names)} file(s) not taken ({shown}): a directory gives only the files that "
-                "`pgrecv start --output-dir` names (FIRST-LAST.jsonl); give other files as SOURCE themselves"
-            )
-    return out
-
-
-def check_snapshots(files: list[Path]) -> dict[Path, dict[str, Any]]:
-    """Snapshot files must be listed in their manifest (written last): else they are incomplete."""
-    manifests: dict[Path, dict[str, Any]] = {}
-    for path in files:
-        m = SNAPSHOT_FILE_RE.fullmatch(path.name)
-        if m is None:
-            continue
-        mpath = path.with_name(m.group("prefix") + MANIFEST_SUFFIX)
-        if mpath not in manifests:
-            try:
-                manifest = orjson.loads(mpath.read_bytes())
-                if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
-                    raise ValueError("not a snapshot manifest")
-            except FileNotFoundError:
-                manifest = None
-            except (ValueError, OSError) as exc:
-                raise InputError(f"{mpath}: unreadable snapshot manifest ({exc}): re-run `pgrecv snapshot`") from None
-            if manifest is None:
-                raise InputError(
-                    f"{path}: snapshot file without its manifest {mpath.name}: the snapshot is incomplete; "
-                    "re-run `pgrecv snapshot`"
-                )
-            manifests[mpath] = manifest
-        names = {f.get("name") for f in manifests[mpath]["files"] if isinstance(f, dict)}
-        if path.name not in names:
-            raise InputError(
-                f"{path}: snapshot file not listed in its manifest {mpath.name}: the snapshot is incomplete; "
-                "re-run `pgrecv snapshot`"
-            )
-    return manifests
 
 
 # --- the reader --------------------------------------------------------------------------------

@@ -3,14 +3,14 @@
 Most inputs are plain: transactions of pgoutput row changes (and TRUNCATEs), each change with its
 LSN and its transaction's commit LSN, no snapshot, streamed or two-phase transaction. Their replay
 needs no rule that depends on a line's place in the input, so the staged Parquet copy
-(:func:`pgrecv.spark.source.read_records`: one more read and a write of every line, and ranks,
+(:func:`pgrecv.spark.read.staged.read_records`: one more read and a write of every line, and ranks,
 split offsets and row ids for the positional rules) buys them nothing.
 
 For such an input, one narrow pass (every field of the staged envelope except the row images)
 checks every line as the staged read would, collects the relation records, and counts each
 transaction's changes by table and op. Those rows (one per transaction and table) stay cached:
 their commit LSNs decide which changes are committed, and their counts give each table's facts
-(``engine._plain_facts``) without another pass. The replay's pass then reads the JSON again, with
+(``engine.facts.plain_facts``) without another pass. The replay's pass then reads the JSON again, with
 only the fields it needs. The commit LSNs are those of the first pass, so a transaction appended
 to a file meanwhile is neither applied by this run nor counted in its position.
 
@@ -30,18 +30,10 @@ from typing import Any
 import orjson
 
 from pgrecv.output.format import FORMAT_VERSION
-from pgrecv.spark import replay as rp
-from pgrecv.spark.source import (
-    ENVELOPE_FIELDS,
-    JSON_LIMITS,
-    LSN_FIELDS,
-    LSN_PATTERN,
-    _spelling,
-    _urls,
-    json_read,
-    literal_read,
-    lsn_expr,
-)
+from pgrecv.spark.files import input_urls, literal_read, spelling
+from pgrecv.spark.inputs import parse_lsn
+from pgrecv.spark.read.envelope import ENVELOPE_FIELDS, JSON_LIMITS, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr
+from pgrecv.spark.replay import committed as rp
 
 # ``PGRECV_SPARK_DIRECT=0`` sends every input through the staged copy (for comparing the two).
 ENABLED = os.environ.get("PGRECV_SPARK_DIRECT", "1") != "0"
@@ -250,8 +242,8 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    urls = _urls(files, links)
-    rank = {_spelling(spark, u): i for i, u in enumerate(urls)}
+    urls = input_urls(files, links)
+    rank = {spelling(spark, u): i for i, u in enumerate(urls)}
     narrow = (
         json_read(spark)
         .schema(NARROW)
@@ -297,7 +289,7 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     # table; its changes counted by op in a row per table), one per relation record (grouped by
     # the record itself: a list aggregate here would make Spark sort every line) and one for every
     # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
-    # committed, and their counts are the tables' facts (``engine._plain_facts``).
+    # committed, and their counts are the tables' facts (``engine.facts.plain_facts``).
     row = op.isin(*rp.ROW_OPS)
     per = (
         narrow.groupBy(
@@ -404,10 +396,8 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
     again by the main job (:meth:`Plain.records`)."""
     from pyspark.sql import functions as F
 
-    from pgrecv.spark.read import parse_lsn
-
-    urls = _urls(files, links)
-    rank = {_spelling(spark, u): i for i, u in enumerate(urls)}
+    urls = input_urls(files, links)
+    rank = {spelling(spark, u): i for i, u in enumerate(urls)}
     op, text = F.col("op"), F.col("value")
     # A row change as pgrecv writes it is told by its first bytes, which skips it for the price
     # of reading its line (the JSON reader's filter pushdown tokenizes all of it: 0.87 s against

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from pgrecv.errors import InputError
-from pgrecv.spark.read import Change
+from tests.spark.oracle.read import Change
 
 Key = Hashable  # the key value (int/str), a tuple of them, or the canonical JSON of the key values
 _EMPTY: frozenset[str] = frozenset()

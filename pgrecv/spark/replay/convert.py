@@ -20,8 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from pgrecv.spark.source import JSON_LIMITS
-from pgrecv.spark.types import ColumnType, spark_ddl
+from pgrecv.spark.read.envelope import JSON_LIMITS
+from pgrecv.spark.schema import ColumnType, spark_ddl
 
 _INT_TYPES = {
     "smallint": "smallint",
@@ -89,11 +89,11 @@ def _array(raw: Any, ct: ColumnType) -> tuple[Any, Any]:
     """One-dimensional arrays: each element converted like a scalar of the element type."""
     from pyspark.sql import functions as F
 
-    from pgrecv.spark.types import column_type
+    from pgrecv.spark.schema import column_type
 
     element = column_type(ct.pg_type[:-2], -1)
     if element.is_json or pa.types.is_list(element.arrow):
-        element = ColumnType(element.pg_type, pa.string(), None)
+        element = ColumnType(element.pg_type, pa.string())
     elements = F.from_json(raw, "array<string>", JSON_LIMITS)
     typed = F.transform(elements, lambda x: scalar(x, element)[0])
     ok_each = F.forall(elements, lambda x: x.isNull() | (~x.startswith("[") & scalar(x, element)[1]))

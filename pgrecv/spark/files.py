@@ -1,0 +1,100 @@
+"""How pgrecv names files to Spark, and finds a line again for an error message.
+
+Spark takes paths as Hadoop URIs and globs; pgrecv gives it the files it listed itself, read
+literally (:func:`literal_read`), as ``file:`` URLs, and maps the paths Spark reports back to
+local paths (:func:`local_path`) to name ``file:line`` in what it tells the user.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pgrecv.errors import InputError
+
+# Link -> the file it stands for, for every message that names a file (see _urls).
+_REAL_NAMES: dict[str, str] = {}
+
+
+def input_urls(paths: list[Path], links: Path | None) -> list[str]:
+    """What Spark is given to read each of ``paths``: its ``file:`` URL, or for a file whose name
+    holds ':' the URL of a symbolic link to it in ``links`` (made 0700 here). Hadoop's local file
+    system builds a checksum file's path from the name (``.a:b.jsonl.crc``) and cannot parse that
+    back ("Relative path in absolute URI"); a ':' in a directory is no trouble."""
+    urls = []
+    for i, p in enumerate(paths):
+        real = p.resolve()  # what file_url gives Spark: a link given to us counts by its target's name
+        if ":" not in real.name:
+            urls.append(file_url(p))
+            continue
+        if links is None:
+            raise InputError(f"{p}: Spark cannot read a file whose name holds ':': rename it")
+        if not links.exists():  # a fresh name in the run's private directory
+            links.mkdir(mode=0o700)
+        link = links.resolve() / f"{i:06d}.jsonl"  # the link itself, not resolved through it
+        link.symlink_to(real)  # fails if the name exists
+        _REAL_NAMES[str(link)] = str(real)
+        urls.append("file://" + str(link))
+    return urls
+
+
+def literal_read(spark: Any) -> Any:
+    """Spark's reader for paths pgrecv names itself (the inputs it listed, its staged copies, the
+    target's files): never a Hadoop glob. Spark takes ``[``, ``{``, ``*`` and ``?`` in a path as
+    one, and a target such as ``lake[1]`` is then "not found". (``__globPaths__`` is the option
+    Spark's own file streams read their listed files with; pyproject pins pyspark to versions
+    that have it, and tests/spark/test_engine.py's test of glob characters fails without it.)"""
+    return spark.read.option("__globPaths__", "false")
+
+
+def file_url(path: Path) -> str:
+    """A local path for Spark: ``file://`` and the path as it is (Hadoop's Path escapes it itself;
+    a percent-encoded URI would be taken literally and not found)."""
+    return "file://" + str(path.resolve())
+
+
+def spelling(spark: Any, url: str) -> str:
+    """How Spark's ``_metadata.file_path`` spells the file at ``url``: ``file:`` and the URI's raw path."""
+    uri = spark._jvm.org.apache.hadoop.fs.Path(url).toUri()
+    return "file:" + str(uri.getRawPath())
+
+
+def local_path(uri: str) -> str:
+    """A local file's path from the URI Spark gives (``file:/a%20b/c``)."""
+    from urllib.parse import unquote
+
+    path = uri[5:] if uri.startswith("file:") else uri
+    while path.startswith("//"):
+        path = path[1:]
+    path = unquote(path)
+    return _REAL_NAMES.get(path, path)
+
+
+def find_line(path_uri: str, needle: dict[str, Any]) -> str:
+    """``file:line`` of the first line holding every ``"field":value`` of ``needle`` (for error
+    messages only: reads one file in the driver, line by line, without keeping it)."""
+    import orjson
+
+    path = local_path(path_uri)
+    parts = [orjson.dumps({k: v})[1:-1] for k, v in needle.items() if v is not None]
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if all(p in line for p in parts):
+                    return f"{path}:{lineno}"
+    except OSError:
+        pass
+    return path
+
+
+def line_of_text(path_uri: str, text: str) -> str:
+    path = local_path(path_uri)
+    want = text.encode().rstrip(b"\n")
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.rstrip(b"\n") == want:
+                    return f"{path}:{lineno}"
+    except OSError:
+        pass
+    return path

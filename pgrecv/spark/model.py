@@ -1,0 +1,123 @@
+"""spark-apply's vocabulary: what a run is asked (:class:`ApplyConfig`, :class:`Tuning`), what it
+reports (:class:`Summary`, :class:`TableResult`), its progress hooks, and where tables go."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Format = Literal["delta", "parquet"]
+Mode = Literal["latest", "history"]
+DeltaEngine = Literal["auto", "delta-rs"]
+BadValues = Literal["fail", "null", "text"]
+Name = tuple[str, str]  # (schema, table)
+
+
+STATE_DIR = "_pgrecv"
+
+
+@dataclass
+class ApplyConfig:
+    sources: tuple[str, ...]
+    target: Path
+    fmt: Format = "delta"
+    tables: tuple[str, ...] = ()
+    mode: Mode = "latest"
+    engine: DeltaEngine = "auto"
+    master: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+    append_only: bool = False
+    # values the target type cannot hold: fail (hold the table back), null, text
+    bad_values: BadValues = "fail"
+    # --key: key columns for tables whose input names none (pgrecv/spark/keys.py)
+    keys: dict[Name, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Switches of the replay's faster paths, each on by default; off, the run takes the general
+    path it would otherwise skip (for comparing the two: tests and bench/). Built once per run,
+    from the environment by :meth:`from_env`, or by a test."""
+
+    direct: bool = True  # plain inputs read from their JSON, without the staged copy (read/direct.py)
+    lean: bool = True  # a large input of one table without the first pass (read/direct.py, read_lean)
+    one_pass: bool = True  # batches that touch much of a table in one Spark job (engine/batch.py)
+    single_task: bool = True  # small batches onto small tables in one task (engine/facts.py)
+
+    @classmethod
+    def from_env(cls) -> Tuning:
+        """``PGRECV_SPARK_DIRECT``, ``_LEAN``, ``_ONE_PASS``, ``_SINGLE_TASK``: ``0`` turns one off."""
+
+        def on(name: str) -> bool:
+            return os.environ.get(f"PGRECV_SPARK_{name}", "1") != "0"
+
+        return cls(direct=on("DIRECT"), lean=on("LEAN"), one_pass=on("ONE_PASS"), single_task=on("SINGLE_TASK"))
+
+
+@dataclass
+class TableResult:
+    table: str
+    path: str
+    status: str  # applied, up to date
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    truncates: int = 0
+    version: int | None = None
+    applied_lsn: str | None = None
+    bytes_written: int | None = None
+    error: str | None = None  # why the table was held back (status "held back")
+    values_changed: int = 0  # values the target type cannot hold, stored by --bad-values null or text
+    changed_columns: list[str] = field(default_factory=list)  # ... in these columns
+
+
+@dataclass
+class Summary:
+    engine: str
+    files: int = 0
+    lines: int = 0
+    transactions: int = 0
+    incomplete: int = 0
+    rolled_back: int = 0
+    pending_prepared: int = 0
+    tables: list[TableResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    # how the Spark replay read the input: "direct" (plain input, from its JSON), "lean" (the
+    # same without the first pass over its changes: pgrecv/spark/direct.py) or "staged"
+    input_read: str = ""
+
+
+class Progress:
+    """Hooks for the command's progress bar; the default does nothing."""
+
+    def files(self, total: int) -> None: ...
+    def file_done(self) -> None: ...
+    def tables(self, total: int) -> None: ...
+    def table_done(self, name: str) -> None: ...
+
+
+MAX_DIR_NAME = 200  # below every file system's 255-byte name limit, with room for temp suffixes
+
+
+def table_dir_name(schema: str, table: str) -> str:
+    """``schema.table``, each byte outside ``[A-Za-z0-9_-]`` (dots inside names too) as ``~XX``.
+
+    Not ``%XX``: delta-rs takes table paths for URLs and decodes them, so a directory named with
+    ``%`` is not found. Two names of 63 bytes can encode to 379 characters: past MAX_DIR_NAME the
+    name is cut and a hash of the whole keeps it unique.
+    """
+
+    def enc(s: str) -> str:
+        return "".join(
+            chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "_-") else f"~{b:02X}" for b in s.encode()
+        )
+
+    name = f"{enc(schema)}.{enc(table)}"
+    if len(name) > MAX_DIR_NAME:
+        digest = hashlib.sha256(f"{schema}\0{table}".encode()).hexdigest()[:16]
+        name = f"{name[: MAX_DIR_NAME - 18]}~~{digest}"
+    return name

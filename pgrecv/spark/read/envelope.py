@@ -1,0 +1,69 @@
+"""What every read parses of a line: the envelope fields (docs/event-format.md), LSNs as 64-bit
+integers, and the JSON parser's limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pgrecv.spark.files import literal_read
+
+# Only the fields the replay uses; the JSON reader skips the rest of each line.
+
+
+# Only the fields the replay uses; the JSON reader skips the rest of each line.
+ENVELOPE_FIELDS = (
+    "v long",
+    "op string",
+    "schema string",
+    "table string",
+    "xid long",
+    "subxid long",
+    "commit_lsn string",
+    "lsn string",
+    "commit_time string",
+    "gid string",
+    "snapshot_lsn string",
+    "new string",
+    "old string",
+    "unchanged_toast array<string>",
+    "old_unchanged_toast array<string>",
+    "json_nulls array<string>",
+    "old_json_nulls array<string>",
+    "tables array<struct<schema: string, `table`: string>>",
+    "replica_identity string",
+    "key array<string>",
+    "columns array<struct<name: string, type: string, typmod: long, key: boolean>>",
+    "_corrupt string",
+)
+ENVELOPE = ", ".join(ENVELOPE_FIELDS)
+LSN_FIELDS = ("commit_lsn", "lsn", "snapshot_lsn")
+
+
+# A PostgreSQL LSN as pg_lsn prints it (upper-case hex; zero-padded halves accepted). The high half
+# stops at 7FFFFFFF so that every LSN fits a signed 64-bit integer (16 EiB of WAL: never reached).
+LSN_PATTERN = r"^[0-7]?[0-9A-Fa-f]{1,7}/[0-9A-Fa-f]{1,8}$"
+
+
+def lsn_expr(col: Any, checked: bool = False) -> Any:
+    """``X/Y`` text → bigint, in Spark (NULL for NULL and for what is not an LSN, which
+    check_input names). ``checked``: the texts were matched against the pattern already."""
+    from pyspark.sql import functions as F
+
+    hi = F.conv(F.substring_index(col, "/", 1), 16, 10).cast("bigint")
+    lo = F.conv(F.substring_index(col, "/", -1), 16, 10).cast("bigint")
+    value = hi * F.lit(4294967296) + lo
+    return value if checked else F.when(col.rlike(LSN_PATTERN), value)
+
+
+# Jackson's default limits under Spark's JSON reader and ``from_json``: a string of 20,000,000
+# characters, a number of 1,000 digits, 1,000 levels of nesting. PostgreSQL's values go far past
+# them (a text or bytea of up to 1 GB, jsonb numbers of 131,072 digits, jsonb nested thousands
+# deep), and Spark's permissive parsing then nulls the whole record, which dropped the row (issue
+# 54, H1). Every JSON parse of change data takes these options (:func:`json_read`, and
+# ``from_json(..., JSON_LIMITS)``), so that every pass reads the same lines whole.
+JSON_LIMITS = {name: str(2**31 - 1) for name in ("maxStringLen", "maxNumLen", "maxNestingDepth")}
+
+
+def json_read(spark: Any) -> Any:
+    """:func:`literal_read` for JSON lines, without Jackson's limits (:data:`JSON_LIMITS`)."""
+    return literal_read(spark).options(**JSON_LIMITS)

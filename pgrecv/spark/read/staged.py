@@ -1,0 +1,108 @@
+"""The staged read: every line of every file a row with the envelope fields, the row images
+``new``/``old`` kept as their raw JSON text (Spark's file reader keeps the exact bytes; its SQL
+JSON functions would turn ``3.14159265358979323846264`` into a double), LSNs as 64-bit integers,
+and the line's place in the input: ``_rank`` (the file's index in replay order), ``_blk`` (the
+split it was read in) and ``_mid`` (its order within the split). Ordered by those three, rows are
+in file order, which the positional rules (streamed chunks) need. Parsed once into a staged
+Parquet copy that every later pass reads."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pgrecv.errors import InputError
+from pgrecv.spark.files import file_url, find_line, input_urls, line_of_text, literal_read, local_path, spelling
+from pgrecv.spark.read.envelope import ENVELOPE, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr
+
+
+@dataclass
+class Records:
+    """The records of one run and the few facts the driver needs about them."""
+
+    frame: Any  # the DataFrame (over the staged copy: every table's replay reads it)
+    files: list[Path]
+
+
+def read_records(
+    spark: Any, files: list[Path], carried: list[Path], stage: Path | None = None, links: Path | None = None
+) -> Records:
+    """Carried-over prepared transactions first (negative ranks), then the input in name order.
+
+    With ``stage``, the parsed records are written there once as Parquet (by Spark tasks, in one
+    pass over the input) and the frame reads that copy: every later pass reads only the columns
+    it needs, and each line's place in the input (``_blk``, ``_mid``) is fixed once. ``links``:
+    a directory for links to files whose names Spark cannot read (the caller removes it)."""
+    from pyspark.sql import functions as F
+
+    ordered = [*carried, *files]
+    if not ordered:
+        return Records(None, files)
+    urls = input_urls(ordered, links)
+    df = (
+        json_read(spark)
+        .schema(ENVELOPE)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", "_corrupt")
+        .json(urls)  # file: paths, whatever fs.defaultFS says
+        .select(
+            "*",
+            F.col("_metadata.file_path").alias("_path"),
+            F.col("_metadata.file_block_start").alias("_blk"),
+            F.monotonically_increasing_id().alias("_mid"),
+        )
+    )
+    # Each file's rank, matched by the path as Spark spells it (Hadoop's URI form: spaces, '%'
+    # and '#' percent-encoded, non-ASCII kept), which the JVM computes here for each listed file.
+    # A row whose file is not matched keeps a NULL rank, which check_input reports.
+    ranks = spark.createDataFrame(
+        [(spelling(spark, url), i - len(carried)) for i, url in enumerate(urls)], "_path string, _rank int"
+    )
+    df = df.join(F.broadcast(ranks), "_path", "left")
+    lsns = [lsn_expr(F.col(n)).alias(f"{n}_i") for n in LSN_FIELDS]
+    df = df.select("*", *lsns)
+    bad_lsn = F.lit(False)
+    for name in LSN_FIELDS:
+        bad_lsn = bad_lsn | (F.col(name).isNotNull() & F.col(f"{name}_i").isNull())
+    df = df.withColumn("_bad_lsn", bad_lsn)
+    if stage is not None:
+        df.write.mode("error").parquet(file_url(stage))
+        df = literal_read(spark).parquet(file_url(stage))
+    return Records(df, files)
+
+
+def check_input(records: Records) -> None:
+    """Lines that are not records of this format, and malformed LSNs: the input is corrupt (exit 9)."""
+    from pyspark.sql import functions as F
+
+    df = records.frame
+    bad = df.where(
+        F.col("_rank").isNull()
+        | F.col("_corrupt").isNotNull()
+        | F.col("op").isNull()
+        | (F.col("v") != 1)
+        | F.col("v").isNull()
+        | F.col("_bad_lsn")
+    )
+    first = bad.orderBy("_rank", "_blk", "_mid").limit(1).collect()
+    if not first:
+        return
+    r = first[0]
+    if r["_rank"] is None:
+        raise InputError(f"{local_path(r['_path'])}: Spark read a file that was not listed: report this as a bug")
+    if r["_corrupt"] is not None:
+        where = line_of_text(r["_path"], r["_corrupt"])
+        raise InputError(f"{where}: not a valid JSON record: the file is corrupt or truncated")
+    if r["op"] is None:
+        where = find_line(r["_path"], {"v": r["v"]})
+        raise InputError(f"{where}: record lacks the field 'op': the file is corrupt")
+    if r["v"] != 1:
+        where = find_line(r["_path"], {"op": r["op"], "v": r["v"]})
+        raise InputError(f"{where}: unsupported format version v={r['v']!r}: this pgrecv reads v=1")
+    for name in LSN_FIELDS:
+        value = r[name]
+        if value is not None and not re.fullmatch(LSN_PATTERN, value):
+            where = find_line(r["_path"], {name: value})
+            raise InputError(f"{where}: invalid LSN {value!r} in {name}: the file is corrupt")

@@ -1,0 +1,118 @@
+"""The table protocol: what the replay needs of a table, whatever its format.
+
+A :class:`Table` is one PostgreSQL table under the target path. :meth:`Table.open` reads what the
+table is before the batch: the position applied to it (``applied``: the end commit LSN of the last
+batch it committed, or None), its schema and version, and its current data files. A
+:class:`Batch` says what one run does to it, as Spark DataFrames; :meth:`Table.write_frames`
+applies it in ONE atomic step that also records the batch's position, so a run killed at any
+moment leaves each table either before or after the batch, and a re-run skips what is applied.
+
+Writers (one module each): :mod:`.parquet` (a new version directory, then an atomic pointer
+switch) and :mod:`.delta` (Spark writes the data files, delta-rs commits them with the app
+transaction ``pgrecv:<schema>.<table>``). A new format is a subclass of :class:`Table` with
+``open``, ``data_files`` and ``write_frames``; :mod:`.rewrite` decides which current files a
+batch replaces and writes the new ones.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pgrecv.errors import UsageError
+from pgrecv.spark.files import file_url, literal_read
+
+POINTER = "_pgrecv_table.json"  # the Parquet table's pointer (tables/parquet.py)
+DATA_SUFFIX = ".parquet"
+
+
+@dataclass
+class Batch:
+    """One table's batch: the rows to upsert and the keys to delete, or the final events of a
+    one-pass batch, with what the write needs to know of them."""
+
+    schema: pa.Schema  # the table's columns after the batch
+    key_cols: list[str]
+    null_safe: bool  # keys may hold NULLs (REPLICA IDENTITY FULL): compare with IS NOT DISTINCT FROM
+    truncate: bool
+    upserts: Any  # DataFrame of full rows (schema's columns)
+    keys: Any  # DataFrame of every touched key (key columns)
+    position: int  # the batch's end commit LSN: recorded with its commit
+    append_only: bool = False
+    # history mode: ``upserts`` are new version rows; ``closes`` ends the target's current version
+    # of each of their keys (key columns and the _end_* of the key's first new version)
+    history: bool = False
+    closes: Any = None
+    # one pass (see :class:`pgrecv.spark.tables.rewrite.Rewrite`): the final events (``_kind`` U
+    # or D, the key as the struct ``_k``, the typed values as the struct ``_v``; other columns are
+    # ignored) instead of ``upserts`` and ``keys``
+    final: Any = None
+    # ``final`` also has the key's columns as ``_k0``, ``_k1``, ... (replay.events.key_columns), by
+    # which it is partitioned: the one-pass join compares those, and needs no shuffle of its own
+    flat_key: bool = False
+    # at most this many rows come from the batch (its inserts and updates; None: not known): with
+    # the rows of the files it rewrites, what tells the rewrite that one file holds all
+    upserts_at_most: int | None = None
+    # the batch's input and the table's current rows are small enough for one task: the input
+    # arrives in one partition (:func:`pgrecv.spark.engine.facts.single_task`), the current rows
+    # are read into one, and nothing is shuffled between the replay and the write
+    single: bool = False
+    # called after the Spark job that writes the batch's files and before the commit (the lean
+    # read's counts and position: pgrecv.spark.engine.facts.lean_settle); what it raises undoes the write
+    settle: Callable[[], None] | None = None
+
+
+# what marks a table directory as one format's: Delta's log, spark-apply's Parquet pointer
+_MARKS = {"delta": ("_delta_log", "a Delta table"), "parquet": (POINTER, "a Parquet table of spark-apply's")}
+
+
+def refuse_other_format(path: Path, fmt: str) -> None:
+    """A table directory of the other format is refused before anything is written: writing
+    into it would leave one directory that holds two tables, each reader seeing only its own."""
+    for other, (mark, name) in _MARKS.items():
+        if other != fmt and (path / mark).exists():
+            raise UsageError(f"{path} is {name}: use --format {other} with this target, or another --target")
+
+
+class Table(ABC):
+    """A table under the target path; ``applied``/``schema``/``version`` describe it before the batch."""
+
+    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
+        self.path = path
+        self.app_id = app_id
+        self.spark = spark
+        self.applied: int | None = None
+        self.schema: pa.Schema | None = None
+        self.version: int | None = None
+
+    @abstractmethod
+    def open(self) -> None:
+        """Reads the table's state (nothing when it does not exist yet)."""
+
+    @abstractmethod
+    def data_files(self) -> list[str]:
+        """The local paths of the current version's data files."""
+
+    @abstractmethod
+    def write_frames(self, batch: Batch) -> int:
+        """Applies the batch in one atomic step with its position; returns the bytes written."""
+
+    def row_count(self, above: int | None = None) -> int:
+        """The current rows (see :func:`pgrecv.spark.tables.rewrite.rows_in`)."""
+        from pgrecv.spark.tables.rewrite import rows_in
+
+        return rows_in(self.data_files(), above)
+
+    def frame(self) -> Any:
+        """The current rows as a DataFrame (None: no table yet), for unchanged-TOAST lookups."""
+        from pgrecv.spark.sparkops import spark_schema
+
+        files = self.data_files()
+        if not files or self.schema is None:
+            return None
+        return literal_read(self.spark).schema(spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])

@@ -1,0 +1,123 @@
+"""Delta tables through delta-rs: Spark writes the data files into the table's directory, and
+delta-rs commits them (with the removal of the files they replace and the app transaction
+``pgrecv:<schema>.<table>`` recording the position) in one atomic commit."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from pgrecv.errors import OutputError
+from pgrecv.spark.tables import Batch, Table, refuse_other_format
+from pgrecv.spark.tables.rewrite import Rewrite, fsync_files, missing_dirs, unmake
+
+
+class DeltaRsTable(Table):
+    """A Delta table written by Spark and committed by delta-rs."""
+
+    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
+        super().__init__(path, app_id, spark)
+        self._files: dict[str, int] = {}  # path relative to the table → size, as in the log
+
+    def open(self) -> None:
+        from deltalake import DeltaTable
+
+        refuse_other_format(self.path, "delta")
+        if not DeltaTable.is_deltatable(str(self.path)):
+            return
+        dt = DeltaTable(str(self.path))
+        self.applied = dt.transaction_version(self.app_id)
+        self.schema = pa.schema(dt.schema().to_arrow())
+        self.version = dt.version()
+        actions = dt.get_add_actions(flatten=True)
+        table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
+        paths = table.column("path").to_pylist()
+        sizes = table.column("size_bytes").to_pylist()
+        self._files = dict(zip(paths, sizes, strict=True))
+
+    def data_files(self) -> list[str]:
+        from urllib.parse import unquote
+
+        return [str(self.path / unquote(p)) for p in sorted(self._files)]
+
+    def write_frames(self, batch: Batch) -> int:
+        import pyarrow.parquet as pq
+        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+        current = self.data_files()
+        rw = Rewrite(self.spark, batch, current, self.schema)
+        dropped, rows = rw.plan()
+        sub = f"pgrecv-{uuid.uuid4().hex}"
+        made = missing_dirs(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            written = rw.write(rows, self.path / sub, dropped)
+            if batch.settle is not None:
+                batch.settle()
+        except BaseException:
+            shutil.rmtree(self.path / sub, ignore_errors=True)  # no commit names these files
+            unmake(made)
+            raise
+        for f in (self.path / sub).iterdir():
+            if f not in written:
+                f.unlink()
+        fsync_files(written)
+        now = int(time.time() * 1000)
+        adds = []
+        for f in written:
+            meta = pq.read_metadata(f)
+            adds.append(
+                AddAction(
+                    path=f"{sub}/{f.name}",
+                    size=f.stat().st_size,
+                    partition_values={},
+                    modification_time=now,
+                    data_change=True,
+                    stats=orjson.dumps({"numRecords": meta.num_rows}).decode(),
+                )
+            )
+        by_local = {str(self.path / _unq(p)): p for p in self._files}
+        removes = [
+            RemoveAction(path=by_local[f], data_change=True, deletion_timestamp=now, size=self._files[by_local[f]])
+            for f in dropped
+        ]
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch.position)])
+        try:
+            if self.version is None:
+                create_table_with_add_actions(
+                    str(self.path), _delta_schema(batch.schema), adds, mode="error", commit_properties=commit
+                )
+            else:
+                DeltaTable(str(self.path)).create_write_transaction(
+                    [*adds, *removes], mode="append", schema=batch.schema, commit_properties=commit
+                )
+        except Exception as exc:
+            from deltalake.exceptions import CommitFailedError
+
+            if isinstance(exc, CommitFailedError):
+                raise OutputError(
+                    f"{self.path}: another writer committed to this Delta table meanwhile ({exc}): "
+                    "run spark-apply again (one run per target at a time)"
+                ) from None
+            raise
+        self.version = DeltaTable(str(self.path)).version()
+        return sum(f.stat().st_size for f in written)
+
+
+def _unq(p: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(p)
+
+
+def _delta_schema(schema: pa.Schema) -> Any:
+    from deltalake import Schema
+
+    return Schema.from_arrow(schema)
