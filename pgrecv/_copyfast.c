@@ -1020,7 +1020,17 @@ done:
 
 /* ---- the stream's row encoder: pgoutput Insert/Update/Delete to a JSONL line ----------------- */
 
-enum { F_NEW, F_UNCHANGED, F_JSON_NULLS, F_OLD, F_OLD_KIND, F_OLD_UNCHANGED, F_OLD_JSON_NULLS, N_FIELDS };
+enum {
+    F_NEW,
+    F_UNCHANGED,
+    F_FROM_OLD,
+    F_JSON_NULLS,
+    F_OLD,
+    F_OLD_KIND,
+    F_OLD_UNCHANGED,
+    F_OLD_JSON_NULLS,
+    N_FIELDS
+};
 
 /* What one relation needs per row, worked out once by pgrecv.output.fastpath (a capsule holds it). */
 typedef struct {
@@ -1252,7 +1262,7 @@ enum { V_VALUE = 0, V_NULL, V_TOAST };
 
 typedef struct {
     Py_ssize_t off, len;
-    char state, jnull;
+    char state, jnull, filled; /* filled: an unchanged TOAST value taken from the old image */
 } colval;
 
 /* One TupleData at *pos: every column's JSON value into vals, described by cv. */
@@ -1269,6 +1279,7 @@ read_image(const plan *pl, const unsigned char *d, Py_ssize_t end, Py_ssize_t *p
             return DECLINE;
         unsigned char k = d[p++];
         cv[j].jnull = 0;
+        cv[j].filled = 0;
         if (k == 'n') {
             cv[j].state = V_NULL;
             continue;
@@ -1321,16 +1332,46 @@ read_image(const plan *pl, const unsigned char *d, Py_ssize_t end, Py_ssize_t *p
     return OK;
 }
 
-/* A list of names (the columns in `which` state, or with a JSON null), written ["a","b"]; with
- * `optional`, nothing at all when it would be empty. */
+/* An update's new image takes, for each column it marks unchanged-TOAST, the value its old image
+ * holds for it (any column of a full image, a key column of a key image; not one the old image
+ * marks unchanged too): pgrecv.events.fill_from_old, the step the reference's decoder takes. */
 static int
-put_names(obuf *o, const plan *pl, const colval *cv, int toast, int keyonly, piece field, int optional)
+fill_from_old(const plan *pl, obuf *vals, const obuf *old_vals, colval *cn, const colval *co, int full)
+{
+    for (Py_ssize_t j = 0; j < pl->n; j++) {
+        if (cn[j].state != V_TOAST || (!full && !pl->keyflags[j]) || co[j].state == V_TOAST)
+            continue;
+        cn[j].filled = 1;
+        cn[j].jnull = co[j].jnull;
+        if (co[j].state == V_NULL) {
+            cn[j].state = V_NULL;
+            continue;
+        }
+        Py_ssize_t off = vals->len;
+        if (put(vals, old_vals->p + co[j].off, co[j].len) != OK)
+            return DECLINE;
+        cn[j].state = V_VALUE;
+        cn[j].off = off;
+        cn[j].len = co[j].len;
+    }
+    return OK;
+}
+
+enum { N_TOAST, N_FROM_OLD, N_JSON_NULL };
+
+/* A list of names (the columns left unchanged-TOAST, filled from the old image, or holding a JSON
+ * null), written ["a","b"]; with `optional`, nothing at all when it would be empty. */
+static int
+put_names(obuf *o, const plan *pl, const colval *cv, int which, int keyonly, piece field, int optional)
 {
     int first = 1;
     for (Py_ssize_t j = 0; j < pl->n; j++) {
         if (keyonly && !pl->keyflags[j])
             continue;
-        if (toast ? cv[j].state != V_TOAST : !(cv[j].state == V_VALUE && cv[j].jnull))
+        int listed = which == N_TOAST      ? cv[j].state == V_TOAST
+                     : which == N_FROM_OLD ? cv[j].filled
+                                           : cv[j].state == V_VALUE && cv[j].jnull;
+        if (!listed)
             continue;
         if (first && put(o, field.ptr, field.len) != OK)
             return DECLINE;
@@ -1410,6 +1451,8 @@ encode_message(const plan *pl, const unsigned char *d, Py_ssize_t end, uint64_t 
         return DECLINE;
     if (pos != end)
         return DECLINE;
+    if (op == 1 && old_kind >= 0 && fill_from_old(pl, &new_vals, &old_vals, cv_new, cv_old, old_kind == 1) != OK)
+        return DECLINE;
 
     obuf *o = &line_buf;
     o->len = 0;
@@ -1423,8 +1466,9 @@ encode_message(const plan *pl, const unsigned char *d, Py_ssize_t end, uint64_t 
     const piece *f = pl->fields;
     if (op != 2) {
         if (put(o, f[F_NEW].ptr, f[F_NEW].len) != OK || put_image(o, pl, &new_vals, cv_new, 0) != OK ||
-            put_names(o, pl, cv_new, 1, 0, f[F_UNCHANGED], 0) != OK ||
-            put_names(o, pl, cv_new, 0, 0, f[F_JSON_NULLS], 1) != OK)
+            put_names(o, pl, cv_new, N_TOAST, 0, f[F_UNCHANGED], 0) != OK ||
+            put_names(o, pl, cv_new, N_FROM_OLD, 0, f[F_FROM_OLD], 1) != OK ||
+            put_names(o, pl, cv_new, N_JSON_NULL, 0, f[F_JSON_NULLS], 1) != OK)
             return DECLINE;
     }
     if (op != 0) {
@@ -1440,8 +1484,8 @@ encode_message(const plan *pl, const unsigned char *d, Py_ssize_t end, uint64_t 
             if (put_image(o, pl, &old_vals, cv_old, keyonly) != OK ||
                 put(o, f[F_OLD_KIND].ptr, f[F_OLD_KIND].len) != OK ||
                 put(o, pl->old_kinds[old_kind].ptr, pl->old_kinds[old_kind].len) != OK ||
-                put_names(o, pl, cv_old, 1, keyonly, f[F_OLD_UNCHANGED], 1) != OK ||
-                put_names(o, pl, cv_old, 0, keyonly, f[F_OLD_JSON_NULLS], 1) != OK)
+                put_names(o, pl, cv_old, N_TOAST, keyonly, f[F_OLD_UNCHANGED], 1) != OK ||
+                put_names(o, pl, cv_old, N_JSON_NULL, keyonly, f[F_OLD_JSON_NULLS], 1) != OK)
                 return DECLINE;
         }
     }

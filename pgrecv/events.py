@@ -140,12 +140,52 @@ OldKind = Literal["K", "O"] | None  # key columns only / the whole old row (REPL
 
 @dataclass(frozen=True, slots=True)
 class Update:
+    """``new`` holds, for a column the server marked unchanged-TOAST, the value ``old`` holds for it
+    when ``old`` has one (see :func:`fill_from_old`); ``toast_from_old`` names those columns. A
+    column still :data:`UNCHANGED` in ``new`` is one whose value nobody sent."""
+
     relation: Relation
     new: Tuple
     old: Tuple | None = None  # None when the key did not change and identity is not FULL
     old_kind: OldKind = None
     xid: int | None = None
     lsn: int = 0
+    toast_from_old: tuple[str, ...] = ()
+
+
+def fill_from_old(relation: Relation, new: Tuple, old: Tuple, old_kind: OldKind) -> tuple[Tuple, tuple[str, ...]]:
+    """(``new`` with each unchanged TOAST value that ``old`` holds put in, the names of those columns).
+
+    An update's old image is a value of the very row the new image is written over, so where the
+    new image says "unchanged, not sent" the old image's value is the new value, exactly. A full
+    old image (``"O"``, REPLICA IDENTITY FULL) holds every column; a key image (``"K"``) only the
+    key columns: its other columns are NULL placeholders, not values. The server writes old
+    images with their TOASTed values inline, so in practice every marked column of a FULL table is
+    filled; one the old image marks unchanged too stays :data:`UNCHANGED`.
+
+    The decoders call this for every update that has an old image: the same pure step for
+    pgoutput and test_decoding (and ``pgrecv/_copyfast.c``'s ``fill_from_old`` does the same for
+    the native JSONL encoder). ``new`` comes back as it is when nothing was filled.
+    """
+    cols = relation.columns
+    n = len(new)
+    if len(old) != n or len(cols) != n:
+        return new, ()
+    out: list[Value] | None = None
+    names: list[str] = []
+    full = old_kind == "O"
+    for i, v in enumerate(new):
+        if v is UNCHANGED and (full or cols[i].key):
+            o = old[i]
+            if o is UNCHANGED:
+                continue
+            if out is None:
+                out = list(new)
+            out[i] = o
+            names.append(cols[i].name)
+    if out is None:
+        return new, ()
+    return tuple(out), tuple(names)
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,7 @@ from pgrecv.events import (
     Tuple,
     TypeInfo,
     Update,
+    fill_from_old,
 )
 from pgrecv.pg.types import type_name as builtin_type_name
 
@@ -146,6 +147,7 @@ class _UpdateDraft:
     old_kind: OldKind
     xid: int | None
     lsn: int
+    toast_from_old: tuple[str, ...]
 
 
 class _DeleteDraft:
@@ -170,7 +172,7 @@ def _drafts_work() -> bool:
     rel = Relation(1, "s", "t", "d", ())
     samples = (
         (_InsertDraft, Insert(rel, ("a",), 2, 3)),
-        (_UpdateDraft, Update(rel, ("a",), (None,), "K", 2, 3)),
+        (_UpdateDraft, Update(rel, ("a",), (None,), "K", 2, 3, ("b",))),
         (_DeleteDraft, Delete(rel, ("a",), "O", 2, 3)),
     )
     for draft_cls, event in samples:
@@ -194,10 +196,16 @@ _DRAFTS: Final = _drafts_work()
 
 
 def _make_update(
-    relation: Relation, new: Tuple, old: Tuple | None, old_kind: OldKind, xid: int | None, lsn: int
+    relation: Relation,
+    new: Tuple,
+    old: Tuple | None,
+    old_kind: OldKind,
+    xid: int | None,
+    lsn: int,
+    toast_from_old: tuple[str, ...],
 ) -> Update:
     if not _DRAFTS:
-        return Update(relation, new, old, old_kind, xid, lsn)
+        return Update(relation, new, old, old_kind, xid, lsn, toast_from_old)
     ev = _new(_UpdateDraft)
     ev.relation = relation
     ev.new = new
@@ -205,6 +213,7 @@ def _make_update(
     ev.old_kind = old_kind
     ev.xid = xid
     ev.lsn = lsn
+    ev.toast_from_old = toast_from_old
     ev.__class__ = Update  # type: ignore[assignment]
     return ev  # type: ignore[return-value]
 
@@ -433,7 +442,10 @@ class PgOutputDecoder:
         new, pos = reader(data, pos + 2)
         if pos != len(data):
             raise _length_error(kind, data, pos)
-        return _make_update(rel, new, old, old_kind, xid, lsn)
+        filled: tuple[str, ...] = ()
+        if old is not None and UNCHANGED in new:
+            new, filled = fill_from_old(rel, new, old, old_kind)
+        return _make_update(rel, new, old, old_kind, xid, lsn, filled)
 
     def _delete(self, data: bytes, lsn: int) -> Delete:
         kind = DELETE

@@ -75,6 +75,7 @@ from pgrecv.events import (
     Truncate,
     Update,
     Value,
+    fill_from_old,
 )
 from pgrecv.output.values import days_from_civil
 from pgrecv.pg.types import oid_for_name
@@ -338,7 +339,8 @@ class TestDecodingParser:
             rel = self._relation(st, old_hdrs, old_hdrs)
             unsent: tuple[Value, ...] = (UNCHANGED,) * len(old_hdrs)
             if has_old:
-                return Update(rel, unsent, old_vals, "K", None, lsn)
+                new, filled = fill_from_old(rel, unsent, old_vals, "K")
+                return Update(rel, new, old_vals, "K", None, lsn, filled)
             return Update(rel, unsent, None, None, None, lsn)
         else:
             hdrs, vals, _ = self._tuple(line, pos, st, _NEW)
@@ -360,7 +362,11 @@ class TestDecodingParser:
         old: list[Value] = [None] * len(hdrs)
         for slot, value in zip(slots, old_vals, strict=True):
             old[slot] = value
-        return Update(rel, vals, tuple(old), "K", None, lsn)
+        old_tuple = tuple(old)
+        if UNCHANGED in vals:
+            new, filled = fill_from_old(rel, vals, old_tuple, "K")
+            return Update(rel, new, old_tuple, "K", None, lsn, filled)
+        return Update(rel, vals, old_tuple, "K", None, lsn)
 
     def _tuple(self, line: str, pos: int, st: _Table, kind: int) -> tuple[tuple[str, ...], tuple[Value, ...], int]:
         """Columns `` name[type]:value`` from ``pos`` to the end (or to `` new-tuple:`` for an old key).

@@ -214,7 +214,16 @@ def image_splice(record: dict[str, Any]) -> tuple[bytes, bytes]:
 # The fields after a row record's head, as the native encoder writes them (pgrecv/output/jsonl.py's order).
 IMAGE_FIELDS: Final = tuple(
     b"," + orjson.dumps({name: None})[1:-5]
-    for name in ("new", "unchanged_toast", "json_nulls", "old", "old_kind", "old_unchanged_toast", "old_json_nulls")
+    for name in (
+        "new",
+        "unchanged_toast",
+        "toast_from_old",
+        "json_nulls",
+        "old",
+        "old_kind",
+        "old_unchanged_toast",
+        "old_json_nulls",
+    )
 )
 OLD_KINDS: Final = (orjson.dumps("key"), orjson.dumps("full"))
 

@@ -429,18 +429,24 @@ class JsonlEncoder:
         self._write(_dumps(rec, option=_OPT))
 
     @staticmethod
-    def _new_image(rec: Record, c: _Compiled, tup: ev.Tuple) -> None:
+    def _new_image(rec: Record, c: _Compiled, tup: ev.Tuple, from_old: tuple[str, ...] = _NOTHING) -> None:
+        """``new``, ``unchanged_toast``, ``toast_from_old`` (an update's columns whose unchanged
+        TOAST value the decoder took from its old image; only when there is one), ``json_nulls``."""
         try:
             new = c.fast(tup)
         except _CONVERSION_ERRORS as exc:
             raise c.value_error(tup, exc) from None
         if new is None:  # unchanged TOAST, JSON null or an odd row: the general loop
             rec["new"], rec["unchanged_toast"], jnull = c.image(tup)
+            if from_old:
+                rec["toast_from_old"] = from_old
             if jnull:
                 rec["json_nulls"] = jnull
         else:
             rec["new"] = new
             rec["unchanged_toast"] = _NOTHING
+            if from_old:
+                rec["toast_from_old"] = from_old
 
     def _insert(self, e: ev.Insert) -> None:
         rec, c = self._row("insert", e)
@@ -449,7 +455,7 @@ class JsonlEncoder:
 
     def _update(self, e: ev.Update) -> None:
         rec, c = self._row("update", e)
-        self._new_image(rec, c, e.new)
+        self._new_image(rec, c, e.new, e.toast_from_old)
         rec["old"] = None
         rec["old_kind"] = None
         if e.old is not None:

@@ -202,7 +202,15 @@ def test_update_round_trip(pairs: list[tuple[Value, Value]], old_kind: str | Non
     msg = update(78, new) if old_kind is None else update(78, new, old, old_kind)
     ev = dec.decode(msg)
     assert isinstance(ev, Update)
-    assert ev.new == new and ev.old_kind == old_kind and ev.old == (None if old_kind is None else old)
+    assert ev.old_kind == old_kind and ev.old == (None if old_kind is None else old)
+    # every column is a key column: with an old image (key or full), an unchanged TOAST value of the
+    # new image is the old image's value for it, unless that one is unchanged TOAST too (issue 60)
+    if old_kind is None:
+        assert ev.new == new and ev.toast_from_old == ()
+    else:
+        filled = [i for i, (o, n) in enumerate(pairs) if n is UNCHANGED and o is not UNCHANGED]
+        assert ev.new == tuple(o if i in filled else n for i, (o, n) in enumerate(pairs))
+        assert ev.toast_from_old == tuple(f"c{i}" for i in filled)
 
 
 @FUZZ

@@ -481,12 +481,25 @@ def changes_of(w: Walk, table: str) -> list[Change]:
 
 @pytest.mark.parametrize("cap", by_case("toast"), ids=lambda c: c.path.parent.name)
 def test_golden_toast_unchanged(cap: Capture) -> None:
+    """Default identity: the big value left unchanged is not sent and stays UNCHANGED. FULL identity:
+    the server sends it in the old image, and the decoder puts it in the new image (issue 60)."""
     w = walk(cap)
     for table in ("toast_d", "toast_f"):
         updates = [c for c in changes_of(w, table) if isinstance(c, Update)]
         big = [c.relation.columns.index(next(col for col in c.relation.columns if col.name == "big")) for c in updates]
         unchanged = [u for u, i in zip(updates, big, strict=True) if u.new[i] is UNCHANGED]
-        assert unchanged, f"{table}: no unchanged TOAST value in an Update"
+        filled = [u for u in updates if u.toast_from_old]
+        if table == "toast_d":
+            assert unchanged, f"{table}: no unchanged TOAST value in an Update"
+            assert not filled
+        else:
+            assert not unchanged, f"{table}: an unchanged TOAST value left out although the old image holds it"
+            assert filled
+            for u, i in zip(updates, big, strict=True):
+                if u.toast_from_old:
+                    assert u.toast_from_old == ("big",)
+                    assert u.old is not None and u.old_kind == "O"
+                    assert isinstance(u.new[i], str) and u.new[i] == u.old[i] and len(u.new[i]) > 2000
         for u in updates:  # only the big value is ever left out
             assert all(
                 v is not UNCHANGED for col, v in zip(u.relation.columns, u.new, strict=True) if col.name != "big"
