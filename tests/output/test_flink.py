@@ -38,8 +38,9 @@ CREATE TABLE t_full (
     ts timestamp, ts3 timestamp(3), tstz timestamptz, d date, j jsonb, js json, b bytea, ia int[], ta text[], u uuid
 );
 ALTER TABLE t_full REPLICA IDENTITY FULL;
-CREATE TABLE t_toast (id int PRIMARY KEY, n int, big text);
+CREATE TABLE t_toast (id int PRIMARY KEY, n int, big text, bb bytea);
 ALTER TABLE t_toast ALTER COLUMN big SET STORAGE EXTERNAL;
+ALTER TABLE t_toast ALTER COLUMN bb SET STORAGE EXTERNAL;
 ALTER TABLE t_toast REPLICA IDENTITY FULL;
 CREATE TABLE t_dflt (id int PRIMARY KEY, v text);
 CREATE TABLE t_dflt_upd (id int PRIMARY KEY, v text);
@@ -61,11 +62,13 @@ WORKLOAD = [
     """INSERT INTO t_full (id, txt) VALUES (4, 'short-lived'), (5, 'stays');
        DELETE FROM t_full WHERE id = 4;
        UPDATE t_full SET b = '\\x00ff', tstz = '2026-06-30 23:59:59.999999+00', j = '{"z": null}' WHERE id = 2""",
-    # two TOASTed values (incompressible, stored out of line); then one row keeps its value unchanged
-    """INSERT INTO t_toast SELECT i, 0, (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))
-       FROM generate_series(1, 2) i""",
+    # TOASTed values (incompressible, stored out of line), then updates that leave them unchanged
+    """INSERT INTO t_toast SELECT i, 0, (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300)),
+              convert_to((SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 100)), 'UTF8')
+       FROM generate_series(1, 3) i""",
     "UPDATE t_toast SET n = 1",
     "UPDATE t_toast SET big = 'now short' WHERE id = 2",
+    "UPDATE t_toast SET n = n + 1 WHERE id <> 2; UPDATE t_toast SET id = 30 WHERE id = 3",
     "INSERT INTO t_dflt VALUES (1, 'a'), (2, 'b'), (3, 'c'); DELETE FROM t_dflt WHERE id = 2",
     "INSERT INTO t_dflt_upd VALUES (1, 'a'); UPDATE t_dflt_upd SET v = 'b' WHERE id = 1",
 ]
@@ -91,7 +94,7 @@ FLINK = {
         ("ta", "ARRAY<STRING>", "ta"),
         ("u", "STRING", "u::text"),
     ],
-    "t_toast": [("id", "INT", "id"), ("n", "INT", "n"), ("big", "STRING", "big")],
+    "t_toast": [("id", "INT", "id"), ("n", "INT", "n"), ("big", "STRING", "big"), ("bb", "BYTES", "bb")],
     "t_dflt": [("id", "INT", "id"), ("v", "STRING", "v")],
     "t_dflt_upd": [("id", "INT", "id"), ("v", "STRING", "v")],
 }
@@ -215,14 +218,17 @@ def test_flink_reads_debezium_output(db_dsn: str, db_conn: psycopg.Connection[An
     assert kinds.count("-U") == 3 and kinds.count("-D") == 1, kinds
     assert _replay(results["t_full"], strict=True) == _expected(db_conn, "t_full")
 
-    # unchanged TOAST: Flink sees Debezium's placeholder where the server sent no value
+    # unchanged TOAST under REPLICA IDENTITY FULL: the server sent the value in the old row, and
+    # pgrecv's after carries it (issue 60): every retraction is the row Flink holds, no placeholder
     assert "t_toast" not in errors, errors.get("t_toast")
-    # (not strict: after the first update Flink's row holds the placeholder, while the next update's
-    # before image, the whole old row under REPLICA IDENTITY FULL, carries the real value)
-    toast = _replay(results["t_toast"], strict=False)
+    toast = _replay(results["t_toast"], strict=True)
     expected = _expected(db_conn, "t_toast")
-    assert len(expected[1][2]) == 9600 and toast[1] == [1, 1, UNAVAILABLE]
-    assert toast[2] == expected[2] == [2, 1, "now short"]
+    assert toast == expected and sorted(expected) == [1, 2, 30]
+    assert len(expected[1][2]) == 9600 and expected[2][:3] == [2, 1, "now short"] and expected[30][1] == 2
+    assert [r["kind"] for r in results["t_toast"]].count("+U") == 7
+    marks = (UNAVAILABLE, base64.b64encode(UNAVAILABLE.encode()).decode())  # text, bytea
+    placeholders = [v for r in results["t_toast"] for v in r["row"] if isinstance(v, str) and v.startswith(marks)]
+    assert placeholders == [], len(placeholders)
 
     # default identity: deletes carry only the key (the rest null); replayed by key they are right
     assert "t_dflt" not in errors, errors.get("t_dflt")
