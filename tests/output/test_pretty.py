@@ -83,6 +83,17 @@ def test_key_change_and_unchanged_toast() -> None:
     assert "body=new body" in line_with(out, "id=3")
 
 
+def test_unchanged_toast_taken_from_the_full_old_row_is_not_a_change() -> None:
+    """REPLICA IDENTITY FULL: the decoder puts the old row's value in the new row (issue 60); the
+    update then shows only what changed, not an unchanged TOAST marker."""
+    old = ("1", "ann", "x" * 3000)
+    new, filled = ev.fill_from_old(ACCOUNTS, ("1", "bob", UNCHANGED), old, "O")
+    assert new == ("1", "bob", "x" * 3000) and filled == ("note",)
+    out = render(txn(ev.Update(ACCOUNTS, new, old=old, old_kind="O", toast_from_old=filled)))
+    update = line_with(out, "update")
+    assert "owner=bob" in update and "note=" not in update and "unchanged toast" not in out
+
+
 def test_long_values_are_cut_and_sql_null_is_shown() -> None:
     long_value = "x" * 300
     out = render(txn(ev.Insert(ACCOUNTS, ("1", long_value, None))))
