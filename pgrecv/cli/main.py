@@ -9,8 +9,6 @@ from collections.abc import Callable
 from typing import Any, TextIO, cast
 
 import click
-import orjson
-import psycopg
 
 from pgrecv import __version__
 from pgrecv.cli.options import (
@@ -280,6 +278,8 @@ def slots(
         write_stdout(prometheus(rows))
         return
     if fmt == "jsonl":  # one line per slot: few
+        import orjson
+
         from pgrecv.output.files import write_stdout
 
         write_stdout(b"".join(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE) for row in rows))
@@ -727,7 +727,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
-    except (PgrecvError, psycopg.Error) as caught:
+    except _reported_errors() as caught:
         # A server error no command translated itself still gets the one-line treatment.
         error = caught if isinstance(caught, PgrecvError) else translate(caught)
         if error.exit_code == ExitCode.OUTPUT:
@@ -745,6 +745,13 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("pgrecv: error: the reader of standard output went away before all was written", err=True)
         sys.exit(ExitCode.OUTPUT)
     sys.exit(ExitCode.OK)
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """What ``main`` reports as one line: pgrecv's errors, and psycopg's once it is imported (an
+    ``except`` evaluates this only when something is raised; ``--help`` never imports psycopg)."""
+    psycopg = sys.modules.get("psycopg")
+    return (PgrecvError,) if psycopg is None else (PgrecvError, psycopg.Error)
 
 
 def _leave(code: int) -> None:

@@ -3,6 +3,10 @@
 Only what the user passed explicitly goes into the conninfo; everything else is left to libpq,
 so PG* environment variables, service files and ``.pgpass`` work unchanged. A password never
 leaves this module in any message: :func:`redact` is what ``--verbose`` shows.
+
+psycopg is imported where a connection string is parsed or a connection made, not with the module:
+the command line's options and ``--help`` need :class:`ConnOptions` and :func:`redact` only, and
+psycopg's import alone takes about 0.1 s (bench/help.py).
 """
 
 from __future__ import annotations
@@ -10,11 +14,8 @@ from __future__ import annotations
 import getpass
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
-
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrecv.errors import (
     ConnectionFailed,
@@ -25,6 +26,9 @@ from pgrecv.errors import (
     SlotError,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    import psycopg
 
 APPLICATION_NAME = "pgrecv"
 
@@ -52,6 +56,9 @@ class ConnOptions:
             _remember(self.password)
 
     def conninfo(self, *, replication: bool = False, **extra: Any) -> str:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
         try:
             base = self.dbname if self.dbname and ("=" in self.dbname or "://" in self.dbname) else ""
             params: dict[str, Any] = {
@@ -136,6 +143,9 @@ def redact(text: str) -> str:
 
 def describe(conninfo: str) -> str:
     """A password-free ``host:port/dbname as user`` summary for --verbose lines."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         d = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
@@ -154,6 +164,8 @@ _typed_password: str | None = None
 def connect(opts: ConnOptions, *, replication: bool = False, autocommit: bool = True) -> psycopg.Connection[Any]:
     """Connect like the PostgreSQL tools do: prompt for a password (-W, or when needed unless -w),
     once per process."""
+    import psycopg
+
     global _typed_password
     opts, typed = with_typed_password(opts), None
     if opts.password is None and opts.prompt is True:
@@ -178,6 +190,8 @@ def _refused(exc: psycopg.OperationalError, opts: ConnOptions, replication: bool
     only its text, translated by the server's lc_messages): when a replication connection is
     refused for a reason the text does not reveal, ask the server over a plain connection whether
     the role may replicate at all."""
+    import psycopg
+
     error = translate(exc, conn_option=opts.option)
     if not replication or type(error) is not ConnectionFailed or "FATAL:" not in str(exc):
         return error
@@ -204,6 +218,8 @@ def with_typed_password(opts: ConnOptions) -> ConnOptions:
 def _connect(opts: ConnOptions, replication: bool, autocommit: bool) -> psycopg.Connection[Any]:
     # A replication connection accepts the simple query protocol only: no prepared statements
     # (prepare_threshold=None) and parameters bound on the client (ClientCursor).
+    import psycopg
+
     conn = psycopg.connect(opts.conninfo(replication=replication), autocommit=autocommit, prepare_threshold=None)
     if replication:
         conn.cursor_factory = psycopg.ClientCursor
@@ -327,6 +343,8 @@ def translate(
 ) -> PgrecvError:
     """Map a psycopg error to the one-line user error that says what to do about it; ``conn_option``
     is the option that gave the connection (for what to fix when it cannot be made)."""
+    import psycopg
+
     msg = server_message(exc)
     detail = redact(str(exc))
     low = msg.lower()

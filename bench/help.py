@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""How long `pgrecv --help` and each command's `--help` take, against the bare interpreter's start.
+
+Each is run ``--runs`` times as a fresh process through the installed ``pgrecv`` script (what a user
+types), taking turns with ``python -c pass`` (the floor no CLI in Python goes under) and with
+``python -c "import click"`` (the floor of a Click CLI); prints each one's median wall time, the
+ratio to the bare interpreter, and whether psycopg, rich or pyspark were imported (they must
+not be: a test checks it too, tests/cli/test_help_imports.py). Target: a median of 0.1 s or less
+on the development machine (issue 60); absolute times vary up to 2x between runs there, so read
+the ratios too.
+
+    python bench/help.py [--runs 21] [--command start ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+HEAVY = ("psycopg", "rich", "pyspark")
+_MODULES = (
+    "import sys\nfrom pgrecv.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+    "print(' '.join(sorted(sys.modules)), file=sys.stderr)\n"
+)
+
+
+def _wall(argv: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - started
+
+
+def _heavy(args: list[str]) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", _MODULES, *args], capture_output=True, text=True, check=True)
+    modules = proc.stderr.split()
+    return sorted({m.split(".")[0] for m in modules if m.split(".")[0] in HEAVY})
+
+
+def main() -> None:
+    from pgrecv.cli.main import cli
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--runs", type=int, default=21)
+    ap.add_argument("--command", nargs="*", default=None, help="commands to time (default: all)")
+    args = ap.parse_args()
+    script = shutil.which("pgrecv", path=str(Path(sys.executable).parent)) or shutil.which("pgrecv")
+    if script is None:
+        raise SystemExit("no pgrecv script: pip install -e .")
+    commands = sorted(cli.commands) if args.command is None else args.command
+    cases: dict[str, list[str]] = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "python -c 'import click'": [sys.executable, "-c", "import click"],
+        "pgrecv --help": [script, "--help"],
+        **{f"pgrecv {c} --help": [script, c, "--help"] for c in commands},
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for argv in cases.values():  # warm the page cache and the bytecode
+        _wall(argv)
+    for _ in range(args.runs):
+        for name, argv in cases.items():
+            times[name].append(_wall(argv))
+    floor = statistics.median(times["python -c pass"])
+    print(f"{args.runs} runs each, taking turns; Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    print(f"{'command':34} {'median':>8} {'min':>8} {'max':>8} {'x bare':>7}  heavy imports")
+    worst = 0.0
+    for name, argv in cases.items():
+        med = statistics.median(times[name])
+        heavy = "" if not name.startswith("pgrecv") else (", ".join(_heavy(argv[1:])) or "none")
+        if name.startswith("pgrecv"):
+            worst = max(worst, med)
+        print(
+            f"{name:34} {med * 1000:7.1f}ms {min(times[name]) * 1000:7.1f}ms {max(times[name]) * 1000:7.1f}ms "
+            f"{med / floor:6.2f}x  {heavy}"
+        )
+    print(f"slowest pgrecv median: {worst * 1000:.1f} ms (target <= 100 ms): {'met' if worst <= 0.1 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
