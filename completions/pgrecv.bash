@@ -91,7 +91,7 @@ _pgrecv() {
                 --master) return ;;
                 --conf) return ;;
                 --mode) COMPREPLY=($(compgen -W "latest history" -- "$cur")); return ;;
-                --delta-engine) COMPREPLY=($(compgen -W "auto delta-rs" -- "$cur")); return ;;
+                --delta-engine) COMPREPLY=($(compgen -W "auto delta-rs spark" -- "$cur")); return ;;
                 --key) return ;;
                 --bad-values) COMPREPLY=($(compgen -W "fail null text" -- "$cur")); return ;;
             esac

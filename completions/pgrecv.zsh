@@ -131,7 +131,7 @@ _pgrecv() {
                 '--master[Spark master (default local\[*\], or spark-submit'\''s).]:url: ' \
                 '*--conf[Spark configuration (repeatable).]:key=value: ' \
                 '--mode[latest\: the tables as they are; history\: every version (SCD type 2).]:value:(latest history)' \
-                '--delta-engine[Who commits Delta tables\: delta-rs (auto chooses it).]:value:(auto delta-rs)' \
+                '--delta-engine[Who commits Delta tables\: delta-rs, or Delta Lake'\''s Spark connector (its jars given with --conf spark.jars=... or spark.jars.packages=...; deletion vectors on). auto\: the connector when its jars are in the session, else delta-rs.]:value:(auto delta-rs spark)' \
                 '*--key[Key columns (comma-separated) of a table whose input names none, as test_decoding'\''s may not (repeatable; double-quote names holding . , = or ").]:schema.table=columns: ' \
                 '--append-only[Tables without any key\: append their inserts.]' \
                 '--bad-values[Values the target type cannot hold (numeric NaN, dates past 9999, ...)\: fail (hold the table back), null (store NULL), text (a new column becomes a string column holding the value'\''s text). Changed values are counted in the summary.]:value:(fail null text)' \

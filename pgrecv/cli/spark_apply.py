@@ -42,10 +42,12 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--delta-engine",
-    type=click.Choice(["auto", "delta-rs"]),
+    type=click.Choice(["auto", "delta-rs", "spark"]),
     default="auto",
     show_default=True,
-    help="Who commits Delta tables: delta-rs (auto chooses it).",
+    help="Who commits Delta tables: delta-rs, or Delta Lake's Spark connector (its jars given with --conf "
+    "spark.jars=... or spark.jars.packages=...; deletion vectors on). auto: the connector when its jars are in the "
+    "session, else delta-rs.",
 )
 @click.option(
     "--key",

@@ -39,9 +39,10 @@ def run_apply(
         # nothing to read (a cron run before the stream's first file): no JVM started for it
         has_input = bool(files) or (state.is_dir() and any(state.glob("*.jsonl")))
         if spark is None and has_input:
+            from pgrecv.spark.jars import session_conf
             from pgrecv.spark.sparkops import start_session
 
-            spark = start_session(config.master, config.conf)
+            spark = start_session(config.master, session_conf(config.conf, config.fmt, config.engine))
         from pgrecv.spark.engine.run import run_frames
 
         summary: Summary = run_frames(

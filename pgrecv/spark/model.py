@@ -11,7 +11,7 @@ from typing import Literal
 
 Format = Literal["delta", "parquet"]
 Mode = Literal["latest", "history"]
-DeltaEngine = Literal["auto", "delta-rs"]
+DeltaEngine = Literal["auto", "delta-rs", "spark"]
 BadValues = Literal["fail", "null", "text"]
 Name = tuple[str, str]  # (schema, table)
 

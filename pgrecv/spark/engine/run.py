@@ -43,6 +43,7 @@ from pgrecv.spark.schema import delta_names
 from pgrecv.spark.schema import plan as table_plan
 from pgrecv.spark.tables import Table
 from pgrecv.spark.tables.delta import DeltaRsTable
+from pgrecv.spark.tables.delta_spark import delta_writer
 from pgrecv.spark.tables.parquet import ParquetTable
 from pgrecv.spark.tables.rewrite import one_pass_failed
 
@@ -72,8 +73,9 @@ def run_frames(
 
     started = time.monotonic()
     carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
+    writer = ParquetTable if config.fmt == "parquet" else delta_writer(spark, config.engine)
     summary = Summary(
-        engine=f"{config.fmt}/spark" if config.fmt == "parquet" else "delta/delta-rs+spark",
+        engine={ParquetTable: "parquet/spark", DeltaRsTable: "delta/delta-rs+spark"}.get(writer, "delta/spark"),
         files=len(files) + len(carried),
     )
     progress.files(len(files) + len(carried))
@@ -126,7 +128,7 @@ def run_frames(
             # absolute: data files are matched against the paths Spark reports
             path = config.target.resolve() / table_dir_name(s, t)
             app_id = f"pgrecv:{s}.{t}"
-            target = ParquetTable(path, app_id, spark) if config.fmt == "parquet" else DeltaRsTable(path, app_id, spark)
+            target = writer(path, app_id, spark)
             if path.exists():
                 target.open()
             targets[(s, t)] = target

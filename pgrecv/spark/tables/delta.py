@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from pgrecv.errors import OutputError
+from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.tables import Batch, Table, refuse_other_format
 from pgrecv.spark.tables.rewrite import Rewrite, fsync_files, missing_dirs, unmake
 
@@ -32,6 +32,12 @@ class DeltaRsTable(Table):
         if not DeltaTable.is_deltatable(str(self.path)):
             return
         dt = DeltaTable(str(self.path))
+        if "deletionVectors" in (dt.protocol().reader_features or []):
+            # its files hold rows deleted by deletion vectors, which this writer would read back
+            raise UsageError(
+                f"{self.path} has deletion vectors (written by Delta Lake's Spark connector): apply it with "
+                "--delta-engine spark and the connector's jars"
+            )
         self.applied = dt.transaction_version(self.app_id)
         self.schema = pa.schema(dt.schema().to_arrow())
         self.version = dt.version()

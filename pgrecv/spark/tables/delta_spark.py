@@ -1,0 +1,303 @@
+"""Delta tables through Delta Lake's Spark connector (``--delta-engine spark``): each batch is ONE
+Delta commit made by the connector itself, a ``MERGE INTO`` fed by the batch's final events (or,
+for a new table, a TRUNCATE or ``--append-only``, one write), recording the app transaction
+``pgrecv:<schema>.<table>`` = the batch's end commit LSN (Delta's ``txnAppId``/``txnVersion``) in
+the same commit. A run killed before the commit left nothing; one killed after it finds the
+position recorded and skips the batch. Tables pgrecv creates have deletion vectors on, so that a
+sparse update or delete marks rows in the files it touches instead of rewriting them.
+
+The table's state (position, schema, version) is read from its log by delta-rs, which also reads
+the tables written here (through ``deltalake.QueryBuilder``: delta-rs's Arrow dataset reader does
+not apply deletion vectors and refuses such tables).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from pgrecv.errors import OutputError, UsageError
+from pgrecv.spark.files import file_url
+from pgrecv.spark.tables import Batch, Table, refuse_other_format
+from pgrecv.spark.tables.rewrite import END_COLS, ROWS_PER_FILE, missing_dirs, unmake
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+# what a new table is created with (Delta table properties)
+NEW_TABLE = {"delta.enableDeletionVectors": "true"}
+_KIND, _OP = "_pgrecv_kind", "_pgrecv_op"  # beside a table's columns in a merge's source
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _k(i: int) -> str:
+    return f"_pgrecv_k{i}"
+
+
+class DeltaSparkTable(Table):
+    """A Delta table written and committed by Delta's Spark connector."""
+
+    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
+        super().__init__(path, app_id, spark)
+        self._files: list[str] = []
+
+    def open(self) -> None:
+        from deltalake import DeltaTable
+
+        refuse_other_format(self.path, "delta")
+        if not DeltaTable.is_deltatable(str(self.path)):
+            return
+        dt = DeltaTable(str(self.path))
+        self.applied = dt.transaction_version(self.app_id)
+        self.schema = pa.schema(dt.schema().to_arrow())
+        self.version = dt.version()
+        actions = dt.get_add_actions(flatten=True)
+        table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
+        from urllib.parse import unquote
+
+        self._files = sorted(str(self.path / unquote(p)) for p in table.column("path").to_pylist())
+
+    def data_files(self) -> list[str]:
+        """The current version's data files. With deletion vectors some of their rows are deleted:
+        the engine only counts them (which file sizes a batch takes), never reads them as rows."""
+        return list(self._files)
+
+    def frame(self) -> Any:
+        """The current rows, read through the connector at the version opened (deletion vectors applied)."""
+        if self.version is None:
+            return None
+        return self.spark.read.format("delta").option("versionAsOf", self.version).load(file_url(self.path))
+
+    def write_frames(self, batch: Batch) -> int:
+        if batch.settle is not None:
+            # the lean read counts its changes in the job that writes the files and settles them
+            # before the commit: a MERGE writes and commits in one call, so the ordinary read applies it
+            from pgrecv.spark.read.direct import LeanDeclined
+
+            raise LeanDeclined
+        made = missing_dirs(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write(batch)
+        except BaseException as exc:
+            if self.version is None:
+                unmake(made)
+            if _is_conflict(exc):
+                raise _conflict(self.path, exc) from None
+            raise
+        return self._reopen()
+
+    def _write(self, batch: Batch) -> None:
+        from pyspark.sql import functions as F
+
+        names = batch.schema.names
+        if batch.final is not None:
+            rows = batch.final.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
+        else:
+            assert batch.upserts is not None
+            rows = batch.upserts.select(*[F.col(_q(n)) for n in names])
+        if self.version is None or batch.truncate:
+            self._save(self._clustered(rows, batch), batch, "overwrite" if self.version is not None else "append")
+            return
+        if batch.append_only:
+            self._save(rows, batch, "append")
+            return
+        self._add_columns(batch)
+        if batch.history:
+            self._merge_history(batch)
+        else:
+            self._merge_latest(batch)
+
+    def _clustered(self, rows: Any, batch: Batch) -> Any:
+        """A whole table's rows in key order, so that nearby keys share a file (as the other writers)."""
+        from pyspark.sql import functions as F
+
+        if not batch.key_cols:
+            return rows
+        keys = [F.col(_q(k)) for k in batch.key_cols]
+        rows = rows.coalesce(1) if batch.single else rows.repartitionByRange(*keys)
+        return rows.sortWithinPartitions(*keys)
+
+    def _save(self, rows: Any, batch: Batch, mode: str) -> None:
+        """One write (a new table, a TRUNCATE's overwrite, an append) with the app transaction."""
+        w = (
+            rows.write.format("delta")
+            .mode(mode)
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", str(batch.position))
+            .option("mergeSchema", "true")
+            .option("maxRecordsPerFile", ROWS_PER_FILE)
+        )
+        if self.version is None:
+            for k, v in NEW_TABLE.items():
+                w = w.option(k, v)
+        w.save(file_url(self.path))
+
+    def _add_columns(self, batch: Batch) -> None:
+        """Columns the batch adds, in a commit of their own before the merge (no rows, no position:
+        a run killed after it finds the columns there and merges again)."""
+        have = set(self.schema.names) if self.schema is not None else set()
+        new = [f for f in batch.schema if f.name not in have]
+        if not new:
+            return
+        from pgrecv.spark.sparkops import spark_schema
+
+        empty = self.spark.createDataFrame([], spark_schema(pa.schema(new)))
+        empty.write.format("delta").mode("append").option("mergeSchema", "true").save(file_url(self.path))
+
+    def _merge_latest(self, batch: Batch) -> None:
+        """MERGE of the final events: a key's delete deletes its row, an upsert updates or inserts it."""
+        from pyspark.sql import functions as F
+
+        names, keys = batch.schema.names, batch.key_cols
+        if batch.final is not None:
+            source = batch.final.select(
+                *[F.col("_k")[k].alias(_k(i)) for i, k in enumerate(keys)],
+                *[F.col("_v")[n].alias(n) for n in names],
+                F.col("_kind").alias(_KIND),
+            )
+        else:
+            # every touched key, with its new row where it has one (else: deleted)
+            assert batch.keys is not None and batch.upserts is not None
+            ks = batch.keys.select(*[F.col(_q(k)).alias(_k(i)) for i, k in enumerate(keys)]).alias("k")
+            ups = batch.upserts.select(*[F.col(_q(n)) for n in names], F.lit(True).alias(_OP)).alias("u")
+            on = F.lit(True)
+            for i, k in enumerate(keys):
+                a, b = F.col(f"k.{_k(i)}"), F.col(f"u.{_q(k)}")
+                on = on & (a.eqNullSafe(b) if batch.null_safe else a == b)
+            source = ks.join(ups, on, "left").select(
+                *[F.col(f"k.{_k(i)}") for i in range(len(keys))],
+                *[F.col(f"u.{_q(n)}").alias(n) for n in names],
+                F.when(F.col(f"u.{_OP}").isNull(), F.lit("D")).otherwise(F.lit("U")).alias(_KIND),
+            )
+        values = {_q(n): F.col(f"s.{_q(n)}") for n in names}
+        self._merge(
+            batch,
+            source,
+            self._on(batch),
+            [("delete", F.col(f"s.{_KIND}") == "D", None), ("update", None, values)],
+            (F.col(f"s.{_KIND}") == "U", values),
+        )
+
+    def _merge_history(self, batch: Batch) -> None:
+        """MERGE of history mode's version rows: the target's current version of each touched key
+        is closed (its ``_end_*`` set, ``_current`` false) and every new version inserted."""
+        from pyspark.sql import functions as F
+
+        names = batch.schema.names
+        assert batch.closes is not None and batch.upserts is not None
+        closes = batch.closes.select(
+            *[F.col(_q(k)).alias(_k(i)) for i, k in enumerate(batch.key_cols)],
+            *[F.col(_q(c)) for c in END_COLS],
+            F.lit("C").alias(_OP),
+        )
+        versions = batch.upserts.select(*[F.col(_q(n)) for n in names], F.lit("I").alias(_OP))
+        source = closes.unionByName(versions, allowMissingColumns=True)
+        on = (F.col(f"s.{_OP}") == "C") & F.col("t.`_current`") & self._on(batch)
+        close = {**{_q(c): F.col(f"s.{_q(c)}") for c in END_COLS}, "`_current`": F.lit(False)}
+        insert = {_q(n): F.col(f"s.{_q(n)}") for n in names}
+        self._merge(batch, source, on, [("update", None, close)], (F.col(f"s.{_OP}") == "I", insert))
+
+    def _on(self, batch: Batch) -> Any:
+        from pyspark.sql import functions as F
+
+        cond = F.lit(True)
+        for i, k in enumerate(batch.key_cols):
+            a, b = F.col(f"t.{_q(k)}"), F.col(f"s.{_k(i)}")
+            cond = cond & (a.eqNullSafe(b) if batch.null_safe else a == b)
+        return cond
+
+    def _merge(
+        self,
+        batch: Batch,
+        source: Any,
+        on: Any,
+        matched: list[tuple[str, Any, dict[str, Any] | None]],
+        not_matched: tuple[Any, dict[str, Any]],
+    ) -> None:
+        """One MERGE through Delta's Scala API, in a copy of the run's session whose SQL conf names
+        the app transaction: Delta checks it (a recorded position at or past it skips the merge)
+        and records it in the merge's commit. A copy per table, because tables are applied side by
+        side and the conf is the session's."""
+        jvm = self.spark.sparkContext._jvm
+        assert jvm is not None
+        session = self.spark._jsparkSession.cloneSession()
+        session.conf().set(TXN_APP_ID, self.app_id)
+        session.conf().set(TXN_VERSION, str(batch.position))
+        target = jvm.io.delta.tables.DeltaTable.forPath(session, file_url(self.path)).alias("t")
+        builder = target.merge(source.alias("s")._jdf, on._jc)
+
+        def scala(cols: dict[str, Any]) -> Any:
+            return jvm.PythonUtils.toScalaMap({k: c._jc for k, c in cols.items()})
+
+        for action, cond, cols in matched:
+            clause = builder.whenMatched() if cond is None else builder.whenMatched(cond._jc)
+            builder = clause.delete() if action == "delete" else clause.update(scala(cols or {}))
+        cond, cols = not_matched
+        builder = builder.whenNotMatched(cond._jc).insert(scala(cols))
+        builder.execute()
+
+    def _reopen(self) -> int:
+        """Reads the table's new state; the bytes its last commit wrote (data files and deletion vectors)."""
+        from deltalake import DeltaTable
+
+        before = self.version
+        self.version = DeltaTable(str(self.path)).version()
+        if self.version == before:
+            return 0
+        log = self.path / "_delta_log" / f"{self.version:020d}.json"
+        written = 0
+        for line in log.read_bytes().splitlines():
+            action = orjson.loads(line)
+            add = action.get("add")
+            if add:
+                written += int(add.get("size") or 0)
+                dv = add.get("deletionVector") or {}
+                if dv.get("storageType") == "u":  # a deletion vector file of its own
+                    written += int(dv.get("sizeInBytes") or 0)
+        return written
+
+
+_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDelete", "ConcurrentTransactionException",
+              "ConcurrentWriteException", "MetadataChangedException", "ProtocolChangedException",
+              "DELTA_CONCURRENT")  # fmt: skip
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(c in text for c in _CONFLICTS)
+
+
+def _conflict(path: Path, exc: BaseException) -> OutputError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return OutputError(
+        f"{path}: another writer committed to this Delta table meanwhile ({first}): "
+        "run spark-apply again (one run per target at a time)"
+    )
+
+
+def delta_writer(spark: Any, engine: str) -> type[Table]:
+    """The Delta writer of a run: delta-rs, or Delta's Spark connector where the session has it
+    (``auto``) or where ``--delta-engine spark`` asks for it (refused without it)."""
+    from pgrecv.spark.jars import delta_session
+    from pgrecv.spark.tables.delta import DeltaRsTable
+
+    if engine == "delta-rs" or spark is None:  # (no session: nothing to read, nothing written)
+        return DeltaRsTable
+    if delta_session(spark):
+        return DeltaSparkTable
+    if engine == "spark":
+        from pgrecv.spark.jars import DELTA_CATALOG, DELTA_EXTENSION
+
+        raise UsageError(
+            "--delta-engine spark: Delta Lake's Spark connector is not in this Spark session: give its jars "
+            "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
+            "spark.jars.packages=io.delta:delta-spark_4.1_2.13:4.4.0) and, under spark-submit, "
+            f"spark.sql.extensions={DELTA_EXTENSION} and spark.sql.catalog.spark_catalog={DELTA_CATALOG}"
+        )
+    return DeltaRsTable
