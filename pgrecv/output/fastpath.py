@@ -7,8 +7,10 @@ straight to the line the reference path would write, byte for byte, with the rec
 around the images cut from the reference's own layout (:mod:`pgrecv.output.format`):
 
 * with the C extension (:mod:`pgrecv.native`), ``encode_row`` does inserts, updates and deletes,
-  old images (key or full), unchanged TOAST values, text and binary values of every kind; a value
-  of a type it has no encoder for goes to the reference's converter for that column alone;
+  old images (key or full), unchanged TOAST values (an update's taken from its old image where
+  that holds them, as :func:`pgrecv.events.fill_from_old` does for the reference), text and binary
+  values of every kind; a value of a type it has no encoder for goes to the reference's converter
+  for that column alone;
 * without it, a function generated per relation does inserts of relations whose columns all are
   of the RAW, QUOTE, BOOL and TEXT kinds (:func:`compile_row`).
 
