@@ -10,7 +10,7 @@ record the reference writes (:func:`image_splice`), so a field added to a record
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Any, Final
 
 import orjson
@@ -232,3 +232,57 @@ def column_keys(names: list[str] | tuple[str, ...]) -> list[bytes]:
     """``"name":`` for each column, the first without a leading comma: an image is these keys
     each followed by its value."""
     return [(b"," if i else b"") + orjson.dumps(name) + b":" for i, name in enumerate(names)]
+
+
+# --- the fields a replay reads ------------------------------------------------------------------
+
+
+class FieldKind(Enum):
+    """What JSON a record field holds, for readers and writers that take records field by field."""
+
+    INT = "int"  # a JSON integer
+    TEXT = "text"  # a JSON string
+    LSN = "lsn"  # a JSON string: an LSN as pg_lsn prints it ("16/B374D848")
+    IMAGE = "image"  # a row image: a JSON object of column name → value
+    NAMES = "names"  # a list of column names
+    TABLES = "tables"  # a truncate's tables: a list of {"schema", "table"}
+    COLUMNS = "columns"  # a relation's columns: a list of {"name", "type", "type_oid", "typmod", "key"}
+
+
+# Every field a consumer that replays changes into tables reads (spark-apply's envelope), with its
+# kind; the other fields (old_kind, end_lsn, messages' ...) are for people and other consumers.
+REPLAY_FIELDS: Final[tuple[tuple[str, FieldKind], ...]] = (
+    ("v", FieldKind.INT),
+    ("op", FieldKind.TEXT),
+    ("schema", FieldKind.TEXT),
+    ("table", FieldKind.TEXT),
+    ("xid", FieldKind.INT),
+    ("subxid", FieldKind.INT),
+    ("commit_lsn", FieldKind.LSN),
+    ("lsn", FieldKind.LSN),
+    ("commit_time", FieldKind.TEXT),
+    ("gid", FieldKind.TEXT),
+    ("snapshot_lsn", FieldKind.LSN),
+    ("new", FieldKind.IMAGE),
+    ("old", FieldKind.IMAGE),
+    ("unchanged_toast", FieldKind.NAMES),
+    ("old_unchanged_toast", FieldKind.NAMES),
+    ("json_nulls", FieldKind.NAMES),
+    ("old_json_nulls", FieldKind.NAMES),
+    ("tables", FieldKind.TABLES),
+    ("replica_identity", FieldKind.TEXT),
+    ("key", FieldKind.NAMES),
+    ("columns", FieldKind.COLUMNS),
+)
+
+
+def record_pieces(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The text around the values of a record of ``v`` and then ``names``, as orjson writes it:
+    the line is ``pieces[0] + value_0 + pieces[1] + ... + value_n-1 + pieces[n]``, each value its
+    JSON text (``null`` for none). For a writer that cannot hand records to an encoder here:
+    spark-apply assembles the prepared transactions it carries over in Spark SQL."""
+    head = orjson.dumps({"v": FORMAT_VERSION})[:-1].decode()
+    keys = [orjson.dumps(name).decode() + ":" for name in names]
+    if not keys:
+        return (head + "}",)
+    return (head + "," + keys[0], *("," + k for k in keys[1:]), "}")

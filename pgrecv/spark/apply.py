@@ -11,16 +11,19 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pgrecv.errors import UsageError
 from pgrecv.spark.inputs import check_snapshots, expand_sources, ignored_in_directories
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Progress, Summary, Tuning
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 
 def run_apply(
     config: ApplyConfig,
-    spark: Any = None,
+    spark: SparkSession | None = None,
     progress: Progress | None = None,
     after_table: Callable[[str], None] | None = None,
     tuning: Tuning | None = None,

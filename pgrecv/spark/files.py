@@ -8,9 +8,13 @@ local paths (:func:`local_path`) to name ``file:line`` in what it tells the user
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgrecv.errors import InputError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrameReader, SparkSession
+
 
 # Link -> the file it stands for, for every message that names a file (see _urls).
 _REAL_NAMES: dict[str, str] = {}
@@ -38,7 +42,7 @@ def input_urls(paths: list[Path], links: Path | None) -> list[str]:
     return urls
 
 
-def literal_read(spark: Any) -> Any:
+def literal_read(spark: SparkSession) -> DataFrameReader:
     """Spark's reader for paths pgrecv names itself (the inputs it listed, its staged copies, the
     target's files): never a Hadoop glob. Spark takes ``[``, ``{``, ``*`` and ``?`` in a path as
     one, and a target such as ``lake[1]`` is then "not found". (``__globPaths__`` is the option
@@ -53,9 +57,11 @@ def file_url(path: Path) -> str:
     return "file://" + str(path.resolve())
 
 
-def spelling(spark: Any, url: str) -> str:
+def spelling(spark: SparkSession, url: str) -> str:
     """How Spark's ``_metadata.file_path`` spells the file at ``url``: ``file:`` and the URI's raw path."""
-    uri = spark._jvm.org.apache.hadoop.fs.Path(url).toUri()
+    jvm = spark._jvm
+    assert jvm is not None  # a session of this process (not Spark Connect)
+    uri = jvm.org.apache.hadoop.fs.Path(url).toUri()
     return "file:" + str(uri.getRawPath())
 
 

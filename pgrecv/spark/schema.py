@@ -47,6 +47,11 @@ _SCALARS: dict[str, pa.DataType] = {
 _JSON_TYPES = {"json", "jsonb"}
 
 
+def quoted(name: str) -> str:
+    """A column name as Spark SQL reads it: any name PostgreSQL allows, backticks doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def numeric_precision(typmod: int) -> tuple[int, int] | None:
     """(precision, scale) of ``numeric(p,s)`` from its typmod; None when unconstrained."""
     if typmod < 4:

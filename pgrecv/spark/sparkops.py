@@ -10,12 +10,17 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from pgrecv.errors import SparkStartError
-from pgrecv.spark.schema import spark_ddl
+from pgrecv.spark.schema import quoted, spark_ddl
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
 
 QUIET_LOG4J2 = """\
 rootLogger.level = error
@@ -77,24 +82,25 @@ def driver_defaults(conf: dict[str, str]) -> dict[str, str]:
     return {"spark.driver.defaultJavaOptions": DRIVER_GC}
 
 
-def spark_schema(schema: pa.Schema) -> Any:
+def spark_schema(schema: pa.Schema) -> StructType:
     from pyspark.sql.types import StructType, _parse_datatype_string
 
-    ddl = ", ".join(f"`{f.name.replace('`', '``')}` {spark_ddl(f.type)}" for f in schema)
+    ddl = ", ".join(f"{quoted(f.name)} {spark_ddl(f.type)}" for f in schema)
     parsed = _parse_datatype_string(f"struct<{ddl}>") if ddl else StructType([])
+    assert isinstance(parsed, StructType)
     return parsed
 
 
-def frame(spark: Any, table: pa.Table) -> Any:
+def frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     """A Spark DataFrame of an Arrow table, with the Spark types of our mapping (timestamp_ntz…)."""
     return spark.createDataFrame(table, schema=spark_schema(table.schema))
 
 
-def empty_frame(spark: Any, schema: pa.Schema) -> Any:
+def empty_frame(spark: SparkSession, schema: pa.Schema) -> DataFrame:
     return spark.createDataFrame([], schema=spark_schema(schema))
 
 
-def keys_frame(spark: Any, key_cols: list[str], keys: list[tuple[Any, ...]], schema: Any) -> Any:
+def keys_frame(spark: SparkSession, key_cols: list[str], keys: list[tuple[Any, ...]], schema: Any) -> DataFrame:
     from pyspark.sql.types import StructType
 
     sub = StructType([schema[c] for c in key_cols])
@@ -114,7 +120,7 @@ def _stderr_to(fd: int) -> Iterator[None]:
         os.close(saved)
 
 
-def _launch(builder: Any, quiet: bool, master: str) -> Any:
+def _launch(builder: SparkSession.Builder, quiet: bool, master: str) -> SparkSession:
     """``builder.getOrCreate()``, the launcher's banners and the JVM's stderr sent to /dev/null
     (quiet). A launch that fails said why only there: it is tried once more with its stderr kept
     in an unnamed temporary file (a second or two, on failure only; a JVM that starts this time
@@ -199,7 +205,7 @@ def _private_conf_dir() -> str:
     return conf_dir
 
 
-def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) -> Any:
+def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) -> SparkSession:
     """A SparkSession: the active one (spark-submit), else a new one with quiet defaults."""
     from pyspark.sql import SparkSession
 
@@ -228,10 +234,13 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
     return spark
 
 
-def has_delta_connector(spark: Any) -> bool:
+def has_delta_connector(spark: SparkSession) -> bool:
     """Delta Lake's Spark classes on the classpath (Class.forName through the gateway)."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        return False
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
+        jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
     except Exception:
         return False
     return True

@@ -22,6 +22,7 @@ from pgrecv.output.format import (
     column_keys,
     column_kind,
     image_splice,
+    record_pieces,
     row_record,
     snapshot_record,
 )
@@ -219,3 +220,23 @@ def test_snapshot_blocks_cover_the_same_kinds(rows: list[tuple[str | None, ...]]
     out: list[bytes] = []
     JsonlEncoder(out.append).snapshot_rows(_XTYPES, rows, 0x16B3748)
     assert encoded == (b"".join(out[1:]), len(rows))  # out[0] is the relation record
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.text(),
+    st.lists(st.text(), max_size=3),
+    st.dictionaries(st.text(), st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text()), max_size=3),
+)
+
+
+@given(st.dictionaries(st.text().filter(lambda k: k != "v"), _VALUES, max_size=6))
+def test_record_pieces_put_around_values_give_what_orjson_writes(record: dict[str, object]) -> None:
+    """spark-apply's carried-over records are these pieces around each value's JSON text."""
+    names = list(record)
+    pieces = record_pieces(names)
+    assert len(pieces) == len(names) + 1
+    values = [orjson.dumps(record[n]).decode() for n in names]
+    line = pieces[0] + "".join(v + after for v, after in zip(values, pieces[1:], strict=True))
+    assert line == orjson.dumps({"v": FORMAT_VERSION, **record}).decode()

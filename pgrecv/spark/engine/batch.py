@@ -4,7 +4,7 @@ fits, else step by step; history mode as version rows."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 
@@ -13,9 +13,16 @@ from pgrecv.spark.engine.values import all_ok, apply_policy, no_identity, typed_
 from pgrecv.spark.files import find_line
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.replay import events as rev
-from pgrecv.spark.schema import HISTORY_COLS, TablePlan
+from pgrecv.spark.schema import HISTORY_COLS, TablePlan, quoted
 from pgrecv.spark.tables import Batch
 from pgrecv.spark.tables.rewrite import ONE_PASS_FAILED
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pgrecv.spark.model import ApplyConfig, TableResult
+    from pgrecv.spark.tables import Table
+
 
 # A batch whose updates and deletes number at least 1/ONE_PASS_SHARE of the table's rows is
 # applied in one pass (tables.rewrite.Rewrite._one_pass): it would touch most data files anyway.
@@ -23,7 +30,7 @@ from pgrecv.spark.tables.rewrite import ONE_PASS_FAILED
 ONE_PASS_SHARE = 4
 
 
-def one_pass_fits(facts: dict[str, Any], target: Any, config: Any, toast: list[str]) -> bool:
+def one_pass_fits(facts: dict[str, Any], target: Table, config: ApplyConfig, toast: list[str]) -> bool:
     """Whether a latest-mode batch can be applied in one pass. Not with unchanged TOAST values
     (their lookups need passes of their own), nor under ``--bad-values null`` or ``text`` (whose
     counts need the probe); and not for a batch of mostly new keys, whose step-by-step write
@@ -39,15 +46,15 @@ def one_pass_fits(facts: dict[str, Any], target: Any, config: Any, toast: list[s
 
 
 def build_batch(
-    changes: Any,
+    changes: DataFrame,
     plan: TablePlan,
-    target: Any,
+    target: Table,
     facts: dict[str, Any],
-    spark: Any,
-    result: Any,
-    config: Any,
+    spark: SparkSession,
+    result: TableResult,
+    config: ApplyConfig,
     one_pass: bool = False,
-) -> Any:
+) -> Batch:
     """The table's batch. ``one_pass``: where it fits (:func:`one_pass_fits`), the final events
     unpersisted and unprobed, for the writer's one job; what the probe would find fails that job
     (tables.rewrite.ONE_PASS_FAILED), and the caller then calls again without ``one_pass``."""
@@ -83,8 +90,8 @@ def build_batch(
     if one_pass and one_pass_fits(facts, target, config, toast):
         # typed and checked in one select and one filter (each DataFrame step is analysed on the
         # driver, per table: bench/NOTES.md, many small tables)
-        values, oks = rev.typed({n: F.col(f"v.`{n}`") for n in names}, plan)
-        bad = F.col("_problem").isNotNull() | ~rp.all_of([oks[n] for n in names])
+        typed_values, oks = rev.typed({n: F.col("v")[n] for n in names}, plan)
+        failing = F.col("_problem").isNotNull() | ~rp.all_of([oks[n] for n in names])
         flat = rev.key_columns(plan) or {}
         if flat:
             events = events.withColumns(flat)
@@ -94,8 +101,8 @@ def build_batch(
                 *flat,
                 F.col("kind").alias("_kind"),
                 F.col("key").alias("_k"),
-                F.struct(*[values[n].alias(n) for n in names]).alias("_v"),
-                bad.alias("_bad"),
+                F.struct(*[typed_values[n].alias(n) for n in names]).alias("_v"),
+                failing.alias("_bad"),
             )
             .where(F.when(F.col("_bad"), F.raise_error(F.lit(ONE_PASS_FAILED))).otherwise(F.lit(True)))
         )
@@ -130,15 +137,21 @@ def build_batch(
         plan.key_cols,
         plan.full,
         truncate,
-        rows.select(*[F.col(f"`{n}`") for n in names]),
+        rows.select(*[F.col(quoted(n)) for n in names]),
         keys,
         facts["position"],
     )
 
 
 def history_batch(
-    changes: Any, plan: TablePlan, target: Any, facts: dict[str, Any], spark: Any, result: Any, config: Any
-) -> Any:
+    changes: DataFrame,
+    plan: TablePlan,
+    target: Table,
+    facts: dict[str, Any],
+    spark: SparkSession,
+    result: TableResult,
+    config: ApplyConfig,
+) -> Batch:
     """``--mode history`` (SCD type 2): every event is a version row, ending where the next version
     of its key starts (``lead()`` over the key); a TRUNCATE adds a deleted version for each key
     live at that point (those of the target too, at the batch's first TRUNCATE); the target's
@@ -204,14 +217,14 @@ def history_batch(
         )
         if cur is not None:
             first = segs.where("_seg = 0").select(F.col("key").alias("_k"))
-            tk = cur.where("NOT _deleted").select(F.struct(*[F.col(f"`{k}`").alias(k) for k in keys]).alias("key"))
+            tk = cur.where("NOT _deleted").select(F.struct(*[F.col(quoted(k)).alias(k) for k in keys]).alias("key"))
             untouched = tk.join(first, F.col("key").eqNullSafe(F.col("_k")), "left_anti")
             live = live.unionByName(untouched.select("key", F.lit(0).alias("_seg")))
         at = marks.select(F.posexplode("_marks").alias("_seg", "_t")).select(
             "_seg", *[F.col(f"_t.o.{c}").alias(c) for c in rp.ORDER], F.col("_t.commit_time").alias("commit_time")
         )
         tomb = live.join(F.broadcast(at), "_seg").select(
-            *[F.col(f"key.`{n}`").alias(n) if n in keys else F.lit(None).cast(types[n]).alias(n) for n in names],
+            *[F.col("key")[n].alias(n) if n in keys else F.lit(None).cast(types[n]).alias(n) for n in names],
             F.struct(F.lit("D").alias("kind"), "key", *rp.ORDER, "commit_time").alias(EXTRA),
         )
         rows = rows.unionByName(tomb)
@@ -219,7 +232,7 @@ def history_batch(
     w = Window.partitionBy(*rp.by_key(x["key"])).orderBy(*[x[c] for c in rp.ORDER])
     start_time = x["commit_time"].cast("timestamp")
     versions = rows.select(
-        *[F.col(f"`{n}`") for n in names],
+        *[F.col(quoted(n)) for n in names],
         x["key"].alias("_pgrecv_key"),
         x["c"].alias("_start_lsn"),
         x["l"].alias("_start_change_lsn"),
@@ -232,7 +245,7 @@ def history_batch(
         (F.row_number().over(w) == 1).alias("_pgrecv_first"),
     ).persist(StorageLevel.MEMORY_AND_DISK)
     closes = versions.where("_pgrecv_first").select(
-        *[F.col(f"_pgrecv_key.`{k}`").alias(k) for k in keys],
+        *[F.col("_pgrecv_key")[k].alias(k) for k in keys],
         F.col("_start_lsn").alias("_end_lsn"),
         F.col("_start_change_lsn").alias("_end_change_lsn"),
         F.col("_start_time").alias("_end_time"),
@@ -242,8 +255,8 @@ def history_batch(
         keys,
         plan.full,
         False,
-        versions.select(*[F.col(f"`{n}`") for n in schema.names]),
-        closes.select(*[F.col(f"`{k}`") for k in keys]),
+        versions.select(*[F.col(quoted(n)) for n in schema.names]),
+        closes.select(*[F.col(quoted(k)) for k in keys]),
         facts["position"],
         history=True,
         closes=closes,
@@ -253,7 +266,7 @@ def history_batch(
 NEED, ROOT, EXTRA = "_pgrecv_need", "_pgrecv_root", "_pgrecv_e"  # beside a table's columns: no clash
 
 
-def fill_from_target(rows: Any, plan: TablePlan, cur: Any) -> Any:
+def fill_from_target(rows: DataFrame, plan: TablePlan, cur: DataFrame | None) -> DataFrame:
     """Unchanged-TOAST columns the batch could not supply (``NEED``): the target's row (``cur``:
     its current rows, None after a TRUNCATE) of the key ``ROOT``. Other columns of ``rows`` stay."""
     from pyspark.sql import functions as F
@@ -261,7 +274,7 @@ def fill_from_target(rows: Any, plan: TablePlan, cur: Any) -> Any:
     need = rows.where(F.size(NEED) > 0)
     other = [c for c in rows.columns if c not in plan.columns and c not in (NEED, ROOT)]
 
-    def fail(cols: list[str]) -> None:
+    def fail(cols: list[str]) -> NoReturn:
         raise InputError(
             f"table {plan.name}: unchanged TOAST column(s) {', '.join(cols)}, but the target has no row to "
             "keep them from: apply the earlier changes or a snapshot (pgrecv snapshot) first"
@@ -271,8 +284,8 @@ def fill_from_target(rows: Any, plan: TablePlan, cur: Any) -> Any:
         fail(need.select(NEED).limit(1).collect()[0][NEED])
     have = [c for c in plan.columns if c in cur.columns]
     t = cur.select(
-        F.struct(*[F.col(f"`{k}`").alias(k) for k in plan.key_cols]).alias("_pgrecv_tk"),
-        *[F.col(f"`{c}`").alias(f"_pgrecv_t{i}") for i, c in enumerate(have)],
+        F.struct(*[F.col(quoted(k)).alias(k) for k in plan.key_cols]).alias("_pgrecv_tk"),
+        *[F.col(quoted(c)).alias(f"_pgrecv_t{i}") for i, c in enumerate(have)],
     )
     j = need.join(t, F.col(ROOT) == F.col("_pgrecv_tk"), "left")
     missing = j.where(F.col("_pgrecv_tk").isNull()).select(NEED).limit(1).collect()
@@ -281,11 +294,11 @@ def fill_from_target(rows: Any, plan: TablePlan, cur: Any) -> Any:
     index = {c: i for i, c in enumerate(have)}
     out = j.select(
         *[
-            F.when(F.array_contains(NEED, c), F.col(f"_pgrecv_t{index[c]}")).otherwise(F.col(f"`{c}`")).alias(c)
+            F.when(F.array_contains(NEED, c), F.col(f"_pgrecv_t{index[c]}")).otherwise(F.col(quoted(c))).alias(c)
             if c in index
-            else F.col(f"`{c}`")
+            else F.col(quoted(c))
             for c in plan.columns
         ],
-        *[F.col(f"`{c}`") for c in other],
+        *[F.col(quoted(c)) for c in other],
     )
     return rows.where(F.size(NEED) == 0).drop(NEED, ROOT).unionByName(out)

@@ -7,14 +7,19 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pgrecv.output.format import FORMAT_VERSION
+from pgrecv.output.format import FORMAT_VERSION, REPLAY_FIELDS, FieldKind, record_pieces
 from pgrecv.spark.files import file_url
 from pgrecv.spark.replay import committed as rp
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
 
-def carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> tuple[int, Path | None]:
+
+def carry_pending(
+    pending: DataFrame | None, st: rp.Structure, state: Path, spark: SparkSession
+) -> tuple[int, Path | None]:
     """Prepared transactions whose outcome is not in the input: their records (and their tables'
     relation records) are written, by Spark, to one 0600 file under ``state`` for the next run.
     Returns (how many, the file)."""
@@ -38,19 +43,14 @@ def carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> tu
         for rel in st.relations.get(k, [])[-1:]
     ]
 
-    def field(name: str, expr: Any) -> Any:
-        return F.concat(F.lit(f',"{name}":'), F.coalesce(expr, F.lit("null")))
-
-    # built field by field: the row images stay their exact raw JSON text
-    parts = [F.lit('{"v":1')]
-    parts += [field(c, _json_string(F.col(c))) for c in ("op", "schema", "table", "gid", "lsn", "commit_time")]
-    parts += [field("xid", F.col("xid").cast("string")), field("commit_lsn", F.lit(None)), field("new", F.col("new"))]
-    parts += [field("old", F.col("old")), field("tables", F.to_json(F.col("tables")))]
-    parts += [
-        field(c, F.to_json(F.col(c)))
-        for c in ("unchanged_toast", "old_unchanged_toast", "json_nulls", "old_json_nulls")
-    ]
-    parts.append(F.lit("}"))
+    # the record's text comes from the format module, its values from the rows (the row images
+    # as their exact raw JSON text); commit_lsn is null inside a prepared transaction
+    fields = [(n, k) for n, k in REPLAY_FIELDS if n != "v" and (n in pending.columns or n == "commit_lsn")]
+    pieces = record_pieces([n for n, _ in fields])
+    parts = [F.lit(pieces[0])]
+    for (name, kind), after in zip(fields, pieces[1:], strict=True):
+        value = F.lit(None) if name == "commit_lsn" else _json_text(F.col(name), kind)
+        parts += [F.coalesce(value, F.lit("null")), F.lit(after)]
     lines = pending.select(F.concat(*parts).alias("value"), F.lit(1).alias("_first"), *rp.POS)
     if rel_lines:  # the relation records first, then the rows in input order
         rels = spark.createDataFrame([(x,) for x in rel_lines], "value string")
@@ -78,11 +78,17 @@ def carry_pending(pending: Any, st: rp.Structure, state: Path, spark: Any) -> tu
     return count, final
 
 
-def _json_string(col: Any) -> Any:
-    """A string column as JSON text (NULL stays NULL)."""
+def _json_text(col: Column, kind: FieldKind) -> Column:
+    """A column's value as the JSON text of a field of ``kind`` (NULL stays NULL)."""
     from pyspark.sql import functions as F
 
-    return F.when(col.isNotNull(), F.regexp_extract(F.to_json(F.struct(col.alias("x"))), r'^\{"x":(.*)\}$', 1))
+    if kind is FieldKind.IMAGE:  # read as its raw JSON text
+        return col
+    if kind is FieldKind.INT:
+        return col.cast("string")
+    if kind in (FieldKind.TEXT, FieldKind.LSN):
+        return F.when(col.isNotNull(), F.regexp_extract(F.to_json(F.struct(col.alias("x"))), r'^\{"x":(.*)\}$', 1))
+    return F.to_json(col)
 
 
 def finish_carried(carried: list[Path], written: Path | None) -> None:

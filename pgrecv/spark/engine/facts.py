@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgrecv.errors import InputError, UsageError
 from pgrecv.spark.engine.batch import ONE_PASS_SHARE
@@ -19,6 +19,13 @@ from pgrecv.spark.replay import events as rev
 from pgrecv.spark.schema import plan as table_plan
 from pgrecv.spark.tables import Table
 from pgrecv.spark.tables.rewrite import fits_one_file
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pgrecv.spark.model import TableResult
+    from pgrecv.spark.tables import Batch
+
 
 # a batch of at most this many changes onto a table of one file is applied by one task
 # (single_task; Tuning.single_task off: never)
@@ -42,7 +49,7 @@ def lean_fits(config: ApplyConfig, files: list[Path], tuning: Tuning) -> bool:
 
 
 def table_facts(
-    changes: Any, applied: dict[tuple[str, str], int | None], spark: Any
+    changes: DataFrame, applied: dict[tuple[str, str], int | None], spark: SparkSession
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Per table: counts by op past its applied position, the position, the last TRUNCATE, and
     the columns with unchanged TOAST values (a small aggregate for all tables, and a second over
@@ -117,7 +124,7 @@ def plain_facts(plain: direct.Plain, applied: dict[tuple[str, str], int | None])
     )
 
 
-def _applied_frame(spark: Any, applied: dict[tuple[str, str], int | None]) -> Any:
+def _applied_frame(spark: SparkSession, applied: dict[tuple[str, str], int | None]) -> DataFrame:
     """Each wanted table's applied position (-1: none yet), to join to its changes."""
     return spark.createDataFrame(
         [(s, t, a if a is not None else -1) for (s, t), a in applied.items()] or [("", "", -1)],
@@ -125,7 +132,7 @@ def _applied_frame(spark: Any, applied: dict[tuple[str, str], int | None]) -> An
     )
 
 
-def _fact_dicts(agg: Any) -> dict[tuple[str, str], dict[str, Any]]:
+def _fact_dicts(agg: DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
     """The facts per table from an aggregate of one row per table, with the list facts (last
     TRUNCATE, unchanged-TOAST columns, key changes) empty until a pass finds them."""
     out = {}
@@ -144,7 +151,7 @@ def lean_facts(plain: direct.Plain) -> dict[str, Any]:
     return facts
 
 
-def lean_one_pass(plain: direct.Plain, target: Any, files: list[Path]) -> bool:
+def lean_one_pass(plain: direct.Plain, target: Table, files: list[Path]) -> bool:
     """:func:`one_pass_fits` for the lean read, from the input's size (an over-count of its
     changes) instead of their counts: otherwise the step-by-step write, which needs them."""
     if target.version is None:
@@ -153,7 +160,7 @@ def lean_one_pass(plain: direct.Plain, target: Any, files: list[Path]) -> bool:
     return bool(most >= target.row_count(above=most))
 
 
-def lean_settle(plain: direct.Plain, batch: Any, result: Any) -> Callable[[], None]:
+def lean_settle(plain: direct.Plain, batch: Batch, result: TableResult) -> Callable[[], None]:
     """What the writer calls after the lean main job and before its commit: the table's counts
     and position from that job. No live change (a transaction past the applied position without
     one of this table's), or other lines than the structural pass's (appended meanwhile, or a
@@ -181,7 +188,9 @@ def single_task(facts: dict[str, Any], target: Table) -> bool:
     return fits_one_file(facts["insert"] + facts["update"], target.data_files())
 
 
-def image_type(wanted: list[tuple[str, str]], st: rp.Structure, targets: dict[Any, Any], config: Any) -> str | None:
+def image_type(
+    wanted: list[tuple[str, str]], st: rp.Structure, targets: dict[tuple[str, str], Table], config: ApplyConfig
+) -> str | None:
     """The row images' type for a direct read (:meth:`direct.Plain.records`): the one wanted
     table's columns as texts, if it has no json column (whose value must stay the exact text the
     server sent). None: the images stay texts, parsed by the replay."""

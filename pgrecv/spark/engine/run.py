@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgrecv.errors import InputError, UsageError
 from pgrecv.filters import table_filter
@@ -47,12 +47,16 @@ from pgrecv.spark.tables.delta_spark import delta_writer
 from pgrecv.spark.tables.parquet import ParquetTable
 from pgrecv.spark.tables.rewrite import one_pass_failed
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
 TABLE_THREADS = 4  # tables applied side by side (each a few Spark jobs)
 
 
 def run_frames(
     config: ApplyConfig,
-    spark: Any,
+    spark: SparkSession | None,
     files: list[Path],
     manifests: dict[Path, dict[str, Any]],
     state: Path,
@@ -82,6 +86,7 @@ def run_frames(
     if not files and not carried:
         summary.seconds = time.monotonic() - started
         return summary
+    assert spark is not None  # run_apply starts one for any input
     # the parsed input, staged once as Parquet beside the run's state (raw change data: 0700)
     work = state.parent  # made 0700 by run_apply's target lock
     stage = work / f"stage-{uuid.uuid4().hex}"
@@ -143,6 +148,7 @@ def run_frames(
         if plain is not None:
             at = targets[lean_table].applied if lean_table is not None else None
             df = plain.records(image_type(wanted, st, targets, config), applied=at)
+        assert df is not None  # the staged read's, or the direct read's just made
         changes, pending = rp.committed(df, snap, st, commits, keep)
         # a TRUNCATE concerns every table it lists: one row per table
         if any_truncate:

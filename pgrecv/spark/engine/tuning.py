@@ -5,13 +5,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pgrecv.spark.model import ApplyConfig
+
 
 PUSHDOWN = "spark.sql.json.filterPushdown.enabled"
 SHUFFLE_INPUT_BYTES = 64 << 20  # of JSONL input per shuffle partition
 
 
-def size_shuffles(spark: Any, config: Any, files: list[Path]) -> Callable[[], None]:
+def size_shuffles(spark: SparkSession, config: ApplyConfig, files: list[Path]) -> Callable[[], None]:
     """Sets this run's shuffle partitions from the input's size; returns what restores the old value.
 
     A fixed count makes each partition grow with the input: at 10M distinct keys (2.4 GB of
@@ -25,7 +31,7 @@ def size_shuffles(spark: Any, config: Any, files: list[Path]) -> Callable[[], No
     )
 
 
-def size_reads(spark: Any, config: Any, inputs: list[Path]) -> Callable[[], None]:
+def size_reads(spark: SparkSession, config: ApplyConfig, inputs: list[Path]) -> Callable[[], None]:
     """Reads of the input (the staged copy, or the JSON itself) split into as many partitions as
     the shuffles have; returns what restores the old split size.
 
@@ -38,13 +44,15 @@ def size_reads(spark: Any, config: Any, inputs: list[Path]) -> Callable[[], None
     return for_run(spark, config, "spark.sql.files.maxPartitionBytes", max(1 << 20, -(-size // parts)))
 
 
-def for_run(spark: Any, config: Any, key: str, value: int | str) -> Callable[[], None]:
+def for_run(spark: SparkSession, config: ApplyConfig, key: str, value: int | str) -> Callable[[], None]:
     """Sets a session conf for this run unless the user gave it (``--conf`` wins); returns what
     restores the session's value."""
     if key in config.conf:
         return lambda: None
     old = spark.conf.get(key)
     spark.conf.set(key, str(value))
+    if old is None:
+        return lambda: spark.conf.unset(key)
     return lambda: spark.conf.set(key, old)
 
 
@@ -56,10 +64,10 @@ def input_bytes(files: list[Path]) -> int:
     return size
 
 
-def _int_conf(spark: Any, key: str) -> int:
+def _int_conf(spark: SparkSession, key: str) -> int:
     """A count from the session's conf; a value that is not a plain integer (some platforms
     accept ``auto``) counts as one partition per core."""
     try:
-        return int(spark.conf.get(key))
+        return int(spark.conf.get(key) or "")
     except (TypeError, ValueError):
         return int(spark.sparkContext.defaultParallelism)

@@ -5,7 +5,7 @@ or text and counted."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -15,16 +15,23 @@ from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.replay import events as rev
 from pgrecv.spark.schema import ColumnType, TablePlan
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from pgrecv.spark.model import ApplyConfig, TableResult
+    from pgrecv.spark.tables import Table
+
+
 SAMPLE = 5  # poison values named per table
 
 
-def typed_rows(rows: Any, plan: TablePlan) -> Any:
+def typed_rows(rows: DataFrame, plan: TablePlan) -> DataFrame:
     """Rows whose values ``v`` are JSON texts, with ``tv`` (typed values) and ``ok`` (whether each
     value fits its type: a value that does not is NULL in ``tv``) and ``raw`` (the texts)."""
     from pyspark.sql import functions as F
 
     names = list(plan.columns)
-    values, oks = rev.typed({n: F.col(f"v.`{n}`") for n in names}, plan)
+    values, oks = rev.typed({n: F.col("v")[n] for n in names}, plan)
     return rows.select(
         *[c for c in rows.columns if c not in ("tv", "ok", "raw")],
         F.struct(*[values[n].alias(n) for n in names]).alias("tv"),
@@ -33,7 +40,9 @@ def typed_rows(rows: Any, plan: TablePlan) -> Any:
     )
 
 
-def apply_policy(rows: Any, plan: TablePlan, target: Any, config: Any, result: Any) -> tuple[Any, TablePlan]:
+def apply_policy(
+    rows: DataFrame, plan: TablePlan, target: Table, config: ApplyConfig, result: TableResult
+) -> tuple[DataFrame, TablePlan]:
     """Values the target type cannot hold, by ``--bad-values``: ``fail`` holds the table back
     (the first few named), ``null`` stores NULL, ``text`` makes the column a string column holding
     the value's text (only where the column is new). Key values are never changed: they fail.
@@ -45,7 +54,7 @@ def apply_policy(rows: Any, plan: TablePlan, target: Any, config: Any, result: A
     if policy == "fail":
         check_values(rows, plan, names)
         return rows, plan
-    counts = rows.agg(*[F.count(F.when(~F.col(f"ok.`{n}`"), 1)).alias(n) for n in names]).first()
+    counts = rows.agg(*[F.count(F.when(~F.col("ok")[n], 1)).alias(n) for n in names]).first()
     assert counts is not None
     bad = {n: int(counts[n]) for n in names if counts[n]}
     if not bad:
@@ -61,10 +70,10 @@ def apply_policy(rows: Any, plan: TablePlan, target: Any, config: Any, result: A
             and n in target.schema.names
             and not pa.types.is_string(target.schema.field(n).type)
         ]
-        if typed_in_target:
+        if typed_in_target and target.schema is not None:
             n = typed_in_target[0]
             check_values(
-                rows.where(~F.col(f"ok.`{n}`")),
+                rows.where(~F.col("ok")[n]),
                 plan,
                 [n],
                 note=f"--bad-values text cannot turn the existing {target.schema.field(n).type} column {n} into "
@@ -81,19 +90,19 @@ def apply_policy(rows: Any, plan: TablePlan, target: Any, config: Any, result: A
     return rows, plan
 
 
-def all_ok(names: list[str]) -> Any:
+def all_ok(names: list[str]) -> Column:
     from pyspark.sql import functions as F
 
-    return rp.all_of([F.col(f"ok.`{n}`") for n in names])
+    return rp.all_of([F.col("ok")[n] for n in names])
 
 
-def check_values(rows: Any, plan: TablePlan, names: list[str], note: str = "") -> None:
+def check_values(rows: DataFrame, plan: TablePlan, names: list[str], note: str = "") -> None:
     """Values the target type cannot hold: the table is held back, the first few named."""
     from pyspark.sql import functions as F
 
     bad_any = F.lit(False)
     for n in names:
-        bad_any = bad_any | ~F.col(f"ok.`{n}`")
+        bad_any = bad_any | ~F.col("ok")[n]
     bad = rows.where(bad_any).select("ok", "raw", "_path", "lsn").limit(SAMPLE).collect()
     if not bad:
         return
@@ -109,7 +118,7 @@ def check_values(rows: Any, plan: TablePlan, names: list[str], note: str = "") -
     )
 
 
-def no_identity(rows: Any) -> None:
+def no_identity(rows: DataFrame) -> None:
     """A change without the row image that identifies its row: the table is held back."""
     problem = rows.where("_problem IS NOT NULL").select("_problem", "op", "_path", "lsn").limit(1).collect()
     if problem:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -34,6 +34,11 @@ from pgrecv.spark.files import input_urls, literal_read, spelling
 from pgrecv.spark.inputs import parse_lsn
 from pgrecv.spark.read.envelope import ENVELOPE_FIELDS, JSON_LIMITS, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr
 from pgrecv.spark.replay import committed as rp
+from pgrecv.spark.schema import quoted
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Observation, SparkSession
+
 
 # ``PGRECV_SPARK_DIRECT=0`` sends every input through the staged copy (for comparing the two).
 ENABLED = os.environ.get("PGRECV_SPARK_DIRECT", "1") != "0"
@@ -60,13 +65,13 @@ _BEGUN = "_begun"  # the lean read's column: the commit LSN of the line's begun 
 
 @dataclass
 class Plain:
-    spark: Any
+    spark: SparkSession
     urls: list[str]
     structure: rp.Structure
-    commits: Any  # the commit LSNs (``c``) of the first pass, cached: what counts as committed
+    commits: DataFrame | None  # the commit LSNs (``c``) of the first pass, cached: what counts as committed
     truncates: int
     toast: int  # row changes with unchanged TOAST values
-    per: Any  # the first pass's cached rows: counts per transaction and table
+    per: DataFrame | None  # the first pass's cached rows: counts per transaction and table
     last_commit: int | None  # the highest commit LSN with a commit record (None: no commit)
     # the commit LSNs of changes without a commit record (a transaction cut at a file's end), or
     # None when there are more than UNCOMMITTED_LISTED of them
@@ -75,14 +80,15 @@ class Plain:
     # structural pass saw, by its text (a change of any other fails the main job), else None
     lean_begins: dict[str, int] | None = None
     # the lean read's counts, taken by the main job (:meth:`observed`)
-    observation: Any = field(default=None, repr=False)
+    observation: Observation | None = field(default=None, repr=False)
     counts: dict[str, Any] | None = None  # what it counted, once the main job's files are written
 
-    def commit_keys(self) -> Any:
+    def commit_keys(self) -> DataFrame:
         """The commit LSNs, to semi-join changes to, with ``rp.commit_hint``'s join hint."""
+        assert self.commits is not None  # a lean read names its transactions instead
         return rp.commit_hint(self.commits, self.structure)
 
-    def keep(self) -> Any:
+    def keep(self) -> Column | None:
         """The committed changes as a predicate over ``commit_lsn_i``, when the first pass could
         list the uncommitted ones (else None: join to :meth:`commit_keys`). A change of the input
         has a commit record if its commit LSN is not listed uncommitted; a line appended after the
@@ -100,12 +106,13 @@ class Plain:
         rule = c <= F.lit(self.last_commit)
         return rule & ~c.isin(*self.uncommitted) if self.uncommitted else rule
 
-    def committed_counts(self) -> Any:
+    def committed_counts(self) -> DataFrame | None:
         """The cached rows of committed changes (one per transaction and table), by the rule of
         :meth:`keep` (no bound: these rows are the input as the first pass saw it), or by the
         broadcast join; None when neither applies (the join would sort and merge them)."""
         from pyspark.sql import functions as F
 
+        assert self.per is not None  # a lean read counts in its main job instead
         rows = self.per.where(F.col("k").isNotNull() & F.col("schema").isNotNull())
         if self.uncommitted is not None:
             return rows.where(~F.col("k").isin(*self.uncommitted)) if self.uncommitted else rows
@@ -113,7 +120,7 @@ class Plain:
             return rows.join(self.commit_keys(), F.col("k") == F.col("c"), "left_semi")
         return None
 
-    def records(self, images: str | None = None, applied: int | None = None) -> Any:
+    def records(self, images: str | None = None, applied: int | None = None) -> DataFrame:
         """The records as the replay reads them (rp.committed), over the JSON itself. ``images``:
         the row images' type when every change is of one table without json columns (a struct
         of its columns' texts, which the JSON reader then parses in its one pass: the replay
@@ -152,7 +159,7 @@ class Plain:
         )
         return self._lean_counted(out, applied) if lean else out
 
-    def _lean_begun(self, lines: Any) -> Any:
+    def _lean_begun(self, lines: DataFrame) -> DataFrame:
         """The lean read's lines with ``_BEGUN``: the commit LSN of the transaction whose begin
         the structural pass saw with the line's ``commit_lsn`` text (NULL: none). A broadcast
         join on the text: each row change must have one (:func:`_lean_ok`), which also checks its
@@ -169,7 +176,7 @@ class Plain:
         )
         return lines.join(F.broadcast(begun), F.col("commit_lsn") == F.col(f"{_BEGUN}_t"), "left_outer")
 
-    def _lean_counted(self, records: Any, applied: int | None) -> Any:
+    def _lean_counted(self, records: DataFrame, applied: int | None) -> DataFrame:
         """The lean read's records with its Observation of the table's live changes."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
@@ -237,7 +244,7 @@ def looks_plain(files: list[Path]) -> bool:
     return True
 
 
-def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
+def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
     """The input read directly if it is plain (see the module's docstring), else None."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -259,7 +266,7 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     )
     op = F.col("op")
 
-    def not_lsn(c: Any) -> Any:
+    def not_lsn(c: Column) -> Column:
         return c.isNotNull() & ~c.rlike(LSN_PATTERN)
 
     # A transaction's lines are grouped by their commit LSN, checked and converted per line: one
@@ -355,12 +362,12 @@ def read_plain(spark: Any, files: list[Path], links: Path) -> Plain | None:
     )
 
 
-def _all_null(names: list[str]) -> Any:
+def _all_null(names: list[str]) -> Column:
     from pyspark.sql import functions as F
 
     out = F.lit(True)
     for n in names:
-        out = out & F.col(f"`{n}`").isNull()
+        out = out & F.col(quoted(n)).isNull()
     return out
 
 
@@ -389,7 +396,7 @@ class LeanDeclined(Exception):
     """The lean read cannot apply this input; the run starts over without it."""
 
 
-def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
+def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
     """The structural facts of a plain input from its lines that are not row changes, or None
     when they show it is not one for the lean read (several tables, a TRUNCATE, a line of a kind
     the first pass would send to the staged read, too many transactions). Every line is checked
@@ -474,12 +481,12 @@ def read_lean(spark: Any, files: list[Path], links: Path) -> Plain | None:
     )  # fmt: skip
 
 
-def _lsn_ok(c: Any) -> Any:
+def _lsn_ok(c: Column) -> Column:
     """NULL or an LSN's text."""
     return c.isNull() | c.rlike(LSN_PATTERN)
 
 
-def _lean_ok(names: list[str]) -> Any:
+def _lean_ok(names: list[str]) -> Column:
     """What the first pass would take of a line, for the lean read's main job (every field in
     ``names`` referred to, so that the reader parses each)."""
     from pyspark.sql import functions as F
@@ -495,7 +502,7 @@ def _lean_ok(names: list[str]) -> Any:
     return ok & ~_all_null(names)
 
 
-def _lean_checked(ok: Any) -> Any:
+def _lean_checked(ok: Column) -> Column:
     """A filter that keeps every row and fails the job at one where ``ok`` is not true."""
     from pyspark.sql import functions as F
 

@@ -3,40 +3,30 @@ integers, and the JSON parser's limits."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Final
 
+from pgrecv.output.format import REPLAY_FIELDS, FieldKind
 from pgrecv.spark.files import literal_read
 
-# Only the fields the replay uses; the JSON reader skips the rest of each line.
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrameReader, SparkSession
 
 
-# Only the fields the replay uses; the JSON reader skips the rest of each line.
-ENVELOPE_FIELDS = (
-    "v long",
-    "op string",
-    "schema string",
-    "table string",
-    "xid long",
-    "subxid long",
-    "commit_lsn string",
-    "lsn string",
-    "commit_time string",
-    "gid string",
-    "snapshot_lsn string",
-    "new string",
-    "old string",
-    "unchanged_toast array<string>",
-    "old_unchanged_toast array<string>",
-    "json_nulls array<string>",
-    "old_json_nulls array<string>",
-    "tables array<struct<schema: string, `table`: string>>",
-    "replica_identity string",
-    "key array<string>",
-    "columns array<struct<name: string, type: string, typmod: long, key: boolean>>",
-    "_corrupt string",
-)
-ENVELOPE = ", ".join(ENVELOPE_FIELDS)
-LSN_FIELDS = ("commit_lsn", "lsn", "snapshot_lsn")
+# Each kind of field (pgrecv.output.format, the record format's one owner) as Spark reads it: a row
+# image as its raw JSON text, to be parsed per table once its columns are known.
+_SPARK_TYPES: Final = {
+    FieldKind.INT: "long",
+    FieldKind.TEXT: "string",
+    FieldKind.LSN: "string",
+    FieldKind.IMAGE: "string",
+    FieldKind.NAMES: "array<string>",
+    FieldKind.TABLES: "array<struct<schema: string, `table`: string>>",
+    FieldKind.COLUMNS: "array<struct<name: string, type: string, typmod: long, key: boolean>>",
+}
+# the replay's fields, then the line of a record Spark could not parse (PERMISSIVE reads)
+ENVELOPE_FIELDS: Final = (*(f"{name} {_SPARK_TYPES[kind]}" for name, kind in REPLAY_FIELDS), "_corrupt string")
+ENVELOPE: Final = ", ".join(ENVELOPE_FIELDS)
+LSN_FIELDS: Final = tuple(name for name, kind in REPLAY_FIELDS if kind is FieldKind.LSN)
 
 
 # A PostgreSQL LSN as pg_lsn prints it (upper-case hex; zero-padded halves accepted). The high half
@@ -44,7 +34,7 @@ LSN_FIELDS = ("commit_lsn", "lsn", "snapshot_lsn")
 LSN_PATTERN = r"^[0-7]?[0-9A-Fa-f]{1,7}/[0-9A-Fa-f]{1,8}$"
 
 
-def lsn_expr(col: Any, checked: bool = False) -> Any:
+def lsn_expr(col: Column, checked: bool = False) -> Column:
     """``X/Y`` text → bigint, in Spark (NULL for NULL and for what is not an LSN, which
     check_input names). ``checked``: the texts were matched against the pattern already."""
     from pyspark.sql import functions as F
@@ -64,6 +54,6 @@ def lsn_expr(col: Any, checked: bool = False) -> Any:
 JSON_LIMITS = {name: str(2**31 - 1) for name in ("maxStringLen", "maxNumLen", "maxNestingDepth")}
 
 
-def json_read(spark: Any) -> Any:
+def json_read(spark: SparkSession) -> DataFrameReader:
     """:func:`literal_read` for JSON lines, without Jackson's limits (:data:`JSON_LIMITS`)."""
     return literal_read(spark).options(**JSON_LIMITS)

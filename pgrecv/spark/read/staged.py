@@ -11,23 +11,26 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pgrecv.errors import InputError
 from pgrecv.spark.files import file_url, find_line, input_urls, line_of_text, literal_read, local_path, spelling
 from pgrecv.spark.read.envelope import ENVELOPE, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 
 @dataclass
 class Records:
     """The records of one run and the few facts the driver needs about them."""
 
-    frame: Any  # the DataFrame (over the staged copy: every table's replay reads it)
+    frame: DataFrame  # the DataFrame (over the staged copy: every table's replay reads it)
     files: list[Path]
 
 
 def read_records(
-    spark: Any, files: list[Path], carried: list[Path], stage: Path | None = None, links: Path | None = None
+    spark: SparkSession, files: list[Path], carried: list[Path], stage: Path | None = None, links: Path | None = None
 ) -> Records:
     """Carried-over prepared transactions first (negative ranks), then the input in name order.
 
@@ -38,8 +41,7 @@ def read_records(
     from pyspark.sql import functions as F
 
     ordered = [*carried, *files]
-    if not ordered:
-        return Records(None, files)
+    assert ordered, "a run without input reads nothing (run_frames returns first)"
     urls = input_urls(ordered, links)
     df = (
         json_read(spark)

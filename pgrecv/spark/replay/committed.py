@@ -15,9 +15,13 @@ the duplicates of an at-least-once delivery (same commit and change LSN) collaps
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgrecv.errors import InputError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Row
+
 
 ROW_OPS = ("insert", "update", "delete")
 NOT_OBJECT = "with a row image that is not a JSON object"
@@ -62,54 +66,52 @@ class Structure:
 ORDER_TYPES = ("bigint", "bigint", "int", "bigint", "bigint")
 
 
-def order_col(prefix: str = "") -> Any:
+def order_col(prefix: str = "") -> Column:
     """The replay order of a row as one comparable struct."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     return F.struct(*[F.col(f"{prefix}{c}").alias(c) for c in ORDER])
 
 
-def pos_col(prefix: str = "") -> Any:
+def pos_col(prefix: str = "") -> Column:
     """A line's place in the input as one comparable struct (field names shared by every prefix)."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     return F.struct(*[F.col(f"{prefix}{c}").alias(c) for c in POS])
 
 
-def order_lit(values: tuple[Any, ...]) -> Any:
-    F = _F()
+def order_lit(values: tuple[object, ...]) -> Column:
+    from pyspark.sql import functions as F
+
     return F.struct(*[F.lit(v).cast(t).alias(c) for v, t, c in zip(values, ORDER_TYPES, ORDER, strict=True)])
 
 
-def by_key(col: Any = None) -> tuple[Any, Any]:
+def by_key(col: Column | None = None) -> tuple[Column, Column]:
     """A window's partitioning by the key struct, led by the key's hash: Spark's sort has no
     prefix for a struct, so without the hash every comparison of the sort before the window
     compares whole structs (measured: the last-event-per-key window at 1M events took 2.4 s
     more without it, 0.3 s with it)."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     key = F.col("key") if col is None else col
     return F.hash(key), key
 
 
-def _F() -> Any:
-    from pyspark.sql import functions as F
-
-    return F
-
-
-def _first_after(rows: Any, ends: Any, on: Any) -> Any:
+def _first_after(rows: DataFrame, ends: DataFrame, on: Column) -> DataFrame:
     """Each row with the first ``ends`` record (by input position) after it that matches ``on``."""
     from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-    F = _F()
     j = rows.join(ends, on & (pos_col("e") > pos_col()), "left")
     w = Window.partitionBy(*POS).orderBy(*[F.col(f"e{p}").asc_nulls_last() for p in POS])
     return j.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
 
 
-def _streamed(r: Any, is_change: Any) -> tuple[Any, Any]:
+def _streamed(r: DataFrame, is_change: Column) -> tuple[DataFrame, DataFrame]:
     """(committed rows of streamed transactions, rows of streamed prepared ones)."""
     from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-    F = _F()
     # streamed chunks: the top-level xid is the enclosing stream_start's (rows of sub-transactions
     # carry their own xid), so this one rule is positional: a window over each file in line order
     chunky = F.col("commit_lsn_i").isNull() & F.col("gid").isNull()
@@ -165,11 +167,11 @@ def _streamed(r: Any, is_change: Any) -> tuple[Any, Any]:
     return stream_done, stream_prepared
 
 
-def _two_phase(r: Any, is_change: Any, stream_prepared: Any) -> tuple[Any, Any]:
+def _two_phase(r: DataFrame, is_change: Column, stream_prepared: DataFrame | None) -> tuple[DataFrame, DataFrame]:
     """(rows of prepared transactions committed in the input, rows still pending)."""
     from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-    F = _F()
     # two-phase: rows of a prepared transaction wait for commit_prepared of their gid (and xid)
     prepared = r.where(is_change & F.col("commit_lsn_i").isNull() & F.col("gid").isNotNull()).select(
         *KEEP, "gid", *[F.col(p).alias(f"p{p}") for p in POS]
@@ -212,24 +214,30 @@ def broadcasts_commits(st: Structure) -> bool:
     return st.transactions <= BROADCAST_COMMITS
 
 
-def commit_hint(commits: Any, st: Structure) -> Any:
+def commit_hint(commits: DataFrame, st: Structure) -> DataFrame:
     """The commit LSNs with their join hint: broadcast while the input's transactions are few,
     else sorted and merged. The merge needs its hint too: the adaptive plan would broadcast them
     anyway once their shuffle is under its threshold, and a few MB of compressed LSNs can be
     millions of them."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     return F.broadcast(commits) if broadcasts_commits(st) else commits.hint("merge")
 
 
 def committed(
-    records: Any, manifests: list[tuple[str, str, int]], st: Structure, commits: Any = None, keep: Any = None
-) -> tuple[Any, Any]:
+    records: DataFrame,
+    manifests: list[tuple[str, str, int]],
+    st: Structure,
+    commits: DataFrame | None = None,
+    keep: Column | None = None,
+) -> tuple[DataFrame, DataFrame | None]:
     """(committed changes, pending prepared rows or None) from all records. The rules for streamed
     and two-phase transactions join the plan only when the input has such records (``st``).
     ``commits``: the commit LSNs (``c``) when the caller has them (a plain input read directly,
     :mod:`pgrecv.spark.direct`: no snapshot rows either), with :func:`commit_hint`'s join hint;
     ``keep``: instead, a predicate over ``commit_lsn_i`` that says it (``direct.Plain.keep``)."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     r = records
     is_change = F.col("op").isin(*CHANGE_OPS)
 
@@ -284,7 +292,7 @@ def committed(
     return out, pending
 
 
-def relation_record(rel: Any) -> dict[str, Any]:
+def relation_record(rel: Row) -> dict[str, Any]:
     """A collected relation record (a Row) as the plan reads it."""
     return {
         "schema": rel["schema"],
@@ -295,10 +303,11 @@ def relation_record(rel: Any) -> dict[str, Any]:
     }
 
 
-def structure(records: Any) -> Structure:
+def structure(records: DataFrame) -> Structure:
     """Counts for the summary, the relation records (collected: a few per table and file), and
     which rules the input needs: two small jobs over a few columns."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     r = records
     s = Structure()
     op = F.col("op")
@@ -340,7 +349,7 @@ def structure(records: Any) -> Structure:
         .agg(*[F.max(op == f).alias(f) for f in flags])
     )
 
-    def n(cond: Any) -> Any:
+    def n(cond: Column) -> Column:
         return F.count(F.when(cond, 1))
 
     c = {f: F.col(f) for f in flags}
@@ -355,9 +364,10 @@ def structure(records: Any) -> Structure:
     return s
 
 
-def all_of(conds: list[Any]) -> Any:
+def all_of(conds: list[Column]) -> Column:
     """The conjunction of boolean columns (true for none)."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     out = F.lit(True)
     for c in conds:
         out = out & c

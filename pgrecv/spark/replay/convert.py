@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from pgrecv.spark.read.envelope import JSON_LIMITS
 from pgrecv.spark.schema import ColumnType, spark_ddl
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
 
 _INT_TYPES = {
     "smallint": "smallint",
@@ -40,7 +44,7 @@ _TS_MAX = "9999-12-31 23:59:59.999999"
 _TS_MIN = "0001-01-01 00:00:00"
 
 
-def scalar(raw: Any, ct: ColumnType) -> tuple[Any, Any]:
+def scalar(raw: Column, ct: ColumnType) -> tuple[Column, Column]:
     """(typed value, ok) for a column whose raw JSON text is ``raw`` (NULL stays NULL, ok)."""
     from pyspark.sql import functions as F
 
@@ -81,11 +85,11 @@ def scalar(raw: Any, ct: ColumnType) -> tuple[Any, Any]:
     return v, raw.isNull() | v.isNotNull()
 
 
-def _try_cast(col: Any, ddl: str) -> Any:
+def _try_cast(col: Column, ddl: str) -> Column:
     return col.try_cast(ddl)
 
 
-def _array(raw: Any, ct: ColumnType) -> tuple[Any, Any]:
+def _array(raw: Column, ct: ColumnType) -> tuple[Column, Column]:
     """One-dimensional arrays: each element converted like a scalar of the element type."""
     from pyspark.sql import functions as F
 
@@ -168,7 +172,7 @@ def _value_end(text: str, i: int) -> int:
             return i
 
 
-def json_member(raw_image: Any, name: str) -> Any:
+def json_member(raw_image: Column, name: str) -> Column:
     """A Spark column: the exact text of json column ``name`` of the raw image (Arrow-batched)."""
     from pyspark.sql.pandas import functions as pf
 
@@ -177,4 +181,5 @@ def json_member(raw_image: Any, name: str) -> Any:
     def cut(images: pa.Array) -> pa.Array:
         return pa.array([member_text(t, name) for t in images.to_pylist()], type=pa.string())
 
-    return arrow_udf(cut, "string")(raw_image)
+    member: Column = arrow_udf(cut, "string")(raw_image)
+    return member

@@ -8,16 +8,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pgrecv.errors import InputError
 from pgrecv.spark.read.envelope import JSON_LIMITS
-from pgrecv.spark.replay.committed import _F, NOT_OBJECT, ORDER, all_of, by_key, order_col, order_lit
+from pgrecv.spark.replay.committed import NOT_OBJECT, ORDER, all_of, by_key, order_col, order_lit
 from pgrecv.spark.replay.convert import json_member, scalar
-from pgrecv.spark.schema import TablePlan
+from pgrecv.spark.schema import TablePlan, quoted
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 
-def key_columns(plan: TablePlan) -> dict[str, Any] | None:
+def key_columns(plan: TablePlan) -> dict[str, Column] | None:
     """The key's columns as columns of their own (``_k0``, ``_k1``, ...), to partition the last
     event's window by and to join the target on: the final events then come out of the window
     partitioned as the one-pass join needs them, and Spark shuffles them once (a window's
@@ -25,20 +28,21 @@ def key_columns(plan: TablePlan) -> dict[str, Any] | None:
     2026-12-03, night). None for REPLICA IDENTITY FULL, whose join is NULL-safe."""
     if plan.full or not plan.key_cols:
         return None
-    F = _F()
+    from pyspark.sql import functions as F
+
     return {f"_k{i}": F.col("key")[k] for i, k in enumerate(plan.key_cols)}
 
 
 def texts_type(plan: TablePlan) -> str:
-    return "struct<" + ", ".join(f"`{n.replace('`', '``')}`: string" for n in plan.columns) + ">"
+    return "struct<" + ", ".join(f"{quoted(n)}: string" for n in plan.columns) + ">"
 
 
-def parse_images(rows: Any, plan: TablePlan, images: tuple[str, ...] = ("new", "old")) -> Any:
+def parse_images(rows: DataFrame, plan: TablePlan, images: tuple[str, ...] = ("new", "old")) -> DataFrame:
     """Each row image parsed once, in its own projection (``_<image>_t``: a struct of the
     columns' JSON texts), so that the many expressions over its columns do not parse it again."""
+    from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    F = _F()
     # a direct read (pgrecv.spark.direct) may have had the JSON reader parse them already
     return rows.select(
         "*",
@@ -53,11 +57,12 @@ def parse_images(rows: Any, plan: TablePlan, images: tuple[str, ...] = ("new", "
     )
 
 
-def image_texts(image: str, plan: TablePlan, json_nulls: Any) -> dict[str, Any]:
+def image_texts(image: str, plan: TablePlan, json_nulls: Column) -> dict[str, Column]:
     """Column → its JSON text in the (parsed) image; json/jsonb: the exact text the server sent."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     parsed = F.col(f"_{image}_t")
-    out: dict[str, Any] = {}
+    out: dict[str, Column] = {}
     for n in plan.columns:
         text = parsed[n]
         if plan.columns[n].is_json:
@@ -71,27 +76,29 @@ def image_texts(image: str, plan: TablePlan, json_nulls: Any) -> dict[str, Any]:
     return out
 
 
-def typed(texts: dict[str, Any], plan: TablePlan) -> tuple[dict[str, Any], dict[str, Any]]:
+def typed(texts: dict[str, Column], plan: TablePlan) -> tuple[dict[str, Column], dict[str, Column]]:
     """(typed values, ok flags) of columns given as their JSON texts."""
-    values: dict[str, Any] = {}
-    oks: dict[str, Any] = {}
+    from pyspark.sql import functions as F
+
+    values: dict[str, Column] = {}
+    oks: dict[str, Column] = {}
     for n, text in texts.items():
         ct = plan.columns[n]
         if ct.is_json:
-            values[n], oks[n] = text, _F().lit(True)
+            values[n], oks[n] = text, F.lit(True)
         else:
             values[n], oks[n] = scalar(text, ct)
     return values, oks
 
 
 def table_changes(
-    changes: Any,
+    changes: DataFrame,
     plan: TablePlan,
     applied: int | None,
-    truncate_at: tuple[Any, ...] | None,
+    truncate_at: tuple[object, ...] | None,
     history: bool = False,
     dedupe: bool = True,
-) -> Any:
+) -> DataFrame:
     """The table's events, in order: kind U (upsert the image) or D (delete the key); a primary-key
     change is a D of the old key and a U of the new one (``src``: the old key). Keys are typed;
     the other values stay their JSON texts (``v``) until the last event per key is known, so each
@@ -100,7 +107,8 @@ def table_changes(
     at-least-once delivery: right when only the last event per key matters and no TOAST value is
     looked up along the key (the copies then replay identically), and it saves a shuffle of every
     row with its images."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     # one filter, not three: Spark analyses every DataFrame step of every table on the driver
     # (bench/NOTES.md, many small tables)
     mine = (F.col("schema") == plan.schema) & (F.col("table") == plan.table) & (F.col("op") != "truncate")
@@ -148,7 +156,9 @@ def table_changes(
     new_key = {k: F.col(f"_nk{i}") for i, k in enumerate(keys)}
     old_key = {k: F.col(f"_ok{i}") for i, k in enumerate(keys)}
 
-    def event(kind: str, key: dict[str, Any], src: dict[str, Any], v: dict[str, Any], has: dict[str, Any]) -> Any:
+    def event(
+        kind: str, key: dict[str, Column], src: dict[str, Column], v: dict[str, Column], has: dict[str, Column]
+    ) -> Column:
         return F.struct(
             F.lit(kind).alias("kind"),
             F.struct(*[key[k].alias(k) for k in keys]).alias("key"),
@@ -178,33 +188,33 @@ def table_changes(
     return t.select("op", *ORDER, "_path", "lsn", "commit_time", problem.alias("_problem"), F.inline(events))
 
 
-def _not_object(rows: Any, image: str) -> Any:
+def _not_object(rows: DataFrame, image: str) -> Column:
     """An image that is JSON but not an object (its fields would all read as NULL). Images the
     JSON reader parsed as structs (a direct read) were checked by its first pass."""
+    from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
 
-    F = _F()
     if not isinstance(rows.schema[image].dataType, StringType):
         return F.lit(False)
     return F.col(image).isNotNull() & ~F.col(image).startswith("{")
 
 
 def final_changes(
-    events: Any,
+    events: DataFrame,
     plan: TablePlan,
     toast_cols: list[str],
     moves: bool = True,
     max_rounds: int = 8,
-    by: tuple[Any, ...] | None = None,
-) -> Any:
+    by: tuple[Column, ...] | None = None,
+) -> DataFrame:
     """The last event per key. Unchanged-TOAST columns are filled from the latest earlier value of
     the same row in the batch, following primary-key changes; what the batch cannot supply is left
     to the target: ``need`` lists those columns and ``root`` is the key the row had before the
     batch, whose target row holds them. ``by``: the window partitioned by these columns (the
     key's, :func:`key_columns`) instead of :func:`by_key`."""
     from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-    F = _F()
     # per key, the latest event (a PK change's delete of the old key and upsert of the new one have
     # the same order but different keys)
     w = Window.partitionBy(*(by or by_key())).orderBy(*[F.col(c).desc() for c in ORDER], F.col("kind").desc())
@@ -216,7 +226,7 @@ def final_changes(
     return ev.where("_n = 1").drop("_n")
 
 
-def fill_toast(events: Any, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> Any:
+def fill_toast(events: DataFrame, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> DataFrame:
     """Every event with its unchanged-TOAST columns filled from the batch where it can (``need``:
     the columns left to the target's row of the key ``root``)."""
     if toast_cols:
@@ -224,19 +234,21 @@ def fill_toast(events: Any, toast_cols: list[str], moves: bool = True, max_round
     return events.withColumns(_nothing_to_fill())
 
 
-def _nothing_to_fill() -> dict[str, Any]:
+def _nothing_to_fill() -> dict[str, Column]:
     """fill_toast's columns when no column has an unchanged TOAST value: every row is its own root."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     return {"root": F.col("key"), "need": F.array().cast("array<string>")}
 
 
-def _fill_toast(ev: Any, cols: list[str], max_rounds: int) -> Any:
+def _fill_toast(ev: DataFrame, cols: list[str], max_rounds: int) -> DataFrame:
     """Round by round: a window pass along each key, then the key changes whose old key's state is
     known look it up there. Without key changes that lack a value, one pass does it all."""
-    F = _F()
+    from pyspark.sql import functions as F
+
     moved = (F.col("kind") == "U") & (F.col("src") != F.col("key"))
     ev = ev.withColumn("_mv", moved)
-    ev = ev.withColumn("_res", ~moved | all_of([F.col(f"has.{c}") for c in cols]))
+    ev = ev.withColumn("_res", ~moved | all_of([F.col("has")[c] for c in cols]))
     ev = ev.withColumn("root", F.when(moved, F.col("src")).otherwise(F.col("key")))
     if max_rounds == 0:  # no key change lacks a value: one pass along each key does it all
         ev = _carry(ev, cols)
@@ -251,30 +263,33 @@ def _fill_toast(ev: Any, cols: list[str], max_rounds: int) -> Any:
                 "apply the input in smaller batches (fewer files per run)"
             )
         ev = _resolve_moves(ev, cols)
-    need = F.array_compact(F.array(*[F.when((F.col("kind") == "U") & ~F.col(f"has.{c}"), F.lit(c)) for c in cols]))
+    need = F.array_compact(F.array(*[F.when((F.col("kind") == "U") & ~F.col("has")[c], F.lit(c)) for c in cols]))
     return ev.withColumn("need", need).drop("_mv", "_res")
 
 
-def _carry(ev: Any, cols: list[str]) -> Any:
+def _carry(ev: DataFrame, cols: list[str]) -> DataFrame:
     """Along each key: a missing value is the nearest earlier one; a delete or an unresolved key
     change before it stops the search (nothing, or wait for the next round)."""
     from pyspark.sql import Window
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
 
-    F = _F()
     along = Window.partitionBy(*by_key()).orderBy(*[F.col(c) for c in ORDER])
     before = along.rowsBetween(Window.unboundedPreceding, -1)
     ev = ev.withColumn("_wait", F.lit(False))
+    values = ev.schema["v"].dataType
+    assert isinstance(values, StructType)  # the events' values: a struct of the table's columns
     for c in cols:
-        vtype = ev.schema["v"].dataType[c].dataType.simpleString()
-        stop = (F.col("kind") == "D") | F.col("_mv") | F.col(f"has.{c}")
+        vtype = values[c].dataType.simpleString()
+        stop = (F.col("kind") == "D") | F.col("_mv") | F.col("has")[c]
         mark = F.when(
             stop,
             F.struct(
                 F.col("kind").alias("k"),
                 F.col("_mv").alias("m"),
                 F.col("_res").alias("r"),
-                F.col(f"has.{c}").alias("h"),
-                F.col(f"v.{c}").cast(vtype).alias("x"),
+                F.col("has")[c].alias("h"),
+                F.col("v")[c].cast(vtype).alias("x"),
                 F.col("root").alias("root"),
             ),
         )
@@ -282,14 +297,14 @@ def _carry(ev: Any, cols: list[str]) -> Any:
         ev = ev.withColumn("_p", p)
         # no mark before (the key's first events lack the value): _p is NULL, and so would every
         # test on it be; NULL-safe, so that no flag is NULL (a NULL flag drops the row below)
-        lacking = (F.col("kind") == "U") & ~F.col("_mv") & ~F.col(f"has.{c}")
+        lacking = (F.col("kind") == "U") & ~F.col("_mv") & ~F.col("has")[c]
         after_u = F.coalesce(F.col("_p.k") == "U", F.lit(False))
         take = lacking & after_u & F.coalesce(F.col("_p.h"), F.lit(False))
         wait = lacking & F.coalesce(F.col("_p.m") & ~F.col("_p.r"), F.lit(False))
         inherit = lacking & after_u & F.col("_p.root").isNotNull() & ~wait
         ev = (
-            ev.withColumn("v", F.when(take, F.col("v").withField(c, F.col("_p.x"))).otherwise(F.col("v")))
-            .withColumn("has", F.when(take, F.col("has").withField(c, F.lit(True))).otherwise(F.col("has")))
+            ev.withColumn("v", F.when(take, F.col("v").withField(quoted(c), F.col("_p.x"))).otherwise(F.col("v")))
+            .withColumn("has", F.when(take, F.col("has").withField(quoted(c), F.lit(True))).otherwise(F.col("has")))
             .withColumn("root", F.when(inherit, F.col("_p.root")).otherwise(F.col("root")))
             .withColumn("_wait", F.col("_wait") | wait)
             .drop("_p")
@@ -297,12 +312,12 @@ def _carry(ev: Any, cols: list[str]) -> Any:
     return ev.withColumn("_res", F.when(F.col("_mv"), F.col("_res")).otherwise(~F.col("_wait"))).drop("_wait")
 
 
-def _resolve_moves(ev: Any, cols: list[str]) -> Any:
+def _resolve_moves(ev: DataFrame, cols: list[str]) -> DataFrame:
     """Key changes lacking values take them from the old key's latest earlier state, once that
     state is itself resolved; with no earlier event on the old key, from its target row."""
     from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-    F = _F()
     states = ev.select(
         F.col("key").alias("_sk"),
         *[F.col(c).alias(f"_s{c}") for c in ORDER],
@@ -322,9 +337,13 @@ def _resolve_moves(ev: Any, cols: list[str]) -> Any:
     cand = cand.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
     ready = F.col("_skind").isNull() | (F.col("_skind") == "D") | F.coalesce(F.col("_sres"), F.lit(False))
     for c in cols:
-        take = ready & ~F.col(f"has.{c}") & (F.col("_skind") == "U") & F.col(f"_shas.{c}")
-        cand = cand.withColumn("v", F.when(take, F.col("v").withField(c, F.col(f"_sv.{c}"))).otherwise(F.col("v")))
-        cand = cand.withColumn("has", F.when(take, F.col("has").withField(c, F.lit(True))).otherwise(F.col("has")))
+        take = ready & ~F.col("has")[c] & (F.col("_skind") == "U") & F.col("_shas")[c]
+        cand = cand.withColumn(
+            "v", F.when(take, F.col("v").withField(quoted(c), F.col("_sv")[c])).otherwise(F.col("v"))
+        )
+        cand = cand.withColumn(
+            "has", F.when(take, F.col("has").withField(quoted(c), F.lit(True))).otherwise(F.col("has"))
+        )
     cand = cand.withColumn(
         "root", F.when(ready & (F.col("_skind") == "U"), F.col("_sroot")).otherwise(F.col("root"))
     ).withColumn("_res", ready)

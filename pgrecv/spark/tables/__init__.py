@@ -20,12 +20,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from pgrecv.errors import UsageError
 from pgrecv.spark.files import file_url, literal_read
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 
 POINTER = "_pgrecv_table.json"  # the Parquet table's pointer (tables/parquet.py)
 DATA_SUFFIX = ".parquet"
@@ -40,18 +44,18 @@ class Batch:
     key_cols: list[str]
     null_safe: bool  # keys may hold NULLs (REPLICA IDENTITY FULL): compare with IS NOT DISTINCT FROM
     truncate: bool
-    upserts: Any  # DataFrame of full rows (schema's columns)
-    keys: Any  # DataFrame of every touched key (key columns)
+    upserts: DataFrame | None  # DataFrame of full rows (schema's columns)
+    keys: DataFrame | None  # DataFrame of every touched key (key columns)
     position: int  # the batch's end commit LSN: recorded with its commit
     append_only: bool = False
     # history mode: ``upserts`` are new version rows; ``closes`` ends the target's current version
     # of each of their keys (key columns and the _end_* of the key's first new version)
     history: bool = False
-    closes: Any = None
+    closes: DataFrame | None = None
     # one pass (see :class:`pgrecv.spark.tables.rewrite.Rewrite`): the final events (``_kind`` U
     # or D, the key as the struct ``_k``, the typed values as the struct ``_v``; other columns are
     # ignored) instead of ``upserts`` and ``keys``
-    final: Any = None
+    final: DataFrame | None = None
     # ``final`` also has the key's columns as ``_k0``, ``_k1``, ... (replay.events.key_columns), by
     # which it is partitioned: the one-pass join compares those, and needs no shuffle of its own
     flat_key: bool = False
@@ -82,7 +86,7 @@ def refuse_other_format(path: Path, fmt: str) -> None:
 class Table(ABC):
     """A table under the target path; ``applied``/``schema``/``version`` describe it before the batch."""
 
-    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
+    def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
         self.path = path
         self.app_id = app_id
         self.spark = spark
@@ -108,7 +112,7 @@ class Table(ABC):
 
         return rows_in(self.data_files(), above)
 
-    def frame(self) -> Any:
+    def frame(self) -> DataFrame | None:
         """The current rows as a DataFrame (None: no table yet), for unchanged-TOAST lookups."""
         from pgrecv.spark.sparkops import spark_schema
 

@@ -8,7 +8,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -17,11 +17,14 @@ from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.tables import Batch, Table, refuse_other_format
 from pgrecv.spark.tables.rewrite import Rewrite, fsync_files, missing_dirs, unmake
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 
 class DeltaRsTable(Table):
     """A Delta table written by Spark and committed by delta-rs."""
 
-    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
+    def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
         super().__init__(path, app_id, spark)
         self._files: dict[str, int] = {}  # path relative to the table → size, as in the log
 

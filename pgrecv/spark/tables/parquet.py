@@ -15,7 +15,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -24,6 +24,9 @@ from pgrecv.lsn import lsn_str
 from pgrecv.output.files import fsync_dir
 from pgrecv.spark.tables import DATA_SUFFIX, POINTER, Batch, Table, refuse_other_format
 from pgrecv.spark.tables.rewrite import Rewrite, fsync_files, missing_dirs, unmake
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
@@ -57,7 +60,7 @@ class ParquetTable(Table):
 
     KEEP = 2  # versions kept: the current one and the one before (readers still on it)
 
-    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
+    def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
         super().__init__(path, app_id, spark)
         self.pointer: dict[str, Any] | None = None
 

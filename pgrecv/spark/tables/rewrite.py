@@ -14,13 +14,18 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from pgrecv.spark.files import file_url, literal_read, local_path
+from pgrecv.spark.schema import quoted
 from pgrecv.spark.sparkops import spark_schema
 from pgrecv.spark.tables import DATA_SUFFIX, Batch
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
 
 ROWS_PER_FILE = 250_000  # files this size keep a small batch's rewrite small (see bench/spark_apply.py)
 ONE_PASS_FAILED = "pgrecv: the batch needs the step-by-step apply"  # raise_error's text, matched below
@@ -32,16 +37,12 @@ def one_pass_failed(exc: BaseException) -> bool:
     return ONE_PASS_FAILED in str(exc)
 
 
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 END_COLS = ("_end_lsn", "_end_change_lsn", "_end_time")  # what closing a history version sets
 
 
 def key_condition(
     left: str, right: str, key_cols: list[str], null_safe: bool, right_cols: list[str] | None = None
-) -> Any:
+) -> Column:
     """Rows of the aliases ``left`` and ``right`` with equal keys (NULL equal to NULL for REPLICA
     IDENTITY FULL, whose key is the whole row). ``right_cols``: the right side's names for the
     key columns, where they differ."""
@@ -49,36 +50,38 @@ def key_condition(
 
     cond = F.lit(True)
     for k, r in zip(key_cols, right_cols or key_cols, strict=True):
-        a, b = F.col(f"{left}.{_q(k)}"), F.col(f"{right}.{_q(r)}")
+        a, b = F.col(f"{left}.{quoted(k)}"), F.col(f"{right}.{quoted(r)}")
         cond = cond & (a.eqNullSafe(b) if null_safe else a == b)
     return cond
 
 
-def close_versions(old: Any, closes: Any, key_cols: list[str], null_safe: bool, names: list[str]) -> Any:
+def close_versions(
+    old: DataFrame, closes: DataFrame, key_cols: list[str], null_safe: bool, names: list[str]
+) -> DataFrame:
     """History mode: a table's rows ``old`` with the current version of each key in ``closes``
     (its key columns and :data:`END_COLS`) closed: those columns taken from ``closes``, ``_current``
     false. Versions are never dropped."""
     from pyspark.sql import functions as F
 
     flag = "_pgrecv_close"
-    s = closes.select(*[F.col(_q(c)) for c in (*key_cols, *END_COLS)]).withColumn(flag, F.lit(True)).alias("s")
+    s = closes.select(*[F.col(quoted(c)) for c in (*key_cols, *END_COLS)]).withColumn(flag, F.lit(True)).alias("s")
     joined = old.alias("t").join(s, key_condition("t", "s", key_cols, null_safe) & F.col("t.`_current`"), "left")
     closed = F.col(f"s.{flag}").isNotNull()
     out = []
     for n in names:
         if n in END_COLS:
-            out.append(F.when(closed, F.col(f"s.{_q(n)}")).otherwise(F.col(f"t.{_q(n)}")).alias(n))
+            out.append(F.when(closed, F.col(f"s.{quoted(n)}")).otherwise(F.col(f"t.{quoted(n)}")).alias(n))
         elif n == "_current":
             out.append(F.when(closed, F.lit(False)).otherwise(F.col("t.`_current`")).alias(n))
         else:
-            out.append(F.col(f"t.{_q(n)}").alias(n))
+            out.append(F.col(f"t.{quoted(n)}").alias(n))
     return joined.select(*out)
 
 
 class Rewrite:
     """What a batch does to a set of current files; :meth:`write` leaves new files in ``out``."""
 
-    def __init__(self, spark: Any, batch: Batch, files: list[str], current_schema: pa.Schema | None) -> None:
+    def __init__(self, spark: SparkSession, batch: Batch, files: list[str], current_schema: pa.Schema | None) -> None:
         self.spark = spark
         self.batch = batch
         self.files = files  # local paths of the current data files
@@ -92,7 +95,8 @@ class Rewrite:
         names = b.schema.names
         if b.final is not None:
             return self._one_pass()
-        cols = [F.col(_q(n)) for n in names]
+        cols = [F.col(quoted(n)) for n in names]
+        assert b.upserts is not None and b.keys is not None  # a batch without final events has both
         new_rows = b.upserts.select(*cols)
         if b.truncate or not self.files:
             return list(self.files), new_rows
@@ -104,7 +108,7 @@ class Rewrite:
             touched = list(self.files)  # old files lack the new columns: rewrite them all
         else:
             hits = (
-                cur.select(F.col("_metadata.file_path").alias("_f"), *[F.col(_q(k)) for k in b.key_cols])
+                cur.select(F.col("_metadata.file_path").alias("_f"), *[F.col(quoted(k)) for k in b.key_cols])
                 .alias("t")
                 .join(b.keys.alias("s"), key_condition("t", "s", b.key_cols, b.null_safe), "left_semi")
                 .select("_f")
@@ -116,6 +120,7 @@ class Rewrite:
             return [], new_rows
         old = self._read(touched).alias("t")
         if b.history:  # versions are never dropped: the current one of a touched key is closed
+            assert b.closes is not None
             return touched, close_versions(old, b.closes, b.key_cols, b.null_safe, names).unionByName(new_rows)
         kept = old.join(b.keys.alias("s"), key_condition("t", "s", b.key_cols, b.null_safe), "left_anti")
         return touched, kept.select(*cols).unionByName(new_rows)
@@ -130,22 +135,23 @@ class Rewrite:
         b = self.batch
         names = b.schema.names
         ev = b.final
+        assert ev is not None
         if b.truncate or not self.files:
             return list(self.files), ev.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
         j = self._read(self.files).alias("t").join(ev.alias("s"), self._final_key_condition(), "full_outer")
         untouched = F.col("s._kind").isNull()
         rows = j.where(untouched | (F.col("s._kind") == "U")).select(
-            *[F.when(untouched, F.col(f"t.{_q(n)}")).otherwise(F.col("s._v")[n]).alias(n) for n in names]
+            *[F.when(untouched, F.col(f"t.{quoted(n)}")).otherwise(F.col("s._v")[n]).alias(n) for n in names]
         )
         return list(self.files), rows
 
-    def _final_key_condition(self) -> Any:
+    def _final_key_condition(self) -> Column:
         b = self.batch
         if not b.flat_key:
             return key_condition("t", "s._k", b.key_cols, b.null_safe)
         return key_condition("t", "s", b.key_cols, b.null_safe, [f"_k{i}" for i in range(len(b.key_cols))])
 
-    def _read(self, files: list[str]) -> Any:
+    def _read(self, files: list[str]) -> DataFrame:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
         rows = (
             literal_read(self.spark)
@@ -154,7 +160,7 @@ class Rewrite:
         )
         return rows.coalesce(1) if self.batch.single else rows
 
-    def _key_ranges(self) -> Any:
+    def _key_ranges(self) -> Column | None:
         """For a one-pass write over current files with an integer first key column: which of the
         write's tasks takes a row, by range of that column (:func:`task_of_key`), instead of
         Spark's range partitioner, whose sample runs the replay and the join once more in a job
@@ -179,14 +185,14 @@ class Rewrite:
         the range partitioner, whose sample is a job of its own (bench/NOTES.md: many small tables)."""
         return fits_one_file(self.batch.upserts_at_most, dropped)
 
-    def write(self, rows: Any, out: Path, dropped: list[str]) -> list[Path]:
+    def write(self, rows: DataFrame, out: Path, dropped: list[str]) -> list[Path]:
         """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths.
         ``dropped``: the files :meth:`plan` replaces, whose rows are among ``rows``."""
         b = self.batch
         if b.key_cols:
             from pyspark.sql import functions as F
 
-            keys = [F.col(_q(k)) for k in b.key_cols]
+            keys = [F.col(quoted(k)) for k in b.key_cols]
             if self.batch.single:  # one partition already: no shuffle
                 rows = rows.coalesce(1)
             elif self._one_file(dropped):
@@ -225,7 +231,7 @@ def key_span(files: list[str], column: str) -> tuple[int, int] | None:
     return None if low is None or high is None else (int(low), int(high))
 
 
-def task_of_key(spark: Any, column: str, span: tuple[int, int], tasks: int) -> Any:
+def task_of_key(spark: SparkSession, column: str, span: tuple[int, int], tasks: int) -> Column | None:
     """The partitioning expression that gives the write's ``tasks`` tasks contiguous ranges of an
     integer column: the values are cut into ranges of ``span``'s width over ``tasks`` (rounded
     toward zero, so that no subtraction can overflow), and range ``g`` goes to task ``g mod
@@ -244,14 +250,14 @@ def task_of_key(spark: Any, column: str, span: tuple[int, int], tasks: int) -> A
     width = min(MAX_RANGE, max(1, -(-(high - low + 1) // tasks)))
     # one SQL text: a Column per value would be two py4j round trips each, with 200 tasks 400
     values = ", ".join(f"{r}L" for r in reps)
-    return F.expr(f"element_at(array({values}), CAST(pmod({_q(column)} div {width}, {tasks}) AS INT) + 1)")
+    return F.expr(f"element_at(array({values}), CAST(pmod({quoted(column)} div {width}, {tasks}) AS INT) + 1)")
 
 
 MAX_RANGE = 2**62  # a range's width stays a bigint literal
 _REPS: dict[int, list[int]] = {}
 
 
-def _hashing_to(spark: Any, tasks: int) -> list[int] | None:
+def _hashing_to(spark: SparkSession, tasks: int) -> list[int] | None:
     """For each task ``t`` of a hash partitioning into ``tasks``, a bigint that Spark sends to it
     (the smallest of 0, 1, 2, ...), found by Spark's own hash on the driver (a local relation: no
     job). None if the first 64 values per task miss one (murmur3 being even, they do not)."""

@@ -19,11 +19,12 @@ import pyarrow.compute as pc
 
 from pgrecv.output.files import fsync_dir
 from pgrecv.spark.files import literal_read
+from pgrecv.spark.schema import quoted as _q
 from pgrecv.spark.schema import spark_ddl
 from pgrecv.spark.sparkops import empty_frame, frame
 from pgrecv.spark.tables.delta import DeltaRsTable
 from pgrecv.spark.tables.parquet import ParquetTable
-from pgrecv.spark.tables.rewrite import _q, close_versions, key_condition
+from pgrecv.spark.tables.rewrite import close_versions, key_condition
 
 OP_COL = "_pgrecv_op"  # U upsert, D delete, C close (history), N new version (history)
 
