@@ -1262,8 +1262,13 @@ enum { V_VALUE = 0, V_NULL, V_TOAST };
 
 typedef struct {
     Py_ssize_t off, len;
-    char state, jnull, filled; /* filled: an unchanged TOAST value taken from the old image */
+    char state, jnull;
+    char filled; /* an unchanged TOAST value taken from the old image: set by fill_from_old only */
 } colval;
+
+/* Set by read_image when a column is an unchanged TOAST value (rare): whether an update's new
+ * image needs fill_from_old at all. */
+static int toast_seen;
 
 /* One TupleData at *pos: every column's JSON value into vals, described by cv. */
 static int
@@ -1279,13 +1284,13 @@ read_image(const plan *pl, const unsigned char *d, Py_ssize_t end, Py_ssize_t *p
             return DECLINE;
         unsigned char k = d[p++];
         cv[j].jnull = 0;
-        cv[j].filled = 0;
         if (k == 'n') {
             cv[j].state = V_NULL;
             continue;
         }
         if (k == 'u') {
             cv[j].state = V_TOAST;
+            toast_seen = 1;
             continue;
         }
         if ((k != 't' && k != 'b') || end - p < 4)
@@ -1334,14 +1339,17 @@ read_image(const plan *pl, const unsigned char *d, Py_ssize_t end, Py_ssize_t *p
 
 /* An update's new image takes, for each column it marks unchanged-TOAST, the value its old image
  * holds for it (any column of a full image, a key column of a key image; not one the old image
- * marks unchanged too): pgrecv.events.fill_from_old, the step the reference's decoder takes. */
-static int
+ * marks unchanged too): pgrecv.events.fill_from_old, the step the reference's decoder takes.
+ * Returns how many it filled, or DECLINE. Kept out of line: the row encoder's loop stays as it was. */
+static Py_NO_INLINE int
 fill_from_old(const plan *pl, obuf *vals, const obuf *old_vals, colval *cn, const colval *co, int full)
 {
+    int filled = 0;
     for (Py_ssize_t j = 0; j < pl->n; j++) {
-        if (cn[j].state != V_TOAST || (!full && !pl->keyflags[j]) || co[j].state == V_TOAST)
+        cn[j].filled = cn[j].state == V_TOAST && (full || pl->keyflags[j]) && co[j].state != V_TOAST;
+        if (!cn[j].filled)
             continue;
-        cn[j].filled = 1;
+        filled++;
         cn[j].jnull = co[j].jnull;
         if (co[j].state == V_NULL) {
             cn[j].state = V_NULL;
@@ -1354,24 +1362,19 @@ fill_from_old(const plan *pl, obuf *vals, const obuf *old_vals, colval *cn, cons
         cn[j].off = off;
         cn[j].len = co[j].len;
     }
-    return OK;
+    return filled;
 }
 
-enum { N_TOAST, N_FROM_OLD, N_JSON_NULL };
-
-/* A list of names (the columns left unchanged-TOAST, filled from the old image, or holding a JSON
- * null), written ["a","b"]; with `optional`, nothing at all when it would be empty. */
+/* A list of names (the columns in `which` state, or with a JSON null), written ["a","b"]; with
+ * `optional`, nothing at all when it would be empty. */
 static int
-put_names(obuf *o, const plan *pl, const colval *cv, int which, int keyonly, piece field, int optional)
+put_names(obuf *o, const plan *pl, const colval *cv, int toast, int keyonly, piece field, int optional)
 {
     int first = 1;
     for (Py_ssize_t j = 0; j < pl->n; j++) {
         if (keyonly && !pl->keyflags[j])
             continue;
-        int listed = which == N_TOAST      ? cv[j].state == V_TOAST
-                     : which == N_FROM_OLD ? cv[j].filled
-                                           : cv[j].state == V_VALUE && cv[j].jnull;
-        if (!listed)
+        if (toast ? cv[j].state != V_TOAST : !(cv[j].state == V_VALUE && cv[j].jnull))
             continue;
         if (first && put(o, field.ptr, field.len) != OK)
             return DECLINE;
@@ -1384,6 +1387,24 @@ put_names(obuf *o, const plan *pl, const colval *cv, int which, int keyonly, pie
     if (!first)
         return put(o, "]", 1);
     return OK;
+}
+
+/* The new image's columns taken from the old image, written ["a","b"] after `field`: only after
+ * fill_from_old took one at least (it sets every column's `filled`). */
+static Py_NO_INLINE int
+put_filled(obuf *o, const plan *pl, const colval *cv, piece field)
+{
+    if (put(o, field.ptr, field.len) != OK)
+        return DECLINE;
+    const char *sep = "[";
+    for (Py_ssize_t j = 0; j < pl->n; j++) {
+        if (!cv[j].filled)
+            continue;
+        if (put(o, sep, 1) != OK || put(o, pl->names[j].ptr, pl->names[j].len) != OK)
+            return DECLINE;
+        sep = ",";
+    }
+    return put(o, "]", 1);
 }
 
 /* An image {"col":value,...}: unchanged TOAST columns left out, only key columns when keyonly. */
@@ -1447,12 +1468,17 @@ encode_message(const plan *pl, const unsigned char *d, Py_ssize_t end, uint64_t 
     }
     if (op == 2 ? old_kind < 0 : marker != 'N')
         return DECLINE;
+    toast_seen = 0;
     if (op != 2 && read_image(pl, d, end, &pos, &new_vals, &tmp_buf, cv_new) != OK)
         return DECLINE;
     if (pos != end)
         return DECLINE;
-    if (op == 1 && old_kind >= 0 && fill_from_old(pl, &new_vals, &old_vals, cv_new, cv_old, old_kind == 1) != OK)
-        return DECLINE;
+    int filled = 0; /* unchanged TOAST values taken from the old image */
+    if (op == 1 && old_kind >= 0 && toast_seen) {
+        filled = fill_from_old(pl, &new_vals, &old_vals, cv_new, cv_old, old_kind == 1);
+        if (filled < 0)
+            return DECLINE;
+    }
 
     obuf *o = &line_buf;
     o->len = 0;
@@ -1466,9 +1492,9 @@ encode_message(const plan *pl, const unsigned char *d, Py_ssize_t end, uint64_t 
     const piece *f = pl->fields;
     if (op != 2) {
         if (put(o, f[F_NEW].ptr, f[F_NEW].len) != OK || put_image(o, pl, &new_vals, cv_new, 0) != OK ||
-            put_names(o, pl, cv_new, N_TOAST, 0, f[F_UNCHANGED], 0) != OK ||
-            put_names(o, pl, cv_new, N_FROM_OLD, 0, f[F_FROM_OLD], 1) != OK ||
-            put_names(o, pl, cv_new, N_JSON_NULL, 0, f[F_JSON_NULLS], 1) != OK)
+            put_names(o, pl, cv_new, 1, 0, f[F_UNCHANGED], 0) != OK ||
+            (filled && put_filled(o, pl, cv_new, f[F_FROM_OLD]) != OK) ||
+            put_names(o, pl, cv_new, 0, 0, f[F_JSON_NULLS], 1) != OK)
             return DECLINE;
     }
     if (op != 0) {
@@ -1484,8 +1510,8 @@ encode_message(const plan *pl, const unsigned char *d, Py_ssize_t end, uint64_t 
             if (put_image(o, pl, &old_vals, cv_old, keyonly) != OK ||
                 put(o, f[F_OLD_KIND].ptr, f[F_OLD_KIND].len) != OK ||
                 put(o, pl->old_kinds[old_kind].ptr, pl->old_kinds[old_kind].len) != OK ||
-                put_names(o, pl, cv_old, N_TOAST, keyonly, f[F_OLD_UNCHANGED], 1) != OK ||
-                put_names(o, pl, cv_old, N_JSON_NULL, keyonly, f[F_OLD_JSON_NULLS], 1) != OK)
+                put_names(o, pl, cv_old, 1, keyonly, f[F_OLD_UNCHANGED], 1) != OK ||
+                put_names(o, pl, cv_old, 0, keyonly, f[F_OLD_JSON_NULLS], 1) != OK)
                 return DECLINE;
         }
     }
