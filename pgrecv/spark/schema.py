@@ -178,6 +178,12 @@ def plan(
     pg_columns: list[str] = []
     for rel in relations:
         pg_columns = [c["name"] for c in rel["columns"]]
+        taken = [n for n in pg_columns if history and n in HISTORY_NAMES]
+        if taken:
+            raise InputError(
+                f"table {name}: column {taken[0]} is one that --mode history adds itself ({', '.join(HISTORY_NAMES)}): "
+                "rename it in PostgreSQL, or apply this table with --mode latest"
+            )
         for c in rel["columns"]:
             ct = column_type(c.get("type"), int(c.get("typmod") if c.get("typmod") is not None else -1))
             have = cols.get(c["name"])

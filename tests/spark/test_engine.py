@@ -10,6 +10,8 @@ import orjson
 import pytest
 
 from pgrecv.errors import InputError, UsageError
+from pgrecv.spark.apply import run_apply as prun_apply
+from pgrecv.spark.model import ApplyConfig as PConfig
 from pgrecv.spark.model import Tuning, table_dir_name
 from pgrecv.spark.tables import Batch, Table
 from tests.spark.oracle import ApplyConfig, run_apply
@@ -360,6 +362,54 @@ def test_a_table_of_the_other_mode_is_held_back_even_with_nothing_to_apply(
         else:
             assert [(t.status, t.error) for t in run_apply(cfg, spark=spark).tables] == [("held back", message)]
         assert deltalake.DeltaTable(str(table)).to_pyarrow_table() == rows
+
+
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+def test_a_latest_table_with_a_column_named_current_stays_latest(tmp_path: Path, spark: Any, fmt: str) -> None:
+    """The mode is what the table recorded when made, not a guess from its columns: a latest-mode
+    table with a column ``_current`` was taken for a history table from its second run on and
+    held back forever (issue 54, M5)."""
+    rel = orjson.dumps(_rel("m", [("id", "integer"), ("_current", "boolean")])).decode()
+    first = _write(
+        tmp_path / "1.jsonl", [rel, *_txn("0/20", [_insert("m", "0/20", "0/10", '{"id":1,"_current":true}')])]
+    )
+    more = _write(
+        tmp_path / "2.jsonl", [rel, *_txn("0/30", [_insert("m", "0/30", "0/21", '{"id":2,"_current":false}')])]
+    )
+    target = tmp_path / "lake"
+    for sources in ((first,), (first, more)):
+        summary = prun_apply(PConfig(tuple(str(s) for s in sources), target, fmt=fmt), spark=spark)
+        assert [(t.status, t.error) for t in summary.tables] == [("applied", None)]
+    path = target / table_dir_name("public", "m")
+    if fmt == "delta":
+        got = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    else:
+        import pyarrow.parquet as pq
+
+        got = pq.read_table(path / "current").to_pylist()
+    assert sorted(got, key=lambda r: r["id"]) == [{"id": 1, "_current": True}, {"id": 2, "_current": False}]
+    # and the other --mode is still refused, by what the table recorded
+    summary = prun_apply(PConfig((str(first), str(more)), target, fmt=fmt, mode="history"), spark=spark)
+    assert [(t.status, t.error) for t in summary.tables] == [
+        ("held back", f"{path} is a latest-mode table: use the same --mode as before")
+    ]
+
+
+def test_history_mode_refuses_a_column_named_like_its_own_alone(tmp_path: Path, spark: Any) -> None:
+    """In history mode a PostgreSQL column named like a history column is refused with one line
+    naming it, and the other tables are applied (issue 54, M5: it was a traceback)."""
+    lines = [orjson.dumps(_rel("clash", [("id", "integer"), ("_deleted", "text")])).decode()]
+    lines.append(orjson.dumps(_rel("fine", [("id", "integer")])).decode())
+    rows = [_insert("clash", "0/20", "0/10", '{"id":1,"_deleted":"no"}'), _insert("fine", "0/20", "0/11", '{"id":1}')]
+    src = _write(tmp_path / "a.jsonl", lines + _txn("0/20", rows))
+    summary = prun_apply(PConfig((str(src),), tmp_path / "lake", fmt="delta", mode="history"), spark=spark)
+    got = {t.table: (t.status, t.error) for t in summary.tables}
+    assert got["public.fine"] == ("applied", None)
+    assert got["public.clash"][0] == "held back"
+    assert (got["public.clash"][1] or "").startswith(
+        "table public.clash: column _deleted is one that --mode history adds itself"
+    )
+    assert not (tmp_path / "lake" / table_dir_name("public", "clash")).exists()
 
 
 def _change(op: str, table: str, commit: str, lsn: str, new: str | None, old: str | None) -> str:

@@ -41,7 +41,7 @@ from pgrecv.spark.read.staged import check_input, read_records
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import delta_names
 from pgrecv.spark.schema import plan as table_plan
-from pgrecv.spark.tables import Table
+from pgrecv.spark.tables import Table, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
 from pgrecv.spark.tables.delta_spark import delta_writer
 from pgrecv.spark.tables.parquet import ParquetTable
@@ -223,11 +223,9 @@ def run_frames(
             spark.sparkContext.setJobDescription(f"pgrecv spark-apply {s}.{t}")
             try:
                 # checked even when nothing is left to apply: a wrong --mode fails on the first run
-                if target.schema is not None and ("_current" in target.schema.names) != history:
-                    raise UsageError(
-                        f"{target.path} is a {'latest' if history else 'history'}-mode table: "
-                        "use the same --mode as before"
-                    )
+                made = mode_of(target)
+                if made is not None and made != config.mode:
+                    raise UsageError(f"{target.path} is a {made}-mode table: use the same --mode as before")
                 if not f["n"]:  # every change of the input is applied already
                     progress.table_done(f"{s}.{t}")
                     return result

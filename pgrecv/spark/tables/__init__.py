@@ -71,6 +71,23 @@ class Batch:
     settle: Callable[[], None] | None = None
 
 
+# how a Delta table records the --mode it was made with: an app transaction of this id and the
+# mode (version 1) in the commit that made it (delta-rs takes no table property it does not know;
+# an id without "." never meets a table's "pgrecv:<schema>.<table>"); the Parquet pointer has a
+# field "mode"
+MODE_APP_ID = "pgrecv:mode:"
+
+
+def mode_of(table: Table) -> str | None:
+    """The table's --mode: as recorded, else (a table made before it was recorded) "history" when
+    it has every history column, else "latest"; None for no table yet."""
+    from pgrecv.spark.schema import HISTORY_NAMES
+
+    if table.mode is not None or table.schema is None:
+        return table.mode
+    return "history" if set(HISTORY_NAMES) <= set(table.schema.names) else "latest"
+
+
 # what marks a table directory as one format's: Delta's log, spark-apply's Parquet pointer
 _MARKS = {"delta": ("_delta_log", "a Delta table"), "parquet": (POINTER, "a Parquet table of spark-apply's")}
 
@@ -93,6 +110,9 @@ class Table(ABC):
         self.applied: int | None = None
         self.schema: pa.Schema | None = None
         self.version: int | None = None
+        # "latest" or "history", as recorded when the table was made (MODE_PROPERTY; None: not
+        # recorded, by a version before it was, or no table yet): never guessed from its columns
+        self.mode: str | None = None
 
     @abstractmethod
     def open(self) -> None:

@@ -14,7 +14,7 @@ import orjson
 import pyarrow as pa
 
 from pgrecv.errors import OutputError, UsageError
-from pgrecv.spark.tables import Batch, Table, refuse_other_format
+from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, refuse_other_format
 from pgrecv.spark.tables.rewrite import Rewrite, fsync_files, missing_dirs, unmake
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class DeltaRsTable(Table):
         self.applied = dt.transaction_version(self.app_id)
         self.schema = pa.schema(dt.schema().to_arrow())
         self.version = dt.version()
+        self.mode = next((m for m in ("latest", "history") if dt.transaction_version(MODE_APP_ID + m)), None)
         actions = dt.get_add_actions(flatten=True)
         table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
         paths = table.column("path").to_pylist()
@@ -97,11 +98,22 @@ class DeltaRsTable(Table):
             RemoveAction(path=by_local[f], data_change=True, deletion_timestamp=now, size=self._files[by_local[f]])
             for f in dropped
         ]
-        commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch.position)])
+        applied = Transaction(self.app_id, batch.position)
+        commit = CommitProperties(app_transactions=[applied])
         try:
             if self.version is None:
                 create_table_with_add_actions(
-                    str(self.path), _delta_schema(batch.schema), adds, mode="error", commit_properties=commit
+                    str(self.path),
+                    _delta_schema(batch.schema),
+                    adds,
+                    mode="error",
+                    # the mode it is made with, in the same commit (MODE_APP_ID)
+                    commit_properties=CommitProperties(
+                        app_transactions=[
+                            applied,
+                            Transaction(MODE_APP_ID + ("history" if batch.history else "latest"), 1),
+                        ]
+                    ),
                 )
             else:
                 DeltaTable(str(self.path)).create_write_transaction(

@@ -81,6 +81,7 @@ class ParquetTable(Table):
         assert self.pointer is not None
         self.version = int(self.pointer["version"])
         self.applied = int(self.pointer["applied_lsn_int"])
+        self.mode = self.pointer.get("mode")
         self.schema = pq.read_schema(self._dir(self.version) / "_schema.parquet")
         self._link(self.version)  # repair a switch a crash interrupted
 
