@@ -9,7 +9,10 @@ not be: a test checks it too, tests/cli/test_help_imports.py). Target: a median 
 on the development machine (issue 60); absolute times vary up to 2x between runs there, so read
 the ratios too.
 
-    python bench/help.py [--runs 21] [--command start ...]
+    python bench/help.py [--runs 21] [--command start ...] [--against DIR]
+
+``--against DIR`` also times the pgrecv source tree in DIR (another checkout, e.g. a ``git worktree``
+of an earlier commit, through PYTHONPATH), taking turns with this one: a before/after in one run.
 """
 
 from __future__ import annotations
@@ -33,14 +36,18 @@ _MODULES = (
 )
 
 
-def _wall(argv: list[str]) -> float:
+def _wall(argv: list[str], env: dict[str, str] | None) -> float:
     started = time.perf_counter()
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True)
     return time.perf_counter() - started
 
 
-def _heavy(args: list[str]) -> list[str]:
-    proc = subprocess.run([sys.executable, "-c", _MODULES, *args], capture_output=True, text=True, check=True)
+def _heavy(args: list[str], env: dict[str, str] | None) -> list[str]:
+    # run in the tree timed: with -c the working directory comes first in sys.path
+    cwd = None if env is None else env.get("PYTHONPATH")
+    proc = subprocess.run(
+        [sys.executable, "-c", _MODULES, *args], capture_output=True, text=True, env=env, cwd=cwd, check=True
+    )
     modules = proc.stderr.split()
     return sorted({m.split(".")[0] for m in modules if m.split(".")[0] in HEAVY})
 
@@ -51,34 +58,41 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--runs", type=int, default=21)
     ap.add_argument("--command", nargs="*", default=None, help="commands to time (default: all)")
+    ap.add_argument("--against", type=Path, default=None, help="another pgrecv source tree to time, taking turns")
     args = ap.parse_args()
     script = shutil.which("pgrecv", path=str(Path(sys.executable).parent)) or shutil.which("pgrecv")
     if script is None:
         raise SystemExit("no pgrecv script: pip install -e .")
     commands = sorted(cli.commands) if args.command is None else args.command
-    cases: dict[str, list[str]] = {
-        "python -c pass": [sys.executable, "-c", "pass"],
-        "python -c 'import click'": [sys.executable, "-c", "import click"],
-        "pgrecv --help": [script, "--help"],
-        **{f"pgrecv {c} --help": [script, c, "--help"] for c in commands},
+    here = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cases: dict[str, tuple[list[str], dict[str, str] | None]] = {
+        "python -c pass": ([sys.executable, "-c", "pass"], None),
+        "python -c 'import click'": ([sys.executable, "-c", "import click"], None),
+        "pgrecv --help": ([script, "--help"], here),
+        **{f"pgrecv {c} --help": ([script, c, "--help"], here) for c in commands},
     }
+    if args.against is not None:
+        there = {**os.environ, "PYTHONPATH": str(args.against.resolve())}
+        cases["against: pgrecv --help"] = ([script, "--help"], there)
+        for c in commands:
+            cases[f"against: pgrecv {c} --help"] = ([script, c, "--help"], there)
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for argv in cases.values():  # warm the page cache and the bytecode
-        _wall(argv)
+    for argv, env in cases.values():  # warm the page cache and the bytecode
+        _wall(argv, env)
     for _ in range(args.runs):
-        for name, argv in cases.items():
-            times[name].append(_wall(argv))
+        for name, (argv, env) in cases.items():
+            times[name].append(_wall(argv, env))
     floor = statistics.median(times["python -c pass"])
     print(f"{args.runs} runs each, taking turns; Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
-    print(f"{'command':34} {'median':>8} {'min':>8} {'max':>8} {'x bare':>7}  heavy imports")
+    print(f"{'command':42} {'median':>8} {'min':>8} {'max':>8} {'x bare':>7}  heavy imports")
     worst = 0.0
-    for name, argv in cases.items():
+    for name, (argv, env) in cases.items():
         med = statistics.median(times[name])
-        heavy = "" if not name.startswith("pgrecv") else (", ".join(_heavy(argv[1:])) or "none")
+        heavy = "" if "pgrecv" not in name else (", ".join(_heavy(argv[1:], env)) or "none")
         if name.startswith("pgrecv"):
             worst = max(worst, med)
         print(
-            f"{name:34} {med * 1000:7.1f}ms {min(times[name]) * 1000:7.1f}ms {max(times[name]) * 1000:7.1f}ms "
+            f"{name:42} {med * 1000:7.1f}ms {min(times[name]) * 1000:7.1f}ms {max(times[name]) * 1000:7.1f}ms "
             f"{med / floor:6.2f}x  {heavy}"
         )
     print(f"slowest pgrecv median: {worst * 1000:.1f} ms (target <= 100 ms): {'met' if worst <= 0.1 else 'NOT met'}")
