@@ -39,7 +39,7 @@ STATE_NAME: Final = ".pgrecv-state"  # `start --output-dir`'s record of where th
 TMP_PREFIX: Final = ".tmp-"  # hidden and without the suffix: neither `ls *.jsonl` nor Path.glob sees it
 TMP_SUFFIX: Final = ".part"
 MKSTEMP_RANDOM: Final = r"[a-z0-9_]{8}"  # tempfile.mkstemp's random part: recovery deletes only such names
-MANIFEST_VERSION: Final = 1  # the manifest's "v" (docs/event-format.md); the records' is jsonl_format's
+MANIFEST_VERSION: Final = 2  # the manifest's "v" (docs/event-format.md); the records' is jsonl_format's
 
 # a final output file: FIRST-LAST (commit LSNs), then a suffix
 FINAL_RE: Final = re.compile(r"([0-9A-F]{16})-([0-9A-F]{16})(?:\.[\w.-]*)?")

@@ -148,7 +148,7 @@ class SnapshotResult:
     snapshot_lsn: int
     directory: Path
     files: list[dict[str, Any]] = field(default_factory=list)
-    tables: list[str] = field(default_factory=list)
+    tables: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -273,12 +273,12 @@ def _run(
                 "the connection exporting the snapshot was lost before the copy finished: the snapshot "
                 f'is not trustworthy; nothing was published and slot "{slot}" was dropped: run pgrecv snapshot again'
             ) from None
-        result = SnapshotResult(slot, cp, directory, tables=[t.qualified for t in table_list])
+        result = SnapshotResult(slot, cp, directory, tables=[_named(t.relation) for t in table_list])
         for t in tasks:
             final = directory / t.name
             os.rename(t.tmp, final)
             final_paths.append(final)
-            result.files.append({"name": t.name, "table": t.table.qualified, "rows": rows[t.seq]})
+            result.files.append({"name": t.name, **_named(t.table.relation), "rows": rows[t.seq]})
         tmp_paths = []
         fsync_dir(directory)
         manifest = directory / manifest_name(cp)
@@ -890,6 +890,11 @@ def _prepare_dir(directory: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _named(rel: ev.Relation) -> dict[str, str]:
+    """A table in the manifest: schema and name apart, as either may hold a "." (manifest v2)."""
+    return {"schema": rel.namespace, "table": rel.name}
 
 
 def _write_manifest(path: Path, result: SnapshotResult) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgrecv.errors import UsageError
+from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.inputs import check_snapshots, expand_sources, ignored_in_directories
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Progress, Summary, Tuning
 
@@ -68,9 +68,26 @@ def target_lock(target: Path) -> Iterator[None]:
     work = target / STATE_DIR
     try:
         work.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(work, 0o700)  # change data goes in here: this user only
+        # the directory itself, never through a link: its lock, staging and chmod would land in a
+        # directory someone else chose
+        dfd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:  # a target where nothing can be made: say so before Spark starts
+        if work.is_symlink():
+            raise OutputError(
+                f"{work} is a symbolic link: spark-apply keeps the target's lock and change data there, in a "
+                "directory of its own; remove the link"
+            ) from None
         raise output_error(exc, work, "create the target's state directory") from None
+    try:
+        owner = os.fstat(dfd).st_uid
+        if owner != os.geteuid():
+            raise OutputError(
+                f"{work} belongs to another user (uid {owner}): spark-apply keeps change data there; "
+                "remove it, or use a --target of your own"
+            )
+        os.fchmod(dfd, 0o700)  # change data goes in here: this user only
+    finally:
+        os.close(dfd)
     fd = open_lock(
         work / "lock",
         busy=f"{target}: another spark-apply run is applying to this target: "

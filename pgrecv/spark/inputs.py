@@ -124,11 +124,12 @@ def snapshot_tables(manifests: dict[Path, dict[str, Any]]) -> list[tuple[str, st
     for mpath, manifest in manifests.items():
         try:
             pos = parse_lsn(manifest["snapshot_lsn"]) - 1
-            for entry in manifest.get("tables") or [f["table"] for f in manifest["files"]]:
-                schema, _, table = (
-                    str(entry).partition(".") if not isinstance(entry, dict) else (entry["schema"], "", entry["table"])
-                )
-                out.append((schema, table, pos))
+            for entry in manifest.get("tables") or manifest["files"]:
+                if isinstance(entry, dict) and "schema" in entry:  # v2: schema and table apart
+                    out.append((str(entry["schema"]), str(entry["table"]), pos))
+                else:  # v1 wrote "schema.table" (ambiguous when the schema holds a "."): split at the first
+                    schema, _, table = str(entry["table"] if isinstance(entry, dict) else entry).partition(".")
+                    out.append((schema, table, pos))
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"{mpath}: bad snapshot manifest ({exc!r}): re-run `pgrecv snapshot`") from None
     return out

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import sys
 import tempfile
@@ -205,6 +206,25 @@ def _private_conf_dir() -> str:
     return conf_dir
 
 
+def private_defaults(master: str | None, conf: dict[str, str]) -> dict[str, str]:
+    """What keeps a local session's change data to this user (unless ``conf`` says otherwise):
+    Spark's scratch space (shuffle and spilled blocks hold row values; Spark makes them 0755 and
+    0644 under /tmp by default) in a 0700 directory of an unpredictable name, removed at exit;
+    and the driver's RPC authenticated with a random secret. A cluster's executors have their
+    own scratch space and would need the secret too: there both are the cluster's settings."""
+    if master is not None and not master.startswith("local"):
+        return {}
+    out: dict[str, str] = {}
+    if "spark.local.dir" not in conf and "SPARK_LOCAL_DIRS" not in os.environ:
+        scratch = tempfile.mkdtemp(prefix="pgrecv-spark-scratch-")
+        atexit.register(shutil.rmtree, scratch, True)
+        out["spark.local.dir"] = scratch
+    if "spark.authenticate" not in conf:
+        out["spark.authenticate"] = "true"
+        out["spark.authenticate.secret"] = secrets.token_hex(32)
+    return out
+
+
 def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) -> SparkSession:
     """A SparkSession: the active one (spark-submit), else a new one with quiet defaults."""
     from pyspark.sql import SparkSession
@@ -227,7 +247,8 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
     # The executors' Python runs pgrecv's Arrow UDF (json columns): by default the driver's own
     # interpreter, where pgrecv and pyarrow are installed (a cluster elsewhere sets its own).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    for k, v in {**DEFAULT_CONF, **(driver_defaults(conf) if own else {}), **conf}.items():
+    private = private_defaults(master, conf)
+    for k, v in {**DEFAULT_CONF, **(driver_defaults(conf) if own else {}), **private, **conf}.items():
         builder = builder.config(k, v)
     spark = _launch(builder, quiet, master or "local[*]")
     spark.sparkContext.setLogLevel("ERROR")

@@ -222,13 +222,17 @@ def test_snapshot_with_concurrent_writes_then_stream_equals_source(
     state_before = sorted(p.name for p in out.iterdir())
     manifest = json.loads(next(out.glob("*.manifest.json")).read_text())
     if jobs == 2:
-        items_files = [f for f in manifest["files"] if f["table"] == "public.items"]
+        items_files = [f for f in manifest["files"] if (f["schema"], f["table"]) == ("public", "items")]
         assert len(items_files) > 1, "items was split in ctid ranges"
     proc = pgrecv("start", "-d", db_dsn, "--slot", "snap", "--output-dir", str(out), "--until-caught-up")
     assert proc.returncode == 0, err(proc)
     assert len(list(out.glob("*.jsonl"))) > len([n for n in state_before if n.endswith(".jsonl")]), "changes came"
     state, manifest = _replay(out)
-    assert sorted(manifest["tables"]) == ["public.items", "public.nokey", "public.odd"]
+    assert sorted((t["schema"], t["table"]) for t in manifest["tables"]) == [
+        ("public", "items"),
+        ("public", "nokey"),
+        ("public", "odd"),
+    ]
     assert sum(f["rows"] for f in manifest["files"]) > 3000
     expected = _expected(db_dsn)
     for table in ("items", "odd"):
@@ -577,7 +581,7 @@ def test_create_with_snapshot(db_dsn: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, err(proc)
     assert 'created publication "only_odd"' in err(proc)
     manifest = json.loads(next(out.glob("*.manifest.json")).read_text())
-    assert manifest["tables"] == ["public.odd"] and manifest["slot"] == "c"
+    assert manifest["tables"] == [{"schema": "public", "table": "odd"}] and manifest["slot"] == "c"
     assert sum(f["rows"] for f in manifest["files"]) == len(ODD_TEXTS) + 1
     assert _slots(db_dsn) == ["c"]
 

@@ -412,6 +412,23 @@ def test_history_mode_refuses_a_column_named_like_its_own_alone(tmp_path: Path, 
     assert not (tmp_path / "lake" / table_dir_name("public", "clash")).exists()
 
 
+def test_a_delta_target_with_a_percent_escape_is_refused_before_anything(tmp_path: Path, spark: Any) -> None:
+    """delta-rs decodes "%41" in a path however it is given (issue 54, L1: a traceback on every
+    run): refused in one line, exit 2, nothing written; Parquet takes the same path."""
+    rel = orjson.dumps(_rel("m", [("id", "integer")])).decode()
+    src = _write(tmp_path / "1.jsonl", [rel, *_txn("0/20", [_insert("m", "0/20", "0/10", '{"id":1}')])])
+    target = tmp_path / "lake%41x"
+    with pytest.raises(UsageError) as exc:
+        prun_apply(PConfig((str(src),), target, fmt="delta", engine="delta-rs"), spark=spark)
+    assert exc.value.message == (
+        f"{target / table_dir_name('public', 'm')}: delta-rs reads '%41' in a path as an escaped character: "
+        "choose a --target without it for --format delta, or use --format parquet"
+    )
+    assert not (target / table_dir_name("public", "m")).exists()
+    summary = prun_apply(PConfig((str(src),), target, fmt="parquet"), spark=spark)
+    assert [(t.status, t.error) for t in summary.tables] == [("applied", None)]
+
+
 def _change(op: str, table: str, commit: str, lsn: str, new: str | None, old: str | None) -> str:
     head = {"v": 1, "op": op, "schema": "public", "table": table, "xid": 1, "commit_lsn": commit, "lsn": lsn}
     tail = f',"key":["id"],"new":{new or "null"},"old":{old or "null"},"unchanged_toast":[]}}'

@@ -81,3 +81,34 @@ def test_carry_over_is_private_and_tables_follow_the_umask(tmp_path: Path, spark
     table = target / table_dir_name("public", "t")
     log = next((table / "_delta_log").glob("*.json"))
     assert stat.S_IMODE(log.stat().st_mode) & 0o044 == 0o044  # readable by others, as the umask allows
+
+
+def test_a_state_directory_that_is_a_link_or_anothers_is_refused(tmp_path: Path, spark: Any) -> None:
+    """TARGET/_pgrecv holds the lock and staged change data: a symbolic link there (planted in a
+    shared target) was followed, its chmod and lock landing in the directory it names (issue 54,
+    L6). Refused in one line, exit 8, and nothing made there; a directory of another user too."""
+    from pgrecv.errors import OutputError
+    from pgrecv.spark.apply import run_apply as prun_apply
+    from pgrecv.spark.model import ApplyConfig as PConfig
+
+    src = tmp_path / "a.jsonl"
+    src.write_text("")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    target = tmp_path / "lake"
+    target.mkdir()
+    (target / "_pgrecv").symlink_to(elsewhere)
+    with pytest.raises(OutputError) as exc:
+        prun_apply(PConfig((str(src),), target, fmt="parquet"), spark=spark)
+    assert exc.value.message == (
+        f"{target / '_pgrecv'} is a symbolic link: spark-apply keeps the target's lock and change data there, "
+        "in a directory of its own; remove the link"
+    )
+    assert list(elsewhere.iterdir()) == [] and stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
+    if os.geteuid() == 0:  # a directory of another user (as root, made so by chown)
+        (target / "_pgrecv").unlink()
+        (target / "_pgrecv").mkdir()
+        os.chown(target / "_pgrecv", 1, 1)
+        with pytest.raises(OutputError, match=r"_pgrecv belongs to another user \(uid 1\)"):
+            prun_apply(PConfig((str(src),), target, fmt="parquet"), spark=spark)
+        assert list((target / "_pgrecv").iterdir()) == []

@@ -134,3 +134,23 @@ def test_driver_defaults_name_a_collector_only_where_nothing_else_does(
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert driver_defaults(conf) == ({"spark.driver.defaultJavaOptions": DRIVER_GC} if added else {})
+
+
+def test_a_local_sessions_scratch_space_is_private_and_its_rpc_authenticated(spark: Any) -> None:
+    """Shuffle blocks hold row values: a local session keeps them in a 0700 directory of its own
+    (Spark's default is /tmp, blockmgr-* 0755 with 0644 files), and its RPC needs a random secret
+    (issue 54, M3). A cluster's settings are its own."""
+    from pgrecv.spark.sparkops import private_defaults
+
+    scratch = Path(spark.sparkContext.getConf().get("spark.local.dir"))
+    assert scratch.name.startswith("pgrecv-spark-scratch-")
+    st = scratch.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    spark.range(2000).selectExpr("id % 7 AS k").groupBy("k").count().collect()  # a shuffle
+    assert any(p.name.startswith("blockmgr-") for p in scratch.iterdir()), "Spark's blocks are in it"
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.authenticate") == "true"
+    assert len(conf.get("spark.authenticate.secret") or "") == 64
+    assert private_defaults("spark://h:7077", {}) == {}
+    given = private_defaults("local[2]", {"spark.local.dir": "/x", "spark.authenticate": "false"})
+    assert given == {}

@@ -116,7 +116,7 @@ class Reader:
         """A snapshot: every table it covers is emptied at its position, before its rows."""
         try:
             pos = parse_lsn(manifest["snapshot_lsn"]) - 1
-            tables = manifest.get("tables") or [f["table"] for f in manifest["files"]]
+            tables = manifest.get("tables") or manifest["files"]
             for entry in tables:
                 if isinstance(entry, dict):
                     schema, table = entry["schema"], entry["table"]
