@@ -48,7 +48,7 @@ WORKLOAD = [
 # the columns each update of tf takes from its old image: all three; all but the big text set; all
 # three (a key change); the two left when j becomes 'null' (small: sent), and those two again
 FROM_OLD = [["big", "bb", "j"]] * 3 + [["bb", "j"], ["big", "bb", "j"], ["big", "bb"], ["big", "bb"]]
-SLOTS = ("s_native", "s_python", "s_debezium", "s_testdec")
+SLOTS = ("s_native", "s_python", "s_debezium", "s_debezium_py", "s_testdec")
 
 
 @pytest.fixture
@@ -103,6 +103,14 @@ def _replay(records: list[dict[str, Any]], key: str = "id") -> dict[str, dict[in
     return state
 
 
+def _unwritten(event: dict[str, Any]) -> dict[str, Any]:
+    """A Debezium envelope without the times it was written at (``ts_ms`` and friends) and the slot's
+    name (``source.name``)."""
+    out = {k: v for k, v in event.items() if k not in ("ts_ms", "ts_us", "ts_ns")}
+    out["source"] = {k: v for k, v in event["source"].items() if k != "name"}
+    return out
+
+
 def test_jsonl_native_and_reference_take_the_old_images_values(
     changes: psycopg.Connection[Any], db_dsn: str, tmp_path: Path
 ) -> None:
@@ -151,6 +159,9 @@ def test_debezium_after_carries_the_value_not_the_placeholder(
 ) -> None:
     out = _start(db_dsn, "s_debezium", tmp_path / "dbz.jsonl", "--format", "debezium")
     events = [orjson.loads(line) for line in out.splitlines()]
+    py = _start(db_dsn, "s_debezium_py", tmp_path / "py.jsonl", "--format", "debezium", env={"PGRECV_NO_NATIVE": "1"})
+    # the same envelopes without the C extension, but for when each was written
+    assert [_unwritten(e) for e in events] == [_unwritten(orjson.loads(line)) for line in py.splitlines()]
     tf = [e for e in events if e["source"]["table"] == "tf"]
     td = [e for e in events if e["source"]["table"] == "td"]
     assert UNAVAILABLE.encode() not in b"".join(orjson.dumps(e) for e in tf)
