@@ -28,6 +28,7 @@ from pgrecv.cli.options import (
     info,
     log,
     route_library_logs,
+    warn_divergence,
 )
 from pgrecv.errors import ExitCode, PgrecvError, Unhealthy, UsageError
 from pgrecv.lsn import LSN
@@ -167,19 +168,6 @@ def create(
     warn_divergence(opts, publication if plugin == "pgoutput" else None, slot, pgoutput=plugin == "pgoutput")
 
 
-def warn_divergence(opts: ConnOptions, publication: str | None, slot: str | None, *, pgoutput: bool) -> None:
-    """One stderr line per way the output could differ from the source (pgrecv.pg.divergence)."""
-    from pgrecv.pg import divergence
-    from pgrecv.pg.conn import connect
-    from pgrecv.pg.slots import get_slot
-
-    with connect(opts) as conn:
-        pub = divergence.only_publication(conn, publication) if pgoutput else None
-        row = get_slot(conn, slot) if slot is not None else None
-        for line in divergence.warnings(conn, pub, row):
-            log(f"warning: {line}", 0)
-
-
 @cli.command()
 @click.option("-S", "--slot", type=SLOT, required=True, help="Name of the slot to drop.")
 @click.option("--if-exists", is_flag=True, help="Do not fail if the slot does not exist.")
@@ -284,7 +272,7 @@ def slots(
 
         write_stdout(b"".join(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE) for row in rows))
         return
-    from pgrecv.pg.slot_table import render_slots
+    from pgrecv.output.slot_table import render_slots
 
     render_slots(rows)
 

@@ -296,3 +296,16 @@ def _slot_like(text: str) -> str:
 
 NAME = NameType()
 SLOT = SlotNameType()
+
+
+def warn_divergence(opts: ConnOptions, publication: str | None, slot: str | None, *, pgoutput: bool) -> None:
+    """One stderr line per way the output could differ from the source (pgrecv.pg.divergence)."""
+    from pgrecv.pg import divergence
+    from pgrecv.pg.conn import connect
+    from pgrecv.pg.slots import get_slot
+
+    with connect(opts) as conn:
+        pub = divergence.only_publication(conn, publication) if pgoutput else None
+        row = get_slot(conn, slot) if slot is not None else None
+        for line in divergence.warnings(conn, pub, row):
+            log(f"warning: {line}", 0)

@@ -106,7 +106,7 @@ snapshot: click.Command = _snapshot
 
 def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> None:
     """Run the snapshot with a progress bar on a terminal, and say what it wrote."""
-    from pgrecv.cli.main import warn_divergence
+    from pgrecv.cli.options import warn_divergence
     from pgrecv.lsn import lsn_str
     from pgrecv.snapshot.core import run_snapshot
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from pgrecv.errors import UsageError
 from pgrecv.events import Event
+from pgrecv.pg.names import quote_name
 
 
 class Decoder(Protocol):
@@ -35,13 +36,6 @@ def parse_options(pairs: Sequence[str]) -> list[tuple[str, str]]:
             raise UsageError(f"invalid plugin option {pair!r}: proto_version is a number from 1 to 4")
         out.append((name, value if eq else ""))
     return out
-
-
-def quote_name(name: str) -> str:
-    """publication_names is a list of identifiers: quote one that needs it."""
-    if name.isidentifier() and name == name.lower():
-        return name
-    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from pgrecv.dates import days_from_civil
 from pgrecv.errors import DecodeError
 from pgrecv.events import (
     UNCHANGED,
@@ -77,7 +78,6 @@ from pgrecv.events import (
     Value,
     fill_from_old,
 )
-from pgrecv.output.values import days_from_civil
 from pgrecv.pg.types import oid_for_name
 
 __all__ = ["TestDecodingParser", "parse_timestamptz"]

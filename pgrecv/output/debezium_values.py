@@ -38,11 +38,11 @@ from typing import Any, Final
 import orjson
 
 from pgrecv import events as ev
+from pgrecv.dates import days_from_civil
 from pgrecv.output.values import (
     ValueFormatError,
     _ymd,
     binary_converter,
-    days_from_civil,
     parse_array,
     text_converter,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from pgrecv.lsn import lsn_str
-from pgrecv.pg.slot_table import human_bytes
+from pgrecv.pg.slot_health import human_bytes
 
 CLEAR = "\r\x1b[2K"
 

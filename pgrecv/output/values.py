@@ -601,7 +601,6 @@ _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _USECS_PER_DAY: Final = 86_400_000_000
 _DAYS_0000_03_01_TO_2000: Final = 730_425  # days from 0000-03-01 to 2000-01-01
-_DAYS_0000_03_01_TO_1970: Final = 719_468  # days from 0000-03-01 to 1970-01-01
 # printf-style templates (faster than f-strings with format specs on this path)
 _HMS: Final = "%02d:%02d:%02d"
 _HMS_FRAC: Final = "%02d:%02d:%02d.%s"
@@ -629,18 +628,6 @@ def _ymd(days: int) -> tuple[int, int, int]:
     if mp < 10:
         return yoe + era * 400, mp + 3, day
     return yoe + era * 400 + 1, mp - 9, day
-
-
-def days_from_civil(y: int, m: int, d: int) -> int:
-    """Days since 1970-01-01 of a proleptic Gregorian date (year 0 is 1 BC), for any year:
-    PostgreSQL allows years far beyond :mod:`datetime`'s range (H. Hinnant's days_from_civil;
-    :func:`_ymd` goes the other way, from days since 2000-01-01)."""
-    y -= m <= 2
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146_097 + doe - _DAYS_0000_03_01_TO_1970
 
 
 def _hms(usecs: int) -> str:

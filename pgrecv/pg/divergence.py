@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from pgrecv.decode.plugins import quote_name
 from pgrecv.pg.conn import server_major
+from pgrecv.pg.names import quote_name
 from pgrecv.pg.slots import list_publications
 
 

@@ -20,9 +20,19 @@ class Limits:
     max_inactive: float | None = None  # seconds without a consumer (PostgreSQL 17+ knows since when)
 
 
-def _size(n: int) -> str:
-    from pgrecv.pg.slot_table import human_bytes
+def human_bytes(n: int | None) -> str:
+    """A byte count for people (kB, MB, ...: powers of 1024); "-" for unknown."""
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(size) < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
 
+
+def _size(n: int) -> str:
     return human_bytes(n)
 
 

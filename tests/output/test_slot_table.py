@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from pgrecv.pg.slot_table import render_slots
+from pgrecv.output.slot_table import render_slots
 
 
 def test_names_that_look_like_markup_are_shown_as_they_are() -> None:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pgrecv.dates import days_from_civil
 from pgrecv.errors import DecodeError
 from pgrecv.output import values
 from pgrecv.output.values import (
@@ -494,7 +495,7 @@ def test_every_builtin_type_has_a_binary_converter_that_returns_something() -> N
 def test_days_from_civil_matches_datetime(day: date) -> None:
     """The one calendar helper (test_decoding's timestamps, Debezium's dates) agrees with datetime
     where datetime reaches, and _ymd inverts it."""
-    days = values.days_from_civil(day.year, day.month, day.day)
+    days = days_from_civil(day.year, day.month, day.day)
     assert days == (day - date(1970, 1, 1)).days
     assert values._ymd(days - 10_957) == (day.year, day.month, day.day)
 
@@ -502,4 +503,4 @@ def test_days_from_civil_matches_datetime(day: date) -> None:
 @given(st.integers(-5_000_000, 5_000_000))
 def test_days_from_civil_inverts_ymd_beyond_datetime(days_since_2000: int) -> None:
     y, m, d = values._ymd(days_since_2000)
-    assert values.days_from_civil(y, m, d) - 10_957 == days_since_2000
+    assert days_from_civil(y, m, d) - 10_957 == days_since_2000

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pgrecv.pg.slot_health import human_bytes
+
 if TYPE_CHECKING:
     from rich.console import Console
 
 
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(size) < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(n)
-
-
 def render_slots(rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    # rich here, not at import: `start` imports this module (human_bytes) and never draws a table
+    # rich here, not at import: the module is imported by `slots` for every output format
     from rich import box
     from rich.markup import escape
     from rich.table import Table
