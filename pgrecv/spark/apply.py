@@ -8,12 +8,13 @@ next time; see docs/spark-apply.md.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgrecv.errors import OutputError, UsageError
+from pgrecv.errors import OutputError, PgrecvError, UsageError
 from pgrecv.spark.inputs import check_snapshots, expand_sources, ignored_in_directories
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Progress, Summary, Tuning
 
@@ -48,11 +49,34 @@ def run_apply(
             spark = start_session(config.master, session_conf(config.conf, config.fmt, config.engine))
         from pgrecv.spark.engine.run import run_frames
 
-        summary: Summary = run_frames(
-            config, spark, files, manifests, state, progress or Progress(), after_table, tuning or Tuning.from_env()
-        )
+        try:
+            summary: Summary = run_frames(
+                config, spark, files, manifests, state, progress or Progress(), after_table, tuning or Tuning.from_env()
+            )
+        except PgrecvError:
+            raise
+        except Exception as exc:
+            if not _no_space(exc):
+                raise
+            raise OutputError(
+                f"{config.target}: no space left on a device this run writes to (the target, or Spark's scratch "
+                "space): free some and run spark-apply again (every table is at its last applied position)"
+            ) from None
     summary.warnings[:0] = ignored_in_directories(config.sources)
     return summary
+
+
+def _no_space(exc: BaseException) -> bool:
+    """Whether a write failed for a full device: an OSError of ours or delta-rs's, or a Spark job's
+    (its Java exception's text, through py4j)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 @contextlib.contextmanager

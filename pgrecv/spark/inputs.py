@@ -39,13 +39,20 @@ def expand_sources(sources: Iterable[str]) -> list[Path]:
     def add(path: Path) -> None:
         key = path.resolve()
         if key not in seen:
+            _readable(path)
             seen.add(key)
             out.append(path)
 
     for source in sources:
         path = Path(source)
         if path.is_dir():
-            names = sorted(e.name for e in os.scandir(path) if e.is_file() and not e.name.startswith("."))
+            try:
+                entries = list(os.scandir(path))
+            except OSError as exc:
+                raise InputError(
+                    f"{path}: cannot list it ({exc.strerror}): give spark-apply a SOURCE it can read"
+                ) from None
+            names = sorted(e.name for e in entries if e.is_file() and not e.name.startswith("."))
             for name in names:
                 if is_record_file(name):
                     add(path / name)
@@ -60,6 +67,14 @@ def expand_sources(sources: Iterable[str]) -> list[Path]:
                 if mp.is_file() and not mp.name.startswith(TMP_PREFIX):
                     add(mp)
     return out
+
+
+def _readable(path: Path) -> None:
+    """A file the driver can open: Spark's tasks would otherwise fail on it with a Java stack."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror}): give spark-apply a SOURCE it can read") from None
 
 
 def ignored_in_directories(sources: Iterable[str]) -> list[str]:

@@ -388,3 +388,95 @@ def test_the_in_driver_replay_is_gone_and_replay_is_a_deprecated_no_op(tmp_path:
     assert proc.returncode == 0, err(proc)
     assert "warning: --replay is deprecated and does nothing" in err(proc)
     assert _rows(target, "t") == [{"id": 1, "x": "b"}]
+
+
+def _random_rows(path: Path, rows: int, width: int) -> None:
+    """A relation and one transaction of ``rows`` inserts of incompressible text."""
+    import os
+
+    rel = {"v": 1, "op": "relation", "schema": "public", "table": "t", "replica_identity": "default", "key": ["id"]}
+    rel["columns"] = [
+        {"name": "id", "type": "integer", "typmod": -1, "key": True},
+        {"name": "x", "type": "text", "typmod": -1, "key": False},
+    ]
+    env = {"xid": 1, "commit_lsn": "0/F0000000", "commit_time": None}
+    lines = [orjson.dumps(rel), orjson.dumps({"v": 1, "op": "begin", **env})]
+    for i in range(rows):
+        change = {"v": 1, "op": "insert", "schema": "public", "table": "t", "xid": 1, "commit_lsn": "0/F0000000"}
+        change |= {"lsn": f"0/{i + 16:X}", "key": ["id"], "new": {"id": i, "x": os.urandom(width).hex()}}
+        lines.append(orjson.dumps({**change, "unchanged_toast": []}))
+    lines.append(orjson.dumps({"v": 1, "op": "commit", **env, "end_lsn": "0/F0000010"}))
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_a_full_target_device_is_one_line_and_exit_8(tmp_path: Path) -> None:
+    """A target on a full device (a 1 MB tmpfs, mounted as root) ends the run with one line and
+    exit 8, not a Java and Python stack and exit 1 (issue 54, L2); nothing is applied."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tiny)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (as root, CI can): {mounted.stderr.decode().strip()}")
+    try:
+        src = tmp_path / "big.jsonl"
+        _random_rows(src, 3000, 600)  # ~3.6 MB of random text: more than the device holds
+        proc = pgrecv("spark-apply", str(src), "--target", str(tiny / "lake"), "--format", "parquet", timeout=300)
+        assert proc.returncode == 8, err(proc)
+        lines = err(proc).strip().splitlines()
+        assert "Traceback" not in err(proc) and len(lines) == 1, err(proc)
+        assert lines[0] == (
+            f"pgrecv: error: {tiny / 'lake'}: no space left on a device this run writes to (the target, or Spark's "
+            "scratch space): free some and run spark-apply again (every table is at its last applied position)"
+        )
+        assert not (tiny / "lake" / table_dir_name("public", "t") / "_pgrecv_table.json").exists()
+    finally:
+        subprocess.run(["umount", str(tiny)], check=False)
+
+
+def test_an_unreadable_source_is_one_line_and_exit_9(tmp_path: Path) -> None:
+    """A SOURCE file or directory the user cannot read: one line naming it, exit 9, before Spark
+    starts (issue 54, L2: a Java stack and exit 1). As root, run as another user (daemon)."""
+    import os
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="pgrecv-test-"))  # /tmp: another user can reach it
+    try:
+        src = base / "in"
+        src.mkdir()
+        secret = src / "0000000000000010-0000000000000020.jsonl"
+        secret.write_text("{}\n")
+        secret.chmod(0o000)
+        locked = base / "locked"
+        locked.mkdir(mode=0o000)
+        target = base / "lake"
+        prefix: list[str] = []
+        if os.geteuid() == 0:
+            for p in (base, src, secret, locked):
+                os.chown(p, 1, 1)  # daemon
+            base.chmod(0o755)
+            prefix = ["setpriv", "--reuid=1", "--regid=1", "--clear-groups"]
+        for source, what in ((str(src), f"{secret}: cannot read it"), (str(locked), f"{locked}: cannot list it")):
+            proc = subprocess.run(
+                [
+                    *prefix,
+                    sys.executable,
+                    "-m",
+                    "pgrecv",
+                    "spark-apply",
+                    source,
+                    "--target",
+                    str(target),
+                    "--format",
+                    "delta",
+                ],
+                capture_output=True,
+                timeout=120,
+                env={**os.environ, "HOME": str(base)},
+            )
+            assert proc.returncode == 9, err(proc)
+            assert err(proc).strip().splitlines() == [
+                f"pgrecv: error: {what} (Permission denied): give spark-apply a SOURCE it can read"
+            ]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
