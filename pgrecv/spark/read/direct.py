@@ -283,6 +283,9 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
         | F.col("snapshot_lsn").isNotNull()
         | (is_change & (F.col("commit_lsn").isNull() | F.col("lsn").isNull()))
         | ((op == "relation") & (F.col("schema").isNull() | F.col("table").isNull() | F.col("columns").isNull()))
+        # a row change that names no table, a TRUNCATE without its tables: the staged read names it
+        | (op.isin(*rp.ROW_OPS) & (F.col("schema").isNull() | F.col("table").isNull()))
+        | ((op == "truncate") & F.col("tables").isNull())
     )
     rel = F.struct(
         F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.col("_m").alias("m")).alias("p"),
@@ -499,6 +502,7 @@ def _lean_ok(names: list[str]) -> Column:
     ok = ok & F.when(row, F.col(_BEGUN).isNotNull()).otherwise(_lsn_ok(commit))
     no_toast = F.coalesce(F.size("unchanged_toast"), F.lit(0)) == 0  # size(NULL) is NULL
     ok = ok & (~row | (F.col("lsn").isNotNull() & no_toast))
+    ok = ok & (~row | (F.col("schema").isNotNull() & F.col("table").isNotNull()))  # the staged read names it
     return ok & ~_all_null(names)
 
 

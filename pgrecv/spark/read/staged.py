@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pgrecv.errors import InputError
 from pgrecv.spark.files import file_url, find_line, input_urls, line_of_text, literal_read, local_path, spelling
 from pgrecv.spark.read.envelope import ENVELOPE, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr
+from pgrecv.spark.replay.committed import KNOWN_OPS, ROW_OPS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,17 +77,24 @@ def read_records(
 
 
 def check_input(records: Records) -> None:
-    """Lines that are not records of this format, and malformed LSNs: the input is corrupt (exit 9)."""
+    """Lines that are not records of this format, malformed LSNs, unknown ops and row changes that
+    name no table: the input is corrupt (exit 9), and nothing is applied."""
     from pyspark.sql import functions as F
 
     df = records.frame
+    op = F.col("op")
+    unnamed = (op.isin(*ROW_OPS) & (F.col("schema").isNull() | F.col("table").isNull())) | (
+        (op == "truncate") & F.col("tables").isNull()
+    )
     bad = df.where(
         F.col("_rank").isNull()
         | F.col("_corrupt").isNotNull()
-        | F.col("op").isNull()
+        | op.isNull()
         | (F.col("v") != 1)
         | F.col("v").isNull()
         | F.col("_bad_lsn")
+        | ~op.isin(*KNOWN_OPS)
+        | unnamed
     )
     first = bad.orderBy("_rank", "_blk", "_mid").limit(1).collect()
     if not first:
@@ -108,3 +116,8 @@ def check_input(records: Records) -> None:
         if value is not None and not re.fullmatch(LSN_PATTERN, value):
             where = find_line(r["_path"], {name: value})
             raise InputError(f"{where}: invalid LSN {value!r} in {name}: the file is corrupt")
+    where = find_line(r["_path"], {"op": r["op"], "lsn": r["lsn"], "commit_lsn": r["commit_lsn"]})
+    if r["op"] not in KNOWN_OPS:
+        raise InputError(f"{where}: unknown op {r['op']!r}: the file is corrupt")
+    what = "its tables" if r["op"] == "truncate" else "its schema or table"
+    raise InputError(f"{where}: {r['op']} without {what}: the file is corrupt")

@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 ROW_OPS = ("insert", "update", "delete")
 NOT_OBJECT = "with a row image that is not a JSON object"
 CHANGE_OPS = (*ROW_OPS, "truncate")
+# every op of the format (docs/event-format.md); a line with another is corrupt (exit 9)
+KNOWN_OPS = (
+    *CHANGE_OPS,
+    *("begin", "commit", "relation", "type", "origin", "message", "snapshot"),
+    *("begin_prepare", "prepare", "commit_prepared", "rollback_prepared"),
+    *("stream_start", "stream_stop", "stream_commit", "stream_abort", "stream_prepare"),
+)
 POS = ("_rank", "_blk", "_mid")
 ORDER = ("c", "l", *POS)
 KEEP = (

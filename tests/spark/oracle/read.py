@@ -155,6 +155,8 @@ class Reader:
                 if rec.get("v") != 1:
                     raise ValueError(f"unsupported format version v={rec.get('v')!r}")
                 txn = self.chunk if self.chunk is not None else self.open
+                if op in row_ops and (type(rec.get("schema")) is not str or type(rec.get("table")) is not str):
+                    raise ValueError(f"{op} without its schema or table")
                 if op in row_ops and txn is not None and txn.raw is None:
                     # the hot path: a row of an open transaction (what _handle does, inlined)
                     lsn = rec.get("lsn")

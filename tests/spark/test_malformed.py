@@ -1,0 +1,67 @@
+"""Malformed input in the Spark replay (issue 54, L5): what the staged read would refuse is refused
+on every read path (direct, staged, lean) with ``file:line`` and nothing applied (exit 9), and what
+only a table's plan can judge holds that table back alone (exit 15). The oracle agrees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pgrecv.errors import InputError
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig, Summary, Tuning, table_dir_name
+from pgrecv.spark.read import direct
+from tests.spark import oracle
+from tests.spark.test_engine import _insert, _rel, _txn, _write
+
+pytest.importorskip("pyspark")
+
+PATHS = ("direct", "staged", "lean")
+
+
+def _apply(src: Path, target: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str) -> Summary:
+    """The product's run over ``src`` on one read path."""
+    if path == "lean":
+        monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
+    tuning = {"direct": Tuning(lean=False), "staged": Tuning(direct=False), "lean": Tuning()}[path]
+    return run_apply(ApplyConfig((str(src),), target, fmt="delta"), spark=spark, tuning=tuning)
+
+
+def _oracle(src: Path, target: Path, spark: Any) -> Any:
+    return oracle.run_apply(oracle.ApplyConfig((str(src),), target, fmt="delta", replay="driver"), spark=spark)
+
+
+def _nothing_applied(target: Path) -> bool:
+    return not (target / table_dir_name("public", "t")).exists()
+
+
+def _with(lines: list[str], bad: str) -> list[str]:
+    """A relation record of ``t``, a good insert and ``bad`` in one transaction."""
+    rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
+    return [rel, *_txn("0/100", [_insert("t", "0/100", "0/10", '{"id":1,"v":"a"}'), bad]), *lines]
+
+
+BAD_LINES = {
+    "table null": _insert("t", "0/100", "0/20", '{"id":2,"v":"b"}').replace('"table":"t"', '"table":null'),
+    "schema missing": _insert("t", "0/100", "0/20", '{"id":2,"v":"b"}').replace('"schema":"public",', ""),
+    "unknown op": _insert("t", "0/100", "0/20", '{"id":2,"v":"b"}').replace('"op":"insert"', '"op":"upsert"'),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bad", list(BAD_LINES))
+def test_a_row_change_without_its_table_or_with_an_unknown_op_is_refused(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str, bad: str
+) -> None:
+    src = _write(tmp_path / "a.jsonl", _with([], BAD_LINES[bad]))
+    target = tmp_path / "lake"
+    with pytest.raises(InputError) as err:
+        _apply(src, target, spark, monkeypatch, path)
+    assert f"{src}:4:" in err.value.message, err.value.message
+    assert "corrupt" in err.value.message
+    assert _nothing_applied(target)
+    with pytest.raises(InputError, match=f"{src}:4:"):
+        _oracle(src, tmp_path / "oracle", spark)
