@@ -65,3 +65,31 @@ def test_a_row_change_without_its_table_or_with_an_unknown_op_is_refused(
     assert _nothing_applied(target)
     with pytest.raises(InputError, match=f"{src}:4:"):
         _oracle(src, tmp_path / "oracle", spark)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("image", ['{"v":"b"}', '{"id":null,"v":"b"}'], ids=["absent", "null"])
+def test_an_insert_without_its_key_holds_its_table_back(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str, image: str
+) -> None:
+    """Not a row of a NULL key: the table is held back (exit 15), the line named."""
+    src = _write(tmp_path / "a.jsonl", _with([], _insert("t", "0/100", "0/20", image)))
+    target = tmp_path / "lake"
+    summary = _apply(src, target, spark, monkeypatch, path)
+    (t,) = summary.tables
+    assert t.status == "held back", t
+    assert t.error is not None and f"{src}:4:" in t.error and "key column" in t.error and "corrupt" in t.error
+    assert _nothing_applied(target)
+    with pytest.raises(InputError, match=f"{src}:4:"):
+        _oracle(src, tmp_path / "oracle", spark)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_delete_whose_old_image_lacks_its_key_holds_its_table_back(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    head = {"v": 1, "op": "delete", "schema": "public", "table": "t", "xid": 1, "commit_lsn": "0/100", "lsn": "0/20"}
+    src = _write(tmp_path / "a.jsonl", _with([], orjson.dumps({**head, "old": {"v": "a"}}).decode()))
+    summary = _apply(src, tmp_path / "lake", spark, monkeypatch, path)
+    (t,) = summary.tables
+    assert t.status == "held back" and t.error is not None and f"{src}:4:" in t.error, t

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 ROW_OPS = ("insert", "update", "delete")
 NOT_OBJECT = "with a row image that is not a JSON object"
+NO_KEY = "without a value for its key column"  # a row image that lacks its key (or holds NULL in it)
 CHANGE_OPS = (*ROW_OPS, "truncate")
 # every op of the format (docs/event-format.md); a line with another is corrupt (exit 9)
 KNOWN_OPS = (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pgrecv.errors import InputError
 from pgrecv.spark.read.envelope import JSON_LIMITS
-from pgrecv.spark.replay.committed import NOT_OBJECT, ORDER, all_of, by_key, order_col, order_lit
+from pgrecv.spark.replay.committed import NO_KEY, NOT_OBJECT, ORDER, all_of, by_key, order_col, order_lit
 from pgrecv.spark.replay.convert import json_member, scalar
 from pgrecv.spark.schema import TablePlan, quoted
 
@@ -178,11 +178,21 @@ def table_changes(
     events = (
         F.when(F.col("op") == "delete", F.array(delete)).when(moved, F.array(delete, upsert)).otherwise(F.array(upsert))
     )
+    # A key column absent from an image, or NULL there, would make a row of a NULL key (a key
+    # PostgreSQL enforces is never NULL); an unchanged TOAST value is not in the image. Not for
+    # REPLICA IDENTITY FULL without a key, whose rows are identified NULL-safe by all columns.
+    no_new_key = no_old_key = F.lit(False)
+    if not plan.full:
+        for k in keys:
+            no_new_key = no_new_key | (value[k].isNull() & present[k])
+            no_old_key = no_old_key | old[k].isNull()
     problem = (
         F.when(F.col("op").isin("insert", "update") & F.col("new").isNull(), F.lit("without a new row image"))
         .when((F.col("op") == "delete") & ~has_old, F.lit("without an old row image (REPLICA IDENTITY NOTHING?)"))
         .when(F.col("op").isin("insert", "update") & _not_object(t, "new"), F.lit(NOT_OBJECT))
         .when(_not_object(t, "old"), F.lit(NOT_OBJECT))
+        .when(F.col("op").isin("insert", "update") & no_new_key, F.lit(f"{NO_KEY}(s) {', '.join(keys)}"))
+        .when(F.col("op").isin("update", "delete") & has_old & no_old_key, F.lit(f"{NO_KEY}(s) {', '.join(keys)}"))
     )
     # inline: the events' fields as columns in this one step (explode, then "e.*", took two)
     return t.select("op", *ORDER, "_path", "lsn", "commit_time", problem.alias("_problem"), F.inline(events))

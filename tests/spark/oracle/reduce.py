@@ -51,7 +51,9 @@ class Reduced:
     truncates: int = 0
 
 
-def _keyer(key_cols: Sequence[str]) -> Callable[[dict[str, Any], str], tuple[Key, list[Any]]]:
+def _keyer(key_cols: Sequence[str], nullable: bool = True) -> Callable[[dict[str, Any], str], tuple[Key, list[Any]]]:
+    """``nullable``: whether a key value may be NULL (REPLICA IDENTITY FULL's all-column identity;
+    a key PostgreSQL enforces is never NULL: a NULL there is a corrupt image, issue 54 L5)."""
     cols = list(key_cols)
 
     def key(image: dict[str, Any], where: str) -> tuple[Key, list[Any]]:
@@ -59,6 +61,8 @@ def _keyer(key_cols: Sequence[str]) -> Callable[[dict[str, Any], str], tuple[Key
             vals = [image[c] for c in cols]
         except KeyError as exc:
             raise InputError(f"{where}: the row image lacks key column {exc}: cannot identify the row") from None
+        if not nullable and any(v is None for v in vals):
+            raise InputError(f"{where}: the row image has NULL in a key column: the file is corrupt")
         return orjson.dumps(vals, option=orjson.OPT_SORT_KEYS), vals
 
     return key
@@ -104,7 +108,7 @@ def _replay(
 ) -> Reduced:
     """The general replay (every version kept for history); :func:`_reduce_latest` is its fast
     equivalent for ``latest`` mode (the tests check they agree)."""
-    key = _keyer(key_cols)
+    key = _keyer(key_cols, nullable=full)
     out = Reduced()
     state: dict[Key, Row] = {}  # latest image per key in this batch (deleted ones flagged)
     key_vals: dict[Key, list[Any]] = {}
@@ -180,14 +184,16 @@ def _replay(
     return out
 
 
-def _fast_keyer(key_cols: Sequence[str]) -> Callable[[dict[str, Any], str], tuple[Key, list[Any]]]:
+def _fast_keyer(
+    key_cols: Sequence[str], nullable: bool = True
+) -> Callable[[dict[str, Any], str], tuple[Key, list[Any]]]:
     """Like :func:`_keyer`, but int and str key values are their own key (no JSON encoding).
 
     An int/str key never equals a bytes key, and a column's values keep one JSON type, so two
     images get the same key exactly when their key values are equal JSON values.
     """
     cols = list(key_cols)
-    slow = _keyer(cols)
+    slow = _keyer(cols, nullable)
     if len(cols) == 1:
         c0 = cols[0]
 
@@ -215,7 +221,7 @@ def _reduce_latest(changes: Sequence[Change], key_cols: Sequence[str], full: boo
     """``latest`` mode in one pass, O(changes): per key only its latest state, as a tuple
     (values, missing, source key values, json_nulls, deleted, change, key values); Row objects
     are built for the surviving rows only."""
-    key = _fast_keyer(key_cols)
+    key = _fast_keyer(key_cols, nullable=full)
     single = len(key_cols) == 1
     c0 = key_cols[0] if key_cols else ""
     out = Reduced()
