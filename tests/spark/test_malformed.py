@@ -15,7 +15,7 @@ from pgrecv.spark.apply import run_apply
 from pgrecv.spark.model import ApplyConfig, Summary, Tuning, table_dir_name
 from pgrecv.spark.read import direct
 from tests.spark import oracle
-from tests.spark.test_engine import _insert, _rel, _txn, _write
+from tests.spark.test_engine import _insert, _rel, _rows, _txn, _write
 
 pytest.importorskip("pyspark")
 
@@ -93,3 +93,44 @@ def test_a_delete_whose_old_image_lacks_its_key_holds_its_table_back(
     summary = _apply(src, tmp_path / "lake", spark, monkeypatch, path)
     (t,) = summary.tables
     assert t.status == "held back" and t.error is not None and f"{src}:4:" in t.error, t
+
+
+@pytest.mark.parametrize("path", ["direct", "staged"])
+@pytest.mark.parametrize("where", ["after its commit", "in another transaction"])
+def test_a_row_change_outside_its_transaction_is_refused(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str, where: str
+) -> None:
+    """A change of commit LSN 0/100 after that transaction's commit is not applied with it."""
+    rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
+    stray = _insert("t", "0/100", "0/20", '{"id":2,"v":"b"}')
+    lines = [rel, *_txn("0/100", [_insert("t", "0/100", "0/10", '{"id":1,"v":"a"}')])]
+    if where == "after its commit":
+        lines += [stray, *_txn("0/200", [_insert("t", "0/200", "0/110", '{"id":3,"v":"c"}')])]
+        line = 5
+    else:
+        lines += _txn("0/200", [_insert("t", "0/200", "0/110", '{"id":3,"v":"c"}'), stray])
+        line = 7
+    src = _write(tmp_path / "a.jsonl", lines)
+    target = tmp_path / "lake"
+    with pytest.raises(InputError) as err:
+        _apply(src, target, spark, monkeypatch, path)
+    assert f"{src}:{line}:" in err.value.message and "transaction" in err.value.message, err.value.message
+    assert _nothing_applied(target)
+    if where == "after its commit":  # (the oracle files a row by its place, not by its commit LSN)
+        with pytest.raises(InputError, match=f"{src}:{line}:"):
+            _oracle(src, tmp_path / "oracle", spark)
+
+
+@pytest.mark.parametrize("path", ["direct", "staged"])
+def test_a_transaction_sent_twice_is_still_applied_once(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The positional check leaves an at-least-once delivery alone (the same transaction again,
+    in the same file and in another)."""
+    rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
+    txn = _txn("0/100", [_insert("t", "0/100", "0/10", '{"id":1,"v":"a"}')])
+    a = _write(tmp_path / "a.jsonl", [rel, *txn, *txn])
+    target = tmp_path / "lake"
+    summary = _apply(a, target, spark, monkeypatch, path)
+    assert [t.status for t in summary.tables] == ["applied"]
+    assert [(r["id"], r["v"]) for r in _rows(target, "t")] == [(1, "a")]

@@ -301,6 +301,7 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
     # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
     # committed, and their counts are the tables' facts (``engine.facts.plain_facts``).
     row = op.isin(*rp.ROW_OPS)
+    pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.col("_m").alias("m"))
     per = (
         narrow.groupBy(
             F.when(in_txn, lsn_expr(F.col("commit_lsn"), checked=True)).alias("k"),
@@ -321,6 +322,13 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
             *[F.count(F.when(op == o, 1)).alias(o) for o in rp.ROW_OPS],
             F.max(op == "begin").alias("begin"),
             F.max(op == "commit").alias("commit"),
+            # where the transaction's lines are (:func:`_outside`)
+            F.count(F.when(op == "begin", 1)).alias("begins"),
+            F.count(F.when(op == "commit", 1)).alias("commits"),
+            F.min(F.when(op == "begin", pos)).alias("bpos"),
+            F.max(F.when(op == "commit", pos)).alias("cpos"),
+            F.min(F.when(row, pos)).alias("lo"),
+            F.max(F.when(row, pos)).alias("hi"),
         )
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
@@ -334,7 +342,7 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
     ).first()
     assert head is not None
     rels = head["r"] or []
-    if head["bad"] or head["other"] or any(r["p"]["f"] not in rank for r in rels):
+    if head["bad"] or head["other"] or any(r["p"]["f"] not in rank for r in rels) or _outside(per):
         per.unpersist()
         return None
     st = rp.Structure(lines=int(head["n"] or 0), transactions=head["transactions"], incomplete=head["incomplete"])
@@ -363,6 +371,32 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
         head["last_commit"],
         uncommitted,
     )
+
+
+def _outside(per: DataFrame) -> bool:
+    """Whether a committed transaction's changes may lie outside it (after its commit, or before
+    its begin), or its lines are not simply one begin, its changes and one commit in one file (a
+    transaction sent twice, cut and sent again, spread over files): the staged read then judges
+    each change by its place (``staged._outside_transaction``). From the cached rows, two a
+    transaction: a small job."""
+    from pyspark.sql import functions as F
+
+    per_txn = (
+        per.where(F.col("k").isNotNull())
+        .groupBy("k")
+        .agg(
+            F.sum("begins").alias("begins"),
+            F.sum("commits").alias("commits"),
+            F.min("bpos").alias("bpos"),
+            F.max("cpos").alias("cpos"),
+            F.min("lo").alias("lo"),
+            F.max("hi").alias("hi"),
+        )
+    )
+    b, c, lo, hi = F.col("bpos"), F.col("cpos"), F.col("lo"), F.col("hi")
+    simple = (F.col("begins") == 1) & (F.col("commits") == 1) & (b.f == c.f) & (b.f == lo.f) & (b.f == hi.f)
+    simple = simple & (b < lo) & (hi < c)
+    return bool(per_txn.where(lo.isNotNull() & (F.col("commits") > 0) & ~simple).limit(1).count())
 
 
 def _all_null(names: list[str]) -> Column:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pgrecv.errors import InputError
 from pgrecv.spark.files import file_url, find_line, input_urls, line_of_text, literal_read, local_path, spelling
 from pgrecv.spark.read.envelope import ENVELOPE, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr
-from pgrecv.spark.replay.committed import KNOWN_OPS, ROW_OPS
+from pgrecv.spark.replay.committed import CHANGE_OPS, KNOWN_OPS, ROW_OPS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -77,8 +77,9 @@ def read_records(
 
 
 def check_input(records: Records) -> None:
-    """Lines that are not records of this format, malformed LSNs, unknown ops and row changes that
-    name no table: the input is corrupt (exit 9), and nothing is applied."""
+    """Lines that are not records of this format, malformed LSNs, unknown ops, row changes that
+    name no table, and changes of a plain transaction outside it (after its ``commit``, before
+    another ``begin``): the input is corrupt (exit 9), and nothing is applied."""
     from pyspark.sql import functions as F
 
     df = records.frame
@@ -98,6 +99,7 @@ def check_input(records: Records) -> None:
     )
     first = bad.orderBy("_rank", "_blk", "_mid").limit(1).collect()
     if not first:
+        _outside_transaction(df)
         return
     r = first[0]
     if r["_rank"] is None:
@@ -121,3 +123,34 @@ def check_input(records: Records) -> None:
         raise InputError(f"{where}: unknown op {r['op']!r}: the file is corrupt")
     what = "its tables" if r["op"] == "truncate" else "its schema or table"
     raise InputError(f"{where}: {r['op']} without {what}: the file is corrupt")
+
+
+def _outside_transaction(df: DataFrame) -> None:
+    """A change of a plain transaction (with its commit LSN) must come after a ``begin`` of that
+    commit LSN with no ``commit`` between them, in its file: one after its transaction's commit
+    would otherwise be applied with it. (A change before any begin or commit of its file may
+    belong to a transaction begun in the file before; that is not judged.) A window over each
+    file's transaction lines in order."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    op = F.col("op")
+    plain = op.isin(*CHANGE_OPS) & F.col("commit_lsn_i").isNotNull() & F.col("gid").isNull()
+    lines = df.where(op.isin("begin", "commit") | plain)
+    w = Window.partitionBy("_path").orderBy("_blk", "_mid").rowsBetween(Window.unboundedPreceding, -1)
+    # a begin without its commit LSN (test_decoding's, when the slot's output gives none): not judged
+    unknown, closed = F.lit(-2).cast("bigint"), F.lit(-1).cast("bigint")
+    mark = F.when(op == "begin", F.coalesce(F.col("commit_lsn_i"), unknown)).when(op == "commit", closed)
+    out = (
+        lines.withColumn("_open", F.last(mark, ignorenulls=True).over(w))
+        .where(plain & ~F.col("_open").isin(-2, F.col("commit_lsn_i")))
+        .select("op", "_path", "lsn", "commit_lsn", "_open", "_rank", "_blk", "_mid")
+        .orderBy("_rank", "_blk", "_mid")
+        .limit(1)
+        .collect()
+    )
+    if out:
+        r = out[0]
+        where = find_line(r["_path"], {"op": r["op"], "lsn": r["lsn"], "commit_lsn": r["commit_lsn"]})
+        state = "after its transaction's commit" if r["_open"] == -1 else "inside another transaction"
+        raise InputError(f"{where}: {r['op']} of commit LSN {r['commit_lsn']} {state}: the file is corrupt")
