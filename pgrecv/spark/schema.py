@@ -176,6 +176,7 @@ def plan(
             if not (history and f.name in HISTORY_NAMES):
                 cols[f.name] = ColumnType("(target)", f.type)
     pg_columns: list[str] = []
+    sent: dict[str, ColumnType] = {}  # each column's type by this input's relation records
     for rel in relations:
         pg_columns = [c["name"] for c in rel["columns"]]
         taken = [n for n in pg_columns if history and n in HISTORY_NAMES]
@@ -186,6 +187,14 @@ def plan(
             )
         for c in rel["columns"]:
             ct = column_type(c.get("type"), int(c.get("typmod") if c.get("typmod") is not None else -1))
+            before = sent.setdefault(c["name"], ct)
+            if not same_type(before.arrow, ct.arrow):
+                # within the input: a type change, whatever the target column (issue 54, L5)
+                raise InputError(
+                    f"table {name}: column {c['name']} changed type from {before.pg_type} ({before.arrow}) to "
+                    f"{ct.pg_type} ({ct.arrow}): spark-apply does not rewrite tables; re-create the target table "
+                    "from a snapshot"
+                )
             have = cols.get(c["name"])
             if have is not None and pa.types.is_string(have.arrow) and not pa.types.is_string(ct.arrow):
                 # a string column in the target (--bad-values text made it) keeps the values' text

@@ -134,3 +134,24 @@ def test_a_transaction_sent_twice_is_still_applied_once(
     summary = _apply(a, target, spark, monkeypatch, path)
     assert [t.status for t in summary.tables] == ["applied"]
     assert [(r["id"], r["v"]) for r in _rows(target, "t")] == [(1, "a")]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_type_change_within_the_input_holds_its_table_back(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """text, then integer, in one batch: not stored as text (the docs: a type change fails)."""
+    lines = [
+        orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode(),
+        *_txn("0/100", [_insert("t", "0/100", "0/10", '{"id":1,"v":"a"}')]),
+        orjson.dumps(_rel("t", [("id", "integer"), ("v", "integer")])).decode(),
+        *_txn("0/200", [_insert("t", "0/200", "0/110", '{"id":2,"v":5}')]),
+    ]
+    src = _write(tmp_path / "a.jsonl", lines)
+    target = tmp_path / "lake"
+    summary = _apply(src, target, spark, monkeypatch, path)
+    (t,) = summary.tables
+    assert t.status == "held back" and t.error is not None and "changed type from text" in t.error, t
+    assert _nothing_applied(target)
+    with pytest.raises(InputError, match="changed type"):
+        _oracle(src, tmp_path / "oracle", spark)
