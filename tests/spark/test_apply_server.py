@@ -136,9 +136,15 @@ def _norm(row: dict[str, Any]) -> tuple[Any, ...]:
 
 def _read(path: Path, fmt: str, spark: Any) -> list[dict[str, Any]]:
     if fmt == "delta":
-        from deltalake import DeltaTable
+        from deltalake import DeltaTable, QueryBuilder
 
-        rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+        dt = DeltaTable(str(path))
+        if "deletionVectors" in (dt.protocol().reader_features or []):  # Delta's Spark connector wrote it
+            import pyarrow as pa
+
+            rows = pa.table(QueryBuilder().register("t", dt).execute("SELECT * FROM t").read_all()).to_pylist()
+        else:
+            rows = dt.to_pyarrow_table().to_pylist()
     else:
         rows = [r.asDict(recursive=True) for r in spark.read.parquet(str(path / "current")).collect()]
         for r in rows:  # Spark hands timestamptz back as naive UTC
@@ -171,13 +177,10 @@ def _peek(dsn: str, out: Path) -> None:
 
 @pytest.mark.parametrize("engine", ["delta-rs", "spark", "spark-replay"])
 def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: Any, engine: str) -> None:
-    """The oracle: PostgreSQL's own tables. Delta through delta-rs (and Parquet) everywhere; Delta
-    through Delta Lake's Spark connector where its jars are on the classpath (not here: Maven is out
-    of reach; e.g. PYSPARK_SUBMIT_ARGS='--packages io.delta:delta-spark_2.13:4.0.0 pyspark-shell')."""
-    from pgrecv.spark.sparkops import has_delta_connector
-
-    if engine == "spark" and not has_delta_connector(spark):
-        pytest.skip("Delta Lake's Spark connector (io.delta jars) is not on the classpath")
+    """The oracle: PostgreSQL's own tables. Delta through delta-rs (and Parquet), and Delta through
+    Delta Lake's Spark connector: ``pgrecv spark-apply`` as a process given the jars Maven fetched
+    (jvm/jars, fetched by .ci/run), since the connector's extension is fixed when a JVM starts."""
+    apply = _connector_run if engine == "spark" else run_apply
     fmts = ("parquet", "delta") if engine != "spark" else ("delta",)
     replay = "driver"
     if engine == "spark-replay":  # the whole job in Spark tasks (the default), Delta through delta-rs
@@ -193,20 +196,20 @@ def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: An
     pgrecv("peek", "-d", db_dsn, "--slot", "s", "--consume", "-f", str(tmp_path / "consumed.jsonl"))
     # stop halfway: first batch applied; then more changes in a second file
     for fmt in fmts:
-        run_apply(ApplyConfig((str(first),), tmp_path / fmt, fmt=fmt, engine=engine, replay=replay), spark=spark)
+        apply(ApplyConfig((str(first),), tmp_path / fmt, fmt=fmt, engine=engine, replay=replay), spark=spark)
     _workload(db_dsn, rng, 40)
     second = tmp_path / "b.jsonl"
     _peek(db_dsn, second)
     for fmt in fmts:
         target = tmp_path / fmt
-        summary = run_apply(
+        summary = apply(
             ApplyConfig((str(first), str(second)), target, fmt=fmt, engine=engine, replay=replay), spark=spark
         )
         assert any(t.status == "applied" for t in summary.tables)
         if replay == "spark":  # a server's plain transactions take the direct read (pgrecv/spark/direct.py)
             assert summary.input_read == "direct"
         _assert_equal(db_dsn, target, fmt, spark)
-        again = run_apply(
+        again = apply(
             ApplyConfig((str(first), str(second)), target, fmt=fmt, engine=engine, replay=replay), spark=spark
         )
         assert all(t.status == "up to date" for t in again.tables)
@@ -216,8 +219,34 @@ def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: An
         target = tmp_path / f"h-{fmt}"
         for srcs in ((str(first),), (str(first), str(second))):
             cfg = ApplyConfig(srcs, target, fmt=fmt, mode="history", engine=engine, replay=replay)
-            run_apply(cfg, spark=spark)
+            apply(cfg, spark=spark)
         _assert_equal(db_dsn, target, fmt, spark, history=True)
+
+
+def _connector_run(config: Any, spark: Any = None) -> Any:
+    """``run_apply`` of a config through ``pgrecv spark-apply --delta-engine spark`` in a process of
+    its own with the connector's jars; its ``--json`` summary with attributes."""
+    import os
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    import orjson
+
+    from pgrecv.spark.jars import jars_dir, spark_jars
+
+    jars = spark_jars()
+    assert jars, f"no connector jars in {jars_dir()}: mvn -q -f jvm/pom.xml dependency:copy-dependencies (.ci/run)"
+    cmd = [sys.executable, "-m", "pgrecv", "spark-apply", *config.sources, "--target", str(config.target)]
+    cmd += ["--format", "delta", "--delta-engine", "spark", "--mode", config.mode, "--json", "--master", "local[2]"]
+    cmd += ["--conf", "spark.sql.shuffle.partitions=2", "--conf", f"spark.jars={jars}"]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run(cmd, capture_output=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    data = orjson.loads(proc.stdout)
+    assert data["engine"] == "delta/spark"
+    data["tables"] = [SimpleNamespace(**t) for t in data["tables"]]
+    return SimpleNamespace(**data)
 
 
 def _prepared(dsn: str, gid: str, values: list[tuple[str, int]], outcome: str | None) -> None:

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.files import file_url
-from pgrecv.spark.tables import Batch, Table, refuse_other_format
+from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, refuse_other_format
 from pgrecv.spark.tables.rewrite import END_COLS, ROWS_PER_FILE, missing_dirs, unmake
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -56,6 +56,7 @@ class DeltaSparkTable(Table):
         self.applied = dt.transaction_version(self.app_id)
         self.schema = pa.schema(dt.schema().to_arrow())
         self.version = dt.version()
+        self.mode = next((m for m in ("latest", "history") if dt.transaction_version(MODE_APP_ID + m)), None)
         actions = dt.get_add_actions(flatten=True)
         table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
         from urllib.parse import unquote
@@ -102,7 +103,10 @@ class DeltaSparkTable(Table):
             assert batch.upserts is not None
             rows = batch.upserts.select(*[F.col(_q(n)) for n in names])
         if self.version is None or batch.truncate:
-            self._save(self._clustered(rows, batch), batch, "overwrite" if self.version is not None else "append")
+            new = self.version is None
+            self._save(self._clustered(rows, batch), batch, "append" if new else "overwrite")
+            if new:
+                self._record_mode(batch)
             return
         if batch.append_only:
             self._save(rows, batch, "append")
@@ -137,6 +141,19 @@ class DeltaSparkTable(Table):
             for k, v in NEW_TABLE.items():
                 w = w.option(k, v)
         w.save(file_url(self.path))
+
+    def _record_mode(self, batch: Batch) -> None:
+        """The --mode the table is made with, as the delta-rs writer records it (MODE_APP_ID): an app
+        transaction, here in a commit of its own right after the one that made the table (a write
+        carries one transaction). A run killed between the two leaves it unrecorded, and the
+        table's columns tell its mode (tables.mode_of)."""
+        from pgrecv.spark.sparkops import spark_schema
+
+        empty = self.spark.createDataFrame([], spark_schema(batch.schema))
+        mode = MODE_APP_ID + ("history" if batch.history else "latest")
+        empty.write.format("delta").mode("append").option("txnAppId", mode).option("txnVersion", "1").save(
+            file_url(self.path)
+        )
 
     def _add_columns(self, batch: Batch) -> None:
         """Columns the batch adds, in a commit of their own before the merge (no rows, no position:
@@ -243,16 +260,20 @@ class DeltaSparkTable(Table):
         builder.execute()
 
     def _reopen(self) -> int:
-        """Reads the table's new state; the bytes its last commit wrote (data files and deletion vectors)."""
+        """Reads the table's new state; the bytes its commits wrote (data files and deletion vectors)."""
         from deltalake import DeltaTable
 
         before = self.version
         self.version = DeltaTable(str(self.path)).version()
         if self.version == before:
             return 0
-        log = self.path / "_delta_log" / f"{self.version:020d}.json"
         written = 0
-        for line in log.read_bytes().splitlines():
+        lines = [
+            line
+            for v in range(0 if before is None else before + 1, self.version + 1)
+            for line in (self.path / "_delta_log" / f"{v:020d}.json").read_bytes().splitlines()
+        ]
+        for line in lines:
             action = orjson.loads(line)
             add = action.get("add")
             if add:
