@@ -301,7 +301,10 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
     # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
     # committed, and their counts are the tables' facts (``engine.facts.plain_facts``).
     row = op.isin(*rp.ROW_OPS)
-    pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.col("_m").alias("m"))
+    # a line's place: its file's rank, split and row (comparable across files), and the file
+    ranks = F.create_map(*[F.lit(x) for kv in rank.items() for x in kv]) if rank else None
+    file_rank = F.element_at(ranks, F.col("_f")) if ranks is not None else F.lit(0)
+    pos = F.struct(file_rank.alias("r"), F.col("_b").alias("b"), F.col("_m").alias("m"), F.col("_f").alias("f"))
     per = (
         narrow.groupBy(
             F.when(in_txn, lsn_expr(F.col("commit_lsn"), checked=True)).alias("k"),
@@ -323,7 +326,6 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
             F.max(op == "begin").alias("begin"),
             F.max(op == "commit").alias("commit"),
             # where the transaction's lines are (:func:`_outside`)
-            F.count(F.when(op == "begin", 1)).alias("begins"),
             F.count(F.when(op == "commit", 1)).alias("commits"),
             F.min(F.when(op == "begin", pos)).alias("bpos"),
             F.max(F.when(op == "commit", pos)).alias("cpos"),
@@ -374,18 +376,17 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
 
 
 def _outside(per: DataFrame) -> bool:
-    """Whether a committed transaction's changes may lie outside it (after its commit, or before
-    its begin), or its lines are not simply one begin, its changes and one commit in one file (a
-    transaction sent twice, cut and sent again, spread over files): the staged read then judges
-    each change by its place (``staged._outside_transaction``). From the cached rows, two a
-    transaction: a small job."""
+    """Whether a committed transaction's changes may lie outside it: before its first begin or
+    after its last commit, in input order (the staged read then judges each change by its place:
+    ``staged._outside_transaction``). Exact for a transaction sent once; of one sent more than once
+    (a redelivery, a cut copy), only a change outside the span of all its copies is seen here. From
+    the cached rows, two a transaction: a small job."""
     from pyspark.sql import functions as F
 
     per_txn = (
         per.where(F.col("k").isNotNull())
         .groupBy("k")
         .agg(
-            F.sum("begins").alias("begins"),
             F.sum("commits").alias("commits"),
             F.min("bpos").alias("bpos"),
             F.max("cpos").alias("cpos"),
@@ -394,9 +395,8 @@ def _outside(per: DataFrame) -> bool:
         )
     )
     b, c, lo, hi = F.col("bpos"), F.col("cpos"), F.col("lo"), F.col("hi")
-    simple = (F.col("begins") == 1) & (F.col("commits") == 1) & (b.f == c.f) & (b.f == lo.f) & (b.f == hi.f)
-    simple = simple & (b < lo) & (hi < c)
-    return bool(per_txn.where(lo.isNotNull() & (F.col("commits") > 0) & ~simple).limit(1).count())
+    inside = b.isNotNull() & (b < lo) & (hi < c)
+    return bool(per_txn.where(lo.isNotNull() & (F.col("commits") > 0) & ~inside).limit(1).count())
 
 
 def _all_null(names: list[str]) -> Column:
