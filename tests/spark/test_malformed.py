@@ -155,3 +155,31 @@ def test_a_type_change_within_the_input_holds_its_table_back(
     assert _nothing_applied(target)
     with pytest.raises(InputError, match="changed type"):
         _oracle(src, tmp_path / "oracle", spark)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("forged", [False, True], ids=["as named", "forged far ahead"])
+def test_a_commit_past_its_files_name_is_refused(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str, forged: bool
+) -> None:
+    """A file ``FIRST-LAST.jsonl`` holds commits up to LAST: one far past it would move the table's
+    position past every later transaction (all of them skipped, without a word)."""
+    rel = orjson.dumps(_rel("t", [("id", "integer"), ("v", "text")])).decode()
+    last = "7FFFFFFF/0" if forged else "0/200"
+    lines = [
+        rel,
+        *_txn("0/100", [_insert("t", "0/100", "0/10", '{"id":1,"v":"a"}')]),
+        *_txn(last, [_insert("t", last, "0/110", '{"id":2,"v":"b"}')]),
+    ]
+    src = _write(tmp_path / f"{0x100:016X}-{0x200:016X}.jsonl", lines)
+    target = tmp_path / "lake"
+    if not forged:
+        summary = _apply(src, target, spark, monkeypatch, path)
+        assert [(t.status, t.applied_lsn) for t in summary.tables] == [("applied", "0/200")]
+        return
+    with pytest.raises(InputError) as err:
+        _apply(src, target, spark, monkeypatch, path)
+    assert f"{src}:7:" in err.value.message and "7FFFFFFF/0" in err.value.message, err.value.message
+    assert _nothing_applied(target)
+    with pytest.raises(InputError, match=f"{src}:7:"):
+        _oracle(src, tmp_path / "oracle", spark)

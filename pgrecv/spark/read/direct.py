@@ -32,7 +32,15 @@ import orjson
 from pgrecv.output.format import FORMAT_VERSION
 from pgrecv.spark.files import input_urls, literal_read, spelling
 from pgrecv.spark.inputs import parse_lsn
-from pgrecv.spark.read.envelope import ENVELOPE_FIELDS, JSON_LIMITS, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr
+from pgrecv.spark.read.envelope import (
+    ENVELOPE_FIELDS,
+    JSON_LIMITS,
+    LSN_FIELDS,
+    LSN_PATTERN,
+    json_read,
+    lsn_expr,
+    named_last,
+)
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import quoted
 
@@ -344,7 +352,7 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
     ).first()
     assert head is not None
     rels = head["r"] or []
-    if head["bad"] or head["other"] or any(r["p"]["f"] not in rank for r in rels) or _outside(per):
+    if head["bad"] or head["other"] or any(r["p"]["f"] not in rank for r in rels) or _outside(per) or _beyond(per):
         per.unpersist()
         return None
     st = rp.Structure(lines=int(head["n"] or 0), transactions=head["transactions"], incomplete=head["incomplete"])
@@ -397,6 +405,20 @@ def _outside(per: DataFrame) -> bool:
     b, c, lo, hi = F.col("bpos"), F.col("cpos"), F.col("lo"), F.col("hi")
     inside = b.isNotNull() & (b < lo) & (hi < c)
     return bool(per_txn.where(lo.isNotNull() & (F.col("commits") > 0) & ~inside).limit(1).count())
+
+
+def _beyond(per: DataFrame) -> bool:
+    """Whether a commit record lies past the last commit LSN its file's name claims
+    (``envelope.named_last``; the staged read names it): a row per file, from the cached rows."""
+    from pyspark.sql import functions as F
+
+    files = per.where(F.col("commits") > 0).groupBy(F.col("cpos.f").alias("f")).agg(F.max("k").alias("c"))
+    return any(_past_name(r["f"], r["c"]) for r in files.collect())
+
+
+def _past_name(path: str, commit: int | None) -> bool:
+    claimed = named_last(path)
+    return claimed is not None and commit is not None and commit > claimed
 
 
 def _all_null(names: list[str]) -> Column:
@@ -482,6 +504,7 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
             lines.groupBy(
                 F.when(fit, op).alias("op"),
                 F.when(fit & op.isin("begin", "commit"), F.col("commit_lsn")).alias("k"),
+                F.when(fit & (op == "commit"), F.col("_f")).alias("f"),
                 F.when(fit & (op == "relation"), rel).alias("r"),
             )
             .agg(F.count(F.lit(1)).alias("n"))
@@ -501,6 +524,8 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
             begun[r["k"]] = parse_lsn(r["k"])
         elif r["op"] == "commit":
             commits.add(parse_lsn(r["k"]))
+            if _past_name(r["f"], parse_lsn(r["k"])):
+                return None  # the staged read names it
         elif r["op"] == "relation":
             rels.append(r["r"])
     begins = set(begun.values())

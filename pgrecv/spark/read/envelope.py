@@ -3,6 +3,7 @@ integers, and the JSON parser's limits."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Final
 
 from pgrecv.output.format import REPLAY_FIELDS, FieldKind
@@ -32,6 +33,21 @@ LSN_FIELDS: Final = tuple(name for name, kind in REPLAY_FIELDS if kind is FieldK
 # A PostgreSQL LSN as pg_lsn prints it (upper-case hex; zero-padded halves accepted). The high half
 # stops at 7FFFFFFF so that every LSN fits a signed 64-bit integer (16 EiB of WAL: never reached).
 LSN_PATTERN = r"^[0-7]?[0-9A-Fa-f]{1,7}/[0-9A-Fa-f]{1,8}$"
+
+
+def named_last(path: str) -> int | None:
+    """The last commit LSN that a change file's name claims (``FIRST-LAST.jsonl``, as ``pgrecv
+    start --output-dir`` names them), None for a file of another name or a snapshot file. A commit
+    record past it is forged or misplaced: applied, it would move the table's position past every
+    later transaction (issue 54, L5)."""
+    from pgrecv.output.files import FINAL_RE, SNAPSHOT_FILE_RE
+    from pgrecv.spark.files import local_path
+
+    name = os.path.basename(local_path(path))
+    m = FINAL_RE.fullmatch(name)
+    if m is None or not name.endswith(".jsonl") or SNAPSHOT_FILE_RE.fullmatch(name):
+        return None
+    return int(m.group(2), 16)
 
 
 def lsn_expr(col: Column, checked: bool = False) -> Column:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgrecv.errors import InputError
+from pgrecv.lsn import lsn_str
 from pgrecv.spark.files import file_url, find_line, input_urls, line_of_text, literal_read, local_path, spelling
-from pgrecv.spark.read.envelope import ENVELOPE, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr
+from pgrecv.spark.read.envelope import ENVELOPE, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr, named_last
 from pgrecv.spark.replay.committed import CHANGE_OPS, KNOWN_OPS, ROW_OPS
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ def check_input(records: Records) -> None:
     )
     first = bad.orderBy("_rank", "_blk", "_mid").limit(1).collect()
     if not first:
+        _beyond_names(df)
         _outside_transaction(df)
         return
     r = first[0]
@@ -123,6 +125,23 @@ def check_input(records: Records) -> None:
         raise InputError(f"{where}: unknown op {r['op']!r}: the file is corrupt")
     what = "its tables" if r["op"] == "truncate" else "its schema or table"
     raise InputError(f"{where}: {r['op']} without {what}: the file is corrupt")
+
+
+def _beyond_names(df: DataFrame) -> None:
+    """A commit record past the last commit LSN its file's name claims (:func:`named_last`): one
+    small aggregate, a row per file."""
+    from pyspark.sql import functions as F
+
+    last = df.where(F.col("op") == "commit").groupBy("_path").agg(F.max("commit_lsn_i").alias("c"))
+    for r in last.collect():
+        claimed = named_last(r["_path"])
+        if claimed is not None and r["c"] is not None and r["c"] > claimed:
+            where = find_line(r["_path"], {"op": "commit", "commit_lsn": lsn_str(r["c"])})
+            raise InputError(
+                f"{where}: commit LSN {lsn_str(r['c'])} is past the last one the file's name claims "
+                f"({lsn_str(claimed)}): the file is corrupt (a forged or misplaced transaction would hold "
+                "back every later change of its tables)"
+            )
 
 
 def _outside_transaction(df: DataFrame) -> None:

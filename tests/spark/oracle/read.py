@@ -27,6 +27,7 @@ import orjson
 
 from pgrecv.errors import InputError
 from pgrecv.spark.inputs import _half, parse_lsn
+from pgrecv.spark.read.envelope import named_last
 
 ROW_OPS = frozenset({"insert", "update", "delete"})
 TableId = tuple[str, str]
@@ -102,6 +103,7 @@ class Reader:
         self.relation_raw: dict[TableId, bytes] = {}
         self.seq = 0
         self.res = ReadResult(self.tables)
+        self.claimed: int | None = None
 
     def _table(self, schema: str, table: str) -> TableInput | None:
         if not self.match(schema, table):
@@ -132,6 +134,7 @@ class Reader:
     def feed_file(self, path: Path, label: str | None = None) -> None:
         name = label or str(path)
         self.res.files += 1
+        self.claimed = named_last(str(path))  # the file name's last commit LSN (issue 54, L5)
         try:
             with open(path, "rb") as f:
                 self.feed_lines(f, name)
@@ -206,6 +209,8 @@ class Reader:
                 raise ValueError("commit without its begin")
             if parse_lsn(rec["commit_lsn"]) != txn.commit_lsn:
                 raise ValueError(f"commit_lsn {rec['commit_lsn']} does not match its begin")
+            if self.claimed is not None and txn.commit_lsn > self.claimed:
+                raise ValueError(f"commit LSN {rec['commit_lsn']} is past the last one the file's name claims")
             self.open = None
             self._commit(txn, txn.commit_lsn, rec.get("commit_time") or txn.commit_time)
         elif op == "relation":
