@@ -384,8 +384,8 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
 
 
 def _outside(per: DataFrame) -> bool:
-    """Whether a committed transaction's changes may lie outside it: before its first begin or
-    after its last commit, in input order (the staged read then judges each change by its place:
+    """Whether a committed transaction's changes may lie outside it: before its first begin (if
+    the input has one) or after its last commit, in input order (the staged read then judges each change by its place:
     ``staged._outside_transaction``). Exact for a transaction sent once; of one sent more than once
     (a redelivery, a cut copy), only a change outside the span of all its copies is seen here. From
     the cached rows, two a transaction: a small job."""
@@ -403,7 +403,7 @@ def _outside(per: DataFrame) -> bool:
         )
     )
     b, c, lo, hi = F.col("bpos"), F.col("cpos"), F.col("lo"), F.col("hi")
-    inside = b.isNotNull() & (b < lo) & (hi < c)
+    inside = (b.isNull() | (b < lo)) & (hi < c)  # no begin: begun in an earlier file (not judged)
     return bool(per_txn.where(lo.isNotNull() & (F.col("commits") > 0) & ~inside).limit(1).count())
 
 

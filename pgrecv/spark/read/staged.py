@@ -145,11 +145,11 @@ def _beyond_names(df: DataFrame) -> None:
 
 
 def _outside_transaction(df: DataFrame) -> None:
-    """A change of a plain transaction (with its commit LSN) must come after a ``begin`` of that
-    commit LSN with no ``commit`` between them, in its file: one after its transaction's commit
-    would otherwise be applied with it. (A change before any begin or commit of its file may
-    belong to a transaction begun in the file before; that is not judged.) A window over each
-    file's transaction lines in order."""
+    """A change of a plain transaction (with its commit LSN) must not come after its transaction's
+    commit (with no begin since), nor inside another transaction's begin … commit: it would
+    otherwise be applied with it. (A change before any begin or commit of its file, or after
+    another transaction's commit, may belong to a transaction begun in an earlier file; that is
+    not judged.) A window over each file's transaction lines in order."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -158,11 +158,20 @@ def _outside_transaction(df: DataFrame) -> None:
     lines = df.where(op.isin("begin", "commit") | plain)
     w = Window.partitionBy("_path").orderBy("_blk", "_mid").rowsBetween(Window.unboundedPreceding, -1)
     # a begin without its commit LSN (test_decoding's, when the slot's output gives none): not judged
-    unknown, closed = F.lit(-2).cast("bigint"), F.lit(-1).cast("bigint")
+    # a commit: -3 - its commit LSN (a change after a commit of another transaction, with no begin
+    # between, may be of a transaction begun in an earlier file: not judged)
+    unknown = F.lit(-2).cast("bigint")
+    closed = F.lit(-3).cast("bigint") - F.col("commit_lsn_i")
     mark = F.when(op == "begin", F.coalesce(F.col("commit_lsn_i"), unknown)).when(op == "commit", closed)
     out = (
         lines.withColumn("_open", F.last(mark, ignorenulls=True).over(w))
-        .where(plain & ~F.col("_open").isin(-2, F.col("commit_lsn_i")))
+        .where(
+            plain
+            & (
+                ((F.col("_open") >= 0) & (F.col("_open") != F.col("commit_lsn_i")))
+                | (F.col("_open") == F.lit(-3) - F.col("commit_lsn_i"))
+            )
+        )
         .select("op", "_path", "lsn", "commit_lsn", "_open", "_rank", "_blk", "_mid")
         .orderBy("_rank", "_blk", "_mid")
         .limit(1)
@@ -171,5 +180,5 @@ def _outside_transaction(df: DataFrame) -> None:
     if out:
         r = out[0]
         where = find_line(r["_path"], {"op": r["op"], "lsn": r["lsn"], "commit_lsn": r["commit_lsn"]})
-        state = "after its transaction's commit" if r["_open"] == -1 else "inside another transaction"
+        state = "after its transaction's commit" if r["_open"] < 0 else "inside another transaction"
         raise InputError(f"{where}: {r['op']} of commit LSN {r['commit_lsn']} {state}: the file is corrupt")
