@@ -43,10 +43,15 @@ def run_apply(
         # nothing to read (a cron run before the stream's first file): no JVM started for it
         has_input = bool(files) or (state.is_dir() and any(state.glob("*.jsonl")))
         if spark is None and has_input:
+            from pyspark.sql import SparkSession
+
             from pgrecv.spark.jars import session_conf
             from pgrecv.spark.sparkops import start_session
 
-            spark = start_session(config.master, session_conf(config.conf, config.fmt, config.engine))
+            # spark-submit's session is active, its static configuration fixed: only a new one gets the connector's
+            active = SparkSession.getActiveSession() is not None
+            conf = config.conf if active else session_conf(config.conf, config.fmt, config.engine)
+            spark = start_session(config.master, conf)
         from pgrecv.spark.engine.run import run_frames
 
         try:

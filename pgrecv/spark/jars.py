@@ -64,12 +64,9 @@ def session_conf(conf: dict[str, str], fmt: str, engine: str) -> dict[str, str]:
     """``conf`` with what Delta's connector needs of a session pgrecv starts (its SQL extension
     added to ``spark.sql.extensions``, its catalog as ``spark_catalog`` unless another is set),
     when the run writes Delta and the connector is asked for or named in ``conf``. Otherwise
-    ``conf`` as it is: the extension without the jars would fail the session's catalog."""
+    ``conf`` as it is: the extension without the jars would fail the session's catalog. (Not for
+    a session already active, spark-submit's: its static configuration is fixed.)"""
     if fmt != "delta" or engine == "delta-rs" or (engine != "spark" and not names_delta(conf)):
-        return conf
-    from pyspark.sql import SparkSession
-
-    if SparkSession.getActiveSession() is not None:  # spark-submit's: its static conf is fixed
         return conf
     out = dict(conf)
     extensions = [e.strip() for e in out.get("spark.sql.extensions", "").split(",") if e.strip()]

@@ -475,8 +475,8 @@ def test_a_batch_touching_much_of_the_table_is_applied_in_one_pass(
     batch += [_change("delete", "t", "0/200", f"0/{0x130 + i:X}", None, f'{{"id":{i}}}') for i in range(20, 30)]
     batch.append(_change("update", "t", "0/200", "0/150", '{"id":100,"v":"moved"}', '{"id":30}'))  # a key change
     batch.append(_change("update", "t", "0/200", "0/151", '{"id":31,"v":"again"}', None))
-    batch.append(_change("insert", "t", "0/300", "0/210", '{"id":200,"v":"late"}', None))
-    src1 = _write(tmp_path / "1.jsonl", [rel, *_txn("0/200", batch), *_txn("0/300", [batch[-1]])])
+    late = _change("insert", "t", "0/300", "0/210", '{"id":200,"v":"late"}', None)
+    src1 = _write(tmp_path / "1.jsonl", [rel, *_txn("0/200", batch), *_txn("0/300", [late])])
     calls = _spy_one_pass(monkeypatch)
     tables = {}
     for name, one_pass in (("one", True), ("steps", False)):

@@ -96,13 +96,14 @@ class Rewrite:
         if b.final is not None:
             return self._one_pass()
         cols = [F.col(quoted(n)) for n in names]
-        assert b.upserts is not None and b.keys is not None  # a batch without final events has both
+        assert b.upserts is not None  # a batch without final events has its upserts
         new_rows = b.upserts.select(*cols)
         if b.truncate or not self.files:
             return list(self.files), new_rows
         cur = self._read(self.files)
         if b.append_only:
             return [], new_rows
+        assert b.keys is not None  # a keyed batch without final events has its keys
         grew = self.current_schema is None or set(names) != set(self.current_schema.names)
         if grew:
             touched = list(self.files)  # old files lack the new columns: rewrite them all
