@@ -85,24 +85,22 @@ def column_type(pg_type: str | None, typmod: int) -> ColumnType:
     return ColumnType(name, _SCALARS.get(name, pa.string()))  # text, varchar, uuid, interval, money, enums, …
 
 
+_SPARK_NAMES = {
+    pa.int16(): "smallint",
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.float32(): "float",
+    pa.float64(): "double",
+    pa.bool_(): "boolean",
+    pa.binary(): "binary",
+    pa.date32(): "date",
+}
+
+
 def spark_ddl(arrow: pa.DataType) -> str:
     """The Spark SQL type for an Arrow type we produce (Spark's JDBC-dialect types)."""
-    if pa.types.is_int16(arrow):
-        return "smallint"
-    if pa.types.is_int32(arrow):
-        return "int"
-    if pa.types.is_int64(arrow):
-        return "bigint"
-    if pa.types.is_float32(arrow):
-        return "float"
-    if pa.types.is_float64(arrow):
-        return "double"
-    if pa.types.is_boolean(arrow):
-        return "boolean"
-    if pa.types.is_binary(arrow):
-        return "binary"
-    if pa.types.is_date32(arrow):
-        return "date"
+    if arrow in _SPARK_NAMES:
+        return _SPARK_NAMES[arrow]
     if pa.types.is_timestamp(arrow):
         return "timestamp" if arrow.tz is not None else "timestamp_ntz"
     if pa.types.is_decimal(arrow):

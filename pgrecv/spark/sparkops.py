@@ -253,15 +253,3 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
     spark = _launch(builder, quiet, master or "local[*]")
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def has_delta_connector(spark: SparkSession) -> bool:
-    """Delta Lake's Spark classes on the classpath (Class.forName through the gateway)."""
-    jvm = spark.sparkContext._jvm
-    if jvm is None:
-        return False
-    try:
-        jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
-    except Exception:
-        return False
-    return True

@@ -19,7 +19,20 @@ from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, refuse_other_format
 from pgrecv.spark.tables.rewrite import Rewrite, fsync_files, missing_dirs, unmake
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
+
+
+def read_log(table: Table, dt: DeltaTable) -> pa.Table:
+    """Sets ``table``'s applied position, schema, version and recorded mode from the current version
+    of its Delta log (both Delta writers keep them there alike); returns the version's add actions
+    (``path``, ``size_bytes``, ...)."""
+    table.applied = dt.transaction_version(table.app_id)
+    table.schema = pa.schema(dt.schema().to_arrow())
+    table.version = dt.version()
+    table.mode = next((m for m in ("latest", "history") if dt.transaction_version(MODE_APP_ID + m)), None)
+    actions = dt.get_add_actions(flatten=True)
+    return pa.table(actions) if not isinstance(actions, pa.Table) else actions
 
 
 class DeltaRsTable(Table):
@@ -51,12 +64,7 @@ class DeltaRsTable(Table):
                 f"{self.path} has deletion vectors (written by Delta Lake's Spark connector): apply it with "
                 "--delta-engine spark and the connector's jars"
             )
-        self.applied = dt.transaction_version(self.app_id)
-        self.schema = pa.schema(dt.schema().to_arrow())
-        self.version = dt.version()
-        self.mode = next((m for m in ("latest", "history") if dt.transaction_version(MODE_APP_ID + m)), None)
-        actions = dt.get_add_actions(flatten=True)
-        table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
+        table = read_log(self, dt)
         paths = table.column("path").to_pylist()
         sizes = table.column("size_bytes").to_pylist()
         self._files = dict(zip(paths, sizes, strict=True))

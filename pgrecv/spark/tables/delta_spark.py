@@ -21,7 +21,9 @@ import pyarrow as pa
 
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.files import file_url
+from pgrecv.spark.schema import quoted
 from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, refuse_other_format
+from pgrecv.spark.tables.delta import read_log
 from pgrecv.spark.tables.rewrite import END_COLS, ROWS_PER_FILE, missing_dirs, unmake
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -29,10 +31,6 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 # what a new table is created with (Delta table properties)
 NEW_TABLE = {"delta.enableDeletionVectors": "true"}
 _KIND, _OP = "_pgrecv_kind", "_pgrecv_op"  # beside a table's columns in a merge's source
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _k(i: int) -> str:
@@ -53,12 +51,7 @@ class DeltaSparkTable(Table):
         if not DeltaTable.is_deltatable(str(self.path)):
             return
         dt = DeltaTable(str(self.path))
-        self.applied = dt.transaction_version(self.app_id)
-        self.schema = pa.schema(dt.schema().to_arrow())
-        self.version = dt.version()
-        self.mode = next((m for m in ("latest", "history") if dt.transaction_version(MODE_APP_ID + m)), None)
-        actions = dt.get_add_actions(flatten=True)
-        table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
+        table = read_log(self, dt)
         from urllib.parse import unquote
 
         self._files = sorted(str(self.path / unquote(p)) for p in table.column("path").to_pylist())
@@ -101,7 +94,7 @@ class DeltaSparkTable(Table):
             rows = batch.final.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
         else:
             assert batch.upserts is not None
-            rows = batch.upserts.select(*[F.col(_q(n)) for n in names])
+            rows = batch.upserts.select(*[F.col(quoted(n)) for n in names])
         if self.version is None or batch.truncate:
             new = self.version is None
             self._save(self._clustered(rows, batch), batch, "append" if new else "overwrite")
@@ -123,7 +116,7 @@ class DeltaSparkTable(Table):
 
         if not batch.key_cols:
             return rows
-        keys = [F.col(_q(k)) for k in batch.key_cols]
+        keys = [F.col(quoted(k)) for k in batch.key_cols]
         rows = rows.coalesce(1) if batch.single else rows.repartitionByRange(*keys)
         return rows.sortWithinPartitions(*keys)
 
@@ -181,18 +174,18 @@ class DeltaSparkTable(Table):
         else:
             # every touched key, with its new row where it has one (else: deleted)
             assert batch.keys is not None and batch.upserts is not None
-            ks = batch.keys.select(*[F.col(_q(k)).alias(_k(i)) for i, k in enumerate(keys)]).alias("k")
-            ups = batch.upserts.select(*[F.col(_q(n)) for n in names], F.lit(True).alias(_OP)).alias("u")
+            ks = batch.keys.select(*[F.col(quoted(k)).alias(_k(i)) for i, k in enumerate(keys)]).alias("k")
+            ups = batch.upserts.select(*[F.col(quoted(n)) for n in names], F.lit(True).alias(_OP)).alias("u")
             on = F.lit(True)
             for i, k in enumerate(keys):
-                a, b = F.col(f"k.{_k(i)}"), F.col(f"u.{_q(k)}")
+                a, b = F.col(f"k.{_k(i)}"), F.col(f"u.{quoted(k)}")
                 on = on & (a.eqNullSafe(b) if batch.null_safe else a == b)
             source = ks.join(ups, on, "left").select(
                 *[F.col(f"k.{_k(i)}") for i in range(len(keys))],
-                *[F.col(f"u.{_q(n)}").alias(n) for n in names],
+                *[F.col(f"u.{quoted(n)}").alias(n) for n in names],
                 F.when(F.col(f"u.{_OP}").isNull(), F.lit("D")).otherwise(F.lit("U")).alias(_KIND),
             )
-        values = {_q(n): F.col(f"s.{_q(n)}") for n in names}
+        values = {quoted(n): F.col(f"s.{quoted(n)}") for n in names}
         self._merge(
             batch,
             source,
@@ -209,15 +202,15 @@ class DeltaSparkTable(Table):
         names = batch.schema.names
         assert batch.closes is not None and batch.upserts is not None
         closes = batch.closes.select(
-            *[F.col(_q(k)).alias(_k(i)) for i, k in enumerate(batch.key_cols)],
-            *[F.col(_q(c)) for c in END_COLS],
+            *[F.col(quoted(k)).alias(_k(i)) for i, k in enumerate(batch.key_cols)],
+            *[F.col(quoted(c)) for c in END_COLS],
             F.lit("C").alias(_OP),
         )
-        versions = batch.upserts.select(*[F.col(_q(n)) for n in names], F.lit("I").alias(_OP))
+        versions = batch.upserts.select(*[F.col(quoted(n)) for n in names], F.lit("I").alias(_OP))
         source = closes.unionByName(versions, allowMissingColumns=True)
         on = (F.col(f"s.{_OP}") == "C") & F.col("t.`_current`") & self._on(batch)
-        close = {**{_q(c): F.col(f"s.{_q(c)}") for c in END_COLS}, "`_current`": F.lit(False)}
-        insert = {_q(n): F.col(f"s.{_q(n)}") for n in names}
+        close = {**{quoted(c): F.col(f"s.{quoted(c)}") for c in END_COLS}, "`_current`": F.lit(False)}
+        insert = {quoted(n): F.col(f"s.{quoted(n)}") for n in names}
         self._merge(batch, source, on, [("update", None, close)], (F.col(f"s.{_OP}") == "I", insert))
 
     def _on(self, batch: Batch) -> Any:
@@ -225,7 +218,7 @@ class DeltaSparkTable(Table):
 
         cond = F.lit(True)
         for i, k in enumerate(batch.key_cols):
-            a, b = F.col(f"t.{_q(k)}"), F.col(f"s.{_k(i)}")
+            a, b = F.col(f"t.{quoted(k)}"), F.col(f"s.{_k(i)}")
             cond = cond & (a.eqNullSafe(b) if batch.null_safe else a == b)
         return cond
 
