@@ -12,7 +12,9 @@ replay in that JVM; its rounds are printed).
 With ``--tables N`` the keys are spread over N tables (key k in table ``t{k % N}``), as in a
 stream of a whole database; the floor then keeps the last change per (table, key) and writes one
 directory per table.
-Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--format ...].
+With ``--delta-engine spark`` Delta is written by Delta's Spark connector (issue 57), its jars in
+the session from the start (the floor runs in that session too).
+Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--format ...] [--delta-engine ...].
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pgrecv.spark.apply import run_apply
+from pgrecv.spark.jars import session_conf, spark_jars
 from pgrecv.spark.model import ApplyConfig
 from pgrecv.spark.sparkops import start_session
 
@@ -167,9 +170,18 @@ def main() -> None:
     )
     ap.add_argument("--format", dest="fmts", action="append", choices=["parquet", "delta"])
     ap.add_argument("--repeat", type=int, default=2, help="measure each side this many times, keep the best")
+    ap.add_argument(
+        "--delta-engine",
+        choices=["delta-rs", "spark"],
+        default="delta-rs",
+        help="Delta's writer (spark: Delta's Spark connector, its jars from jvm/jars, in the floor's session too)",
+    )
     args = ap.parse_args()
     fmts = args.fmts or ["parquet", "delta"]
-    spark = start_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
+    conf = {"spark.sql.shuffle.partitions": "2"}
+    if args.delta_engine == "spark":
+        conf = session_conf({**conf, "spark.jars": spark_jars()}, "delta", "spark")
+    spark = start_session("local[2]", conf)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         base_in, changes = base / "base.jsonl", base / "changes.jsonl"
@@ -180,7 +192,7 @@ def main() -> None:
         write_input(changes, args.events, args.keys, args.tables, first_lsn=after_base, txn_size=args.txn_size)
 
         def config(sources: tuple[str, ...], fmt: str, target: Path | None = None) -> ApplyConfig:
-            return ApplyConfig(sources, target or base / fmt, fmt=fmt, engine="delta-rs")
+            return ApplyConfig(sources, target or base / fmt, fmt=fmt, engine=args.delta_engine)
 
         for fmt in fmts:  # the existing table (also warms the JVM up)
             run_apply(config((str(base_in),), fmt), spark=spark)
@@ -205,7 +217,10 @@ def main() -> None:
                 run_apply(config((str(changes),), fmt, target), spark=spark)
                 results.setdefault(fmt, []).append(time.monotonic() - t0)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"events {args.events}, keys {args.keys}, tables {args.tables}, {args.txn_size} a transaction, local[2]")
+    print(
+        f"events {args.events}, keys {args.keys}, tables {args.tables}, {args.txn_size} a transaction, local[2], "
+        f"Delta written by {args.delta_engine}"
+    )
     n = max(1, args.repeat)
     print(f"floor (Spark: read JSONL with schema, max_by per key, write the final table; best of {n}): {floor:.2f} s")
     print(f"old floor (read with schema, write every event; best of {n}): {old_floor:.2f} s")
