@@ -114,6 +114,31 @@ def db_conn(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture(scope="session")
+def connector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One process with a SparkSession that has Delta's Spark connector (its jars from jvm/jars,
+    its extension and catalog), running ``pgrecv`` commands one at a time
+    (tests/spark/connector_runner.py): a JVM start with the jars costs half a minute, and the
+    test session's own SparkSession stays without them (delta-rs). Started by the first test of
+    a worker that asks for it."""
+    pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
+    from pgrecv.spark.jars import jars_dir, spark_jars
+    from tests.spark.connector_runner import Runner
+
+    jars = spark_jars()
+    if not jars:
+        pytest.fail(
+            f"no connector jars in {jars_dir()}: fetch them with "
+            '`mvn -q -f jvm/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/jvm/jars"` (.ci/run does)',
+            pytrace=False,
+        )
+    # Delta rebuilds a snapshot of its log in 50 tasks by default: two are plenty for test tables
+    conf = ("spark.sql.shuffle.partitions=2", "spark.ui.enabled=false", "spark.databricks.delta.snapshotPartitions=2")
+    runner = Runner(jars, tmp_path_factory.mktemp("connector") / "runner.log", "local[2]", conf)
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One real local SparkSession for the whole test session (local[2], quiet, small shuffles).
 

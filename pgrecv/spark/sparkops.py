@@ -211,7 +211,11 @@ def private_defaults(master: str | None, conf: dict[str, str]) -> dict[str, str]
     Spark's scratch space (shuffle and spilled blocks hold row values; Spark makes them 0755 and
     0644 under /tmp by default) in a 0700 directory of an unpredictable name, removed at exit;
     and the driver's RPC authenticated with a random secret. A cluster's executors have their
-    own scratch space and would need the secret too: there both are the cluster's settings."""
+    own scratch space and would need the secret too: there both are the cluster's settings. So are
+    they under spark-submit (its JVM, its ``--master``, which may be a cluster's): a secret set
+    here would make its driver speak SASL to a master that expects none."""
+    if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
+        return {}
     if master is not None and not master.startswith("local"):
         return {}
     out: dict[str, str] = {}

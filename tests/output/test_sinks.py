@@ -649,6 +649,10 @@ def test_file_is_synced_in_the_background_as_it_grows(tmp_path: Path, monkeypatc
         data += feed(sink, n, rows=30)
         sink.tick(0.0)  # to the kernel, so that the raw layer sees the bytes
     assert sink._fdraw.syncer is not None and len(sync_threads(before)) == 1
+    # the syncer runs when the scheduler lets it: on a loaded machine, not before the next line
+    deadline = time.monotonic() + 60
+    while not any(name == "pgrecv-sync" for name, _ in calls) and time.monotonic() < deadline:
+        time.sleep(0.01)
     partial = txn(6, rows=40)
     for rec in partial:
         sink.write(rec)

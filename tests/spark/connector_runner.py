@@ -17,10 +17,57 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import select
+import subprocess
 import sys
 import traceback
+from pathlib import Path
+from typing import Any
 
 import orjson
+
+
+class Runner:
+    """The tests' side: this module as a process of its own, one command at a time."""
+
+    def __init__(self, jars: str, log: Path, master: str = "local[2]", conf: tuple[str, ...] = ()) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.spark.connector_runner", master, *conf, f"spark.jars={jars}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log.open("wb"),
+            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert self._answer(600) == {"ready": True}
+
+    def _answer(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line:
+            self.proc.kill()
+            tail = self.log.read_bytes()[-4000:].decode(errors="replace")
+            raise AssertionError(f"the connector runner gave no answer in {timeout} s: {tail}")
+        answer: dict[str, Any] = orjson.loads(line)
+        return answer
+
+    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(orjson.dumps(args) + b"\n")
+        self.proc.stdin.flush()
+        a = self._answer(timeout)
+        return subprocess.CompletedProcess(args, a["rc"], a["out"].encode(), a["err"].encode())
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _one(argv: list[str]) -> dict[str, object]:

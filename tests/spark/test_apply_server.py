@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from datetime import UTC, datetime
@@ -176,11 +177,17 @@ def _peek(dsn: str, out: Path) -> None:
 
 
 @pytest.mark.parametrize("engine", ["delta-rs", "spark", "spark-replay"])
-def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: Any, engine: str) -> None:
+def test_random_workload_matches_postgres(
+    db_dsn: str, tmp_path: Path, spark: Any, engine: str, request: pytest.FixtureRequest
+) -> None:
     """The oracle: PostgreSQL's own tables. Delta through delta-rs (and Parquet), and Delta through
-    Delta Lake's Spark connector: ``pgrecv spark-apply`` as a process given the jars Maven fetched
-    (jvm/jars, fetched by .ci/run), since the connector's extension is fixed when a JVM starts."""
-    apply = _connector_run if engine == "spark" else run_apply
+    Delta Lake's Spark connector: ``pgrecv spark-apply`` in a session given the jars Maven fetched
+    (jvm/jars, fetched by .ci/run; the ``connector`` fixture), since the connector's extension is
+    fixed when a JVM starts."""
+    if engine == "spark":
+        apply: Any = functools.partial(_connector_run, request.getfixturevalue("connector"))
+    else:
+        apply = run_apply
     fmts = ("parquet", "delta") if engine != "spark" else ("delta",)
     replay = "driver"
     if engine == "spark-replay":  # the whole job in Spark tasks (the default), Delta through delta-rs
@@ -223,25 +230,17 @@ def test_random_workload_matches_postgres(db_dsn: str, tmp_path: Path, spark: An
         _assert_equal(db_dsn, target, fmt, spark, history=True)
 
 
-def _connector_run(config: Any, spark: Any = None) -> Any:
-    """``run_apply`` of a config through ``pgrecv spark-apply --delta-engine spark`` in a process of
-    its own with the connector's jars; its ``--json`` summary with attributes."""
-    import os
-    import subprocess
-    import sys
+def _connector_run(connector: Any, config: Any, spark: Any = None) -> Any:
+    """``run_apply`` of a config through ``pgrecv spark-apply --delta-engine spark`` in the
+    session that has the connector's jars (the ``connector`` fixture); its ``--json`` summary with
+    attributes."""
     from types import SimpleNamespace
 
     import orjson
 
-    from pgrecv.spark.jars import jars_dir, spark_jars
-
-    jars = spark_jars()
-    assert jars, f"no connector jars in {jars_dir()}: mvn -q -f jvm/pom.xml dependency:copy-dependencies (.ci/run)"
-    cmd = [sys.executable, "-m", "pgrecv", "spark-apply", *config.sources, "--target", str(config.target)]
-    cmd += ["--format", "delta", "--delta-engine", "spark", "--mode", config.mode, "--json", "--master", "local[2]"]
-    cmd += ["--conf", "spark.sql.shuffle.partitions=2", "--conf", f"spark.jars={jars}"]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.run(cmd, capture_output=True, timeout=900, env=env)
+    cmd = ["spark-apply", *config.sources, "--target", str(config.target)]
+    cmd += ["--format", "delta", "--delta-engine", "spark", "--mode", config.mode, "--json"]
+    proc = connector.run(cmd, 900)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
     data = orjson.loads(proc.stdout)
     assert data["engine"] == "delta/spark"

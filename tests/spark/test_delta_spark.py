@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +27,17 @@ import pytest
 from pgrecv.spark.jars import connector_jars, jars_dir, session_conf, spark_jars
 from pgrecv.spark.model import table_dir_name
 from tests.spark.changegen import Gen
+from tests.spark.connector_runner import Runner
 from tests.spark.test_command import _first, _here, _rel, _row, _txn, _write
 from tests.spark.test_differential import _canon_value, _expected, _files
 
 pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
 
-FAST = ("--master", "local[2]", "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false")
+FAST = (
+    "--master", "local[2]", "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false",
+    "--conf", "spark.databricks.delta.snapshotPartitions=2",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -50,66 +52,15 @@ def jars() -> str:
     return value
 
 
-class Runner:
-    """tests/spark/connector_runner.py: one JVM with the connector, for every run of this module
-    but the one killed (a process of its own)."""
-
-    def __init__(self, jars: str, log: Path) -> None:
-        self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.spark.connector_runner", FAST[1], *FAST[3::2], f"spark.jars={jars}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log.open("wb"),
-            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
-            cwd=Path(__file__).resolve().parents[2],
-        )
-        assert self._answer(600) == {"ready": True}
-
-    def _answer(self, timeout: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else b""
-        if not line:
-            self.proc.kill()
-            tail = self.log.read_bytes()[-4000:].decode(errors="replace")
-            pytest.fail(f"the connector runner gave no answer in {timeout} s: {tail}")
-        answer: dict[str, Any] = orjson.loads(line)
-        return answer
-
-    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(orjson.dumps(args) + b"\n")
-        self.proc.stdin.flush()
-        a = self._answer(timeout)
-        return subprocess.CompletedProcess(args, a["rc"], a["out"].encode(), a["err"].encode())
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture(scope="module")
-def runner(jars: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
-    r = Runner(jars, tmp_path_factory.mktemp("connector") / "runner.log")
-    yield r
-    r.close()
-
-
 def _run(
-    runner: Runner, *args: str, engine: str | None = "spark", timeout: float = 600
+    connector: Runner, *args: str, engine: str | None = "spark", timeout: float = 600
 ) -> subprocess.CompletedProcess[bytes]:
     """``pgrecv spark-apply ARGS --format delta --json`` in the runner's session (its master and
     jars are the session's)."""
     cmd = ["spark-apply", *args, "--format", "delta", "--json"]
     if engine is not None:
         cmd += ["--delta-engine", engine]
-    return runner.run(cmd, timeout)
+    return connector.run(cmd, timeout)
 
 
 def _ok(proc: subprocess.CompletedProcess[bytes]) -> dict[str, Any]:
@@ -157,13 +108,13 @@ def test_without_the_connector_spark_engine_is_refused(tmp_path: Path, spark: An
     assert not (tmp_path / "lake" / "s.t").exists()
 
 
-def test_merge_rerun_schema_evolution_toast_and_deletion_vectors(tmp_path: Path, runner: Runner, spark: Any) -> None:
+def test_merge_rerun_schema_evolution_toast_and_deletion_vectors(tmp_path: Path, connector: Runner, spark: Any) -> None:
     """auto takes the connector when its jars are given; a sparse delete and update leave the
     files in place (deletion vectors); added columns, a key change, an unchanged TOAST value; a
     re-run changes nothing; delta-rs reads every version, and refuses to write these tables."""
     target = tmp_path / "lake"
     first = _first(tmp_path)
-    s1 = _ok(_run(runner, str(first), "--target", str(target), engine=None))  # auto
+    s1 = _ok(_run(connector, str(first), "--target", str(target), engine=None))  # auto
     t, u = target / table_dir_name("s", "t"), target / table_dir_name("s", "u")
     assert sorted(_read(t), key=lambda r: r["id"]) == [{"id": 1, "x": "b"}]
     assert sorted(_read(u), key=lambda r: r["id"]) == [{"id": 1, "x": "u1"}, {"id": 2, "x": None}]
@@ -197,9 +148,9 @@ def test_merge_rerun_schema_evolution_toast_and_deletion_vectors(tmp_path: Path,
             ),
         ],
     )
-    _ok(_run(runner, str(first), str(second), "--target", str(target)))
+    _ok(_run(connector, str(first), str(second), "--target", str(target)))
     inputs = [str(first), str(second), str(third)]
-    s2 = _ok(_run(runner, *inputs, "--target", str(target)))
+    s2 = _ok(_run(connector, *inputs, "--target", str(target)))
     by = {r["id"]: r for r in _read(u)}
     assert len(by) == 102 - 1  # ids 1, 2, 3..102 less 4; 6 became 1006
     assert 4 not in by and 6 not in by
@@ -217,7 +168,7 @@ def test_merge_rerun_schema_evolution_toast_and_deletion_vectors(tmp_path: Path,
     tables = {r["table"]: r for r in s2["tables"]}
     assert tables["s.u"]["applied_lsn"] == "0/3000" and tables["s.u"]["bytes_written"] > 0
 
-    again = _ok(_run(runner, *inputs, "--target", str(target)))
+    again = _ok(_run(connector, *inputs, "--target", str(target)))
     assert {r["status"] for r in again["tables"]} == {"up to date"}
     assert {r["table"]: r["version"] for r in again["tables"]} == {r["table"]: r["version"] for r in s2["tables"]}
     assert s1["tables"][0]["status"] == "applied"
@@ -240,27 +191,27 @@ def _got(t: Any, target: Path) -> list[str]:
     return sorted(repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in rows)
 
 
-@pytest.mark.parametrize("seed", [22, 7])
-def test_random_streams_equal_the_truth(tmp_path: Path, runner: Runner, seed: int) -> None:
+@pytest.mark.parametrize("seed", [22])  # seed 7: test_a_killed_run_is_completed_by_the_next
+def test_random_streams_equal_the_truth(tmp_path: Path, connector: Runner, seed: int) -> None:
     """The differential test's streams (six tables: keys, REPLICA IDENTITY FULL, TOAST, TRUNCATE,
     streamed and two-phase transactions), applied in two runs: the tables equal the truth."""
     gen, files = _gen_files(tmp_path / "a dir ü", seed, 22)
     target = tmp_path / "lake"
-    _ok(_run(runner, str(files[0]), "--target", str(target)))
-    summary = _ok(_run(runner, *map(str, files), "--target", str(target)))
+    _ok(_run(connector, str(files[0]), "--target", str(target)))
+    summary = _ok(_run(connector, *map(str, files), "--target", str(target)))
     assert not summary["warnings"], summary["warnings"]
     truth = gen.truth()
     for t in gen.tables:
         assert _got(t, target) == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
 
 
-def test_history_mode_equals_the_truth(tmp_path: Path, runner: Runner) -> None:
+def test_history_mode_equals_the_truth(tmp_path: Path, connector: Runner) -> None:
     """--mode history through the connector: the live versions are the true tables and each key's
     versions form one chain."""
     gen, files = _gen_files(tmp_path / "h", 15, 105)
     target = tmp_path / "lake"
     for fs in ([files[0]], files):
-        assert not _ok(_run(runner, *map(str, fs), "--target", str(target), "--mode", "history"))["warnings"]
+        assert not _ok(_run(connector, *map(str, fs), "--target", str(target), "--mode", "history"))["warnings"]
     truth = gen.truth()
     for t in gen.tables:
         path = target / table_dir_name(t.schema, t.name)
@@ -281,7 +232,7 @@ def test_history_mode_equals_the_truth(tmp_path: Path, runner: Runner) -> None:
                 assert (a["_end_lsn"], a["_end_change_lsn"]) == (b["_start_lsn"], b["_start_change_lsn"]), name
 
 
-def test_bad_values_null_and_text(tmp_path: Path, runner: Runner) -> None:
+def test_bad_values_null_and_text(tmp_path: Path, connector: Runner) -> None:
     """--bad-values through the connector: a numeric NaN in a numeric(10,2) column."""
     rel = {**_rel("n"), "columns": [
         {"name": "id", "type": "integer", "typmod": -1, "key": True},
@@ -293,22 +244,22 @@ def test_bad_values_null_and_text(tmp_path: Path, runner: Runner) -> None:
         for i, x in ((1, "1.25"), (2, "NaN"))
     ]  # fmt: skip
     src = _write(tmp_path / "n.jsonl", [rel, *_txn("0/100", *rows)])
-    failed = _run(runner, str(src), "--target", str(tmp_path / "fail"))
+    failed = _run(connector, str(src), "--target", str(tmp_path / "fail"))
     assert failed.returncode == 15, failed.stderr.decode()[-2000:]
     for policy, want in (("null", None), ("text", "NaN")):
-        summary = _ok(_run(runner, str(src), "--target", str(tmp_path / policy), "--bad-values", policy))
+        summary = _ok(_run(connector, str(src), "--target", str(tmp_path / policy), "--bad-values", policy))
         assert summary["tables"][0]["values_changed"] == 1
         got = {r["id"]: r["x"] for r in _read(tmp_path / policy / table_dir_name("s", "n"))}
         assert got[2] == want
         assert str(got[1]) == "1.25"
 
 
-def test_a_killed_run_is_completed_by_the_next(tmp_path: Path, jars: str, runner: Runner) -> None:
+def test_a_killed_run_is_completed_by_the_next(tmp_path: Path, jars: str, connector: Runner) -> None:
     """SIGKILL while the second batch is being applied (after the JVM is up), then a run to the
     end: the tables equal the truth, whatever the kill interrupted."""
     gen, files = _gen_files(tmp_path / "k", 7, 40)
     target = tmp_path / "lake"
-    _ok(_run(runner, str(files[0]), "--target", str(target)))
+    _ok(_run(connector, str(files[0]), "--target", str(target)))
     cmd = [sys.executable, "-m", "pgrecv", "spark-apply", *map(str, files), "--target", str(target), "--format",
            "delta", "--delta-engine", "spark", *FAST, "--conf", f"spark.jars={jars}"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -323,7 +274,7 @@ def test_a_killed_run_is_completed_by_the_next(tmp_path: Path, jars: str, runner
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    summary = _ok(_run(runner, *map(str, files), "--target", str(target)))
+    summary = _ok(_run(connector, *map(str, files), "--target", str(target)))
     assert not summary["warnings"], summary["warnings"]
     truth = gen.truth()
     for t in gen.tables:

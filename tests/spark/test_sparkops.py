@@ -136,7 +136,9 @@ def test_driver_defaults_name_a_collector_only_where_nothing_else_does(
     assert driver_defaults(conf) == ({"spark.driver.defaultJavaOptions": DRIVER_GC} if added else {})
 
 
-def test_a_local_sessions_scratch_space_is_private_and_its_rpc_authenticated(spark: Any) -> None:
+def test_a_local_sessions_scratch_space_is_private_and_its_rpc_authenticated(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Shuffle blocks hold row values: a local session keeps them in a 0700 directory of its own
     (Spark's default is /tmp, blockmgr-* 0755 with 0644 files), and its RPC needs a random secret
     (issue 54, M3). A cluster's settings are its own."""
@@ -154,3 +156,6 @@ def test_a_local_sessions_scratch_space_is_private_and_its_rpc_authenticated(spa
     assert private_defaults("spark://h:7077", {}) == {}
     given = private_defaults("local[2]", {"spark.local.dir": "/x", "spark.authenticate": "false"})
     assert given == {}
+    # spark-submit's JVM with its own --master (a cluster's in tests/spark/test_cluster.py)
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    assert private_defaults(None, {}) == {}
