@@ -114,15 +114,11 @@ def db_conn(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture(scope="session")
-def connector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One process with a SparkSession that has Delta's Spark connector (its jars from jvm/jars,
-    its extension and catalog), running ``pgrecv`` commands one at a time
-    (tests/spark/connector_runner.py): a JVM start with the jars costs half a minute, and the
-    test session's own SparkSession stays without them (delta-rs). Started by the first test of
-    a worker that asks for it."""
+def spark_jars_conf() -> str:
+    """``spark.jars``'s value for Delta's and Iceberg's connector jars in jvm/jars (.ci/run fetches
+    them: a test of the connectors fails, never skips, without them)."""
     pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
     from pgrecv.spark.jars import jars_dir, spark_jars
-    from tests.spark.connector_runner import Runner
 
     jars = spark_jars()
     if not jars:
@@ -131,9 +127,20 @@ def connector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             '`mvn -q -f jvm/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/jvm/jars"` (.ci/run does)',
             pytrace=False,
         )
+    return jars
+
+
+@pytest.fixture(scope="session")
+def connector(spark_jars_conf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One process with a SparkSession that has Delta's Spark connector (its jars, extension and
+    catalog), running ``pgrecv`` commands one at a time (tests/spark/connector_runner.py): a JVM
+    start with the jars costs half a minute, and the test session's own SparkSession stays
+    without them (delta-rs). Started by the first test of a worker that asks for it."""
+    from tests.spark.connector_runner import Runner
+
     # Delta rebuilds a snapshot of its log in 50 tasks by default: two are plenty for test tables
     conf = ("spark.sql.shuffle.partitions=2", "spark.ui.enabled=false", "spark.databricks.delta.snapshotPartitions=2")
-    runner = Runner(jars, tmp_path_factory.mktemp("connector") / "runner.log", "local[2]", conf)
+    runner = Runner(spark_jars_conf, tmp_path_factory.mktemp("connector") / "runner.log", "local[2]", conf)
     yield runner
     runner.close()
 

@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from pgrecv.spark.jars import connector_jars, jars_dir, session_conf, spark_jars
+from pgrecv.spark.jars import connector_jars, session_conf
 from pgrecv.spark.model import table_dir_name
 from tests.spark.changegen import Gen
 from tests.spark.connector_runner import Runner
@@ -38,18 +38,6 @@ FAST = (
     "--master", "local[2]", "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false",
     "--conf", "spark.databricks.delta.snapshotPartitions=2",
 )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def jars() -> str:
-    value = spark_jars()
-    if not value:
-        pytest.fail(
-            f"no connector jars in {jars_dir()}: fetch them with "
-            '`mvn -q -f jvm/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/jvm/jars"` (.ci/run does)',
-            pytrace=False,
-        )
-    return value
 
 
 def _run(
@@ -254,14 +242,14 @@ def test_bad_values_null_and_text(tmp_path: Path, connector: Runner) -> None:
         assert str(got[1]) == "1.25"
 
 
-def test_a_killed_run_is_completed_by_the_next(tmp_path: Path, jars: str, connector: Runner) -> None:
+def test_a_killed_run_is_completed_by_the_next(tmp_path: Path, spark_jars_conf: str, connector: Runner) -> None:
     """SIGKILL while the second batch is being applied (after the JVM is up), then a run to the
     end: the tables equal the truth, whatever the kill interrupted."""
     gen, files = _gen_files(tmp_path / "k", 7, 40)
     target = tmp_path / "lake"
     _ok(_run(connector, str(files[0]), "--target", str(target)))
     cmd = [sys.executable, "-m", "pgrecv", "spark-apply", *map(str, files), "--target", str(target), "--format",
-           "delta", "--delta-engine", "spark", *FAST, "--conf", f"spark.jars={jars}"]  # fmt: skip
+           "delta", "--delta-engine", "spark", *FAST, "--conf", f"spark.jars={spark_jars_conf}"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     # killed once a table of the second run has committed (or when the run would have ended)
     logs = [target / table_dir_name(t.schema, t.name) / "_delta_log" for t in gen.tables]
