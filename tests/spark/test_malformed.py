@@ -96,7 +96,7 @@ def test_a_delete_whose_old_image_lacks_its_key_holds_its_table_back(
 
 
 @pytest.mark.parametrize("path", ["direct", "staged"])
-@pytest.mark.parametrize("where", ["after its commit", "in another transaction"])
+@pytest.mark.parametrize("where", ["after its commit", "in another transaction", "before a cut copy"])
 def test_a_row_change_outside_its_transaction_is_refused(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str, where: str
 ) -> None:
@@ -107,6 +107,9 @@ def test_a_row_change_outside_its_transaction_is_refused(
     if where == "after its commit":
         lines += [stray, *_txn("0/200", [_insert("t", "0/200", "0/110", '{"id":3,"v":"c"}')])]
         line = 5
+    elif where == "before a cut copy":  # then the transaction again, cut by the file's end
+        lines += [stray, *_txn("0/100", [_insert("t", "0/100", "0/10", '{"id":1,"v":"a"}')])[:-1]]
+        line = 5
     else:
         lines += _txn("0/200", [_insert("t", "0/200", "0/110", '{"id":3,"v":"c"}'), stray])
         line = 7
@@ -116,7 +119,7 @@ def test_a_row_change_outside_its_transaction_is_refused(
         _apply(src, target, spark, monkeypatch, path)
     assert f"{src}:{line}:" in err.value.message and "transaction" in err.value.message, err.value.message
     assert _nothing_applied(target)
-    if where == "after its commit":  # (the oracle files a row by its place, not by its commit LSN)
+    if where != "in another transaction":  # (the oracle files a row by its place, not by its commit LSN)
         with pytest.raises(InputError, match=f"{src}:{line}:"):
             _oracle(src, tmp_path / "oracle", spark)
 
@@ -183,3 +186,33 @@ def test_a_commit_past_its_files_name_is_refused(
     assert _nothing_applied(target)
     with pytest.raises(InputError, match=f"{src}:7:"):
         _oracle(src, tmp_path / "oracle", spark)
+
+
+@pytest.mark.parametrize(
+    ("path", "op"),
+    [("direct", "insert"), ("staged", "insert"), ("lean", "insert"), ("direct", "truncate"), ("staged", "truncate")],
+)
+def test_a_change_of_a_table_without_its_relation_record_is_refused(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, path: str, op: str
+) -> None:
+    """A change of a table no relation record describes was dropped unread, as if the table were
+    not wanted (exit 0); now the input is refused, naming its line."""
+    if op == "insert":
+        stray = _insert("u", "0/100", "0/20", '{"id":2}')
+    else:
+        stray = orjson.dumps(
+            {
+                "v": 1,
+                "op": "truncate",
+                "xid": 1,
+                "commit_lsn": "0/100",
+                "lsn": "0/20",
+                "tables": [{"schema": "public", "table": "u"}],
+            }
+        ).decode()
+    src = _write(tmp_path / "a.jsonl", _with([], stray))
+    target = tmp_path / "lake"
+    with pytest.raises(InputError) as err:
+        _apply(src, target, spark, monkeypatch, path)
+    assert f"{src}:4:" in err.value.message and "public.u" in err.value.message, err.value.message
+    assert _nothing_applied(target)

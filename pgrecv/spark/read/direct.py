@@ -148,15 +148,19 @@ class Plain:
         path = F.col("_metadata.file_path")
         if lean:
             lines = self._lean_begun(lines)
-            lines = lines.where(_lean_checked(_lean_ok([_name(f) for f in fields])))
+            ok = _lean_ok([_name(f) for f in fields])
+            # a change of another table (no relation record of it: the staged read names it)
+            (schema, table), *_ = self.structure.relations
+            other = F.col("op").isin(*rp.ROW_OPS) & ((F.col("schema") != schema) | (F.col("table") != table))
+            lines = lines.where(_lean_checked(ok & ~other))
             # a begun transaction's commit LSN comes with its begin (converting each line's text
             # took longer than the join); a line the lean read does not take fails its job, and
             # the ordinary way names it: the lean read needs no line's file
             lsns["commit_lsn"] = F.when(F.col(_BEGUN).isNotNull(), F.col(_BEGUN)).otherwise(lsns["commit_lsn"])
             path = F.lit(None).cast("string")
-        # Ties in (commit LSN, change LSN) are copies of one change (an at-least-once delivery),
-        # which replay alike in any order: the positions that order them in the staged copy are
-        # constants here.
+        # Ties in (commit LSN, change LSN) are copies of one change (an at-least-once delivery)
+        # or the rows of one COPY (one WAL record, each row of its own key), which replay alike in
+        # any order: the positions that order them in the staged copy are constants here.
         out = lines.select(
             *[F.col(f"`{_name(f)}`") for f in fields if _name(f) in _WANTED],
             path.alias("_path"),
@@ -329,6 +333,7 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
             ),
             F.count(F.when(other & ~bad, 1)).alias("other"),
             F.count(F.when(op == "truncate", 1)).alias("truncates"),
+            F.collect_set(F.when(op == "truncate", F.col("tables"))).alias("truncated"),
             F.count(F.when(row & (F.size("unchanged_toast") > 0), 1)).alias("toast"),
             *[F.count(F.when(op == o, 1)).alias(o) for o in rp.ROW_OPS],
             F.max(op == "begin").alias("begin"),
@@ -349,6 +354,8 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
         F.count(F.when(txn & F.col("commit"), 1)).alias("transactions"),
         F.count(F.when(txn & F.col("begin") & ~F.col("commit"), 1)).alias("incomplete"),
         F.max(F.when(txn & F.col("commit"), F.col("k"))).alias("last_commit"),
+        F.collect_set(F.when(F.col("schema").isNotNull(), F.struct("schema", "table"))).alias("rows"),
+        F.flatten(F.collect_list("truncated")).alias("truncated"),
     ).first()
     assert head is not None
     rels = head["r"] or []
@@ -358,6 +365,9 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
     st = rp.Structure(lines=int(head["n"] or 0), transactions=head["transactions"], incomplete=head["incomplete"])
     for r in sorted(rels, key=lambda r: (rank[r["p"]["f"]], r["p"]["b"], r["p"]["m"])):
         st.relations.setdefault((r["schema"], r["table"]), []).append(rp.relation_record(r))
+    if rp.unrelated(head, st):  # a table changed without its relation record: the staged read names the line
+        per.unpersist()
+        return None
     commits = per.where(txn & F.col("commit")).select(F.col("k").alias("c"))
     # changes whose commit LSN has no commit record: a small aggregate over the cached rows (two
     # per transaction), to filter on instead of joining the changes to every commit LSN
@@ -387,8 +397,10 @@ def _outside(per: DataFrame) -> bool:
     """Whether a committed transaction's changes may lie outside it: before its first begin (if
     the input has one) or after its last commit, in input order (the staged read then judges each change by its place:
     ``staged._outside_transaction``). Exact for a transaction sent once; of one sent more than once
-    (a redelivery, a cut copy), only a change outside the span of all its copies is seen here. From
-    the cached rows, two a transaction: a small job."""
+    (a redelivery, a cut copy), only a change outside the span of all its copies is seen here; a
+    copy cut by the input's end lies past its last commit too, and the staged read, which judges
+    each line by its place, takes it (a stray change before such a copy cannot be told from one in
+    it by these spans). From the cached rows, two a transaction: a small job."""
     from pyspark.sql import functions as F
 
     per_txn = (

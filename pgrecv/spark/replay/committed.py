@@ -311,6 +311,26 @@ def relation_record(rel: Row) -> dict[str, Any]:
     }
 
 
+def changed_tables() -> list[Column]:
+    """Aggregates of the tables that row changes and TRUNCATEs name (``rows``, ``truncated``),
+    for :func:`unrelated`."""
+    from pyspark.sql import functions as F
+
+    op = F.col("op")
+    return [
+        F.collect_set(F.when(op.isin(*ROW_OPS), F.struct("schema", "table"))).alias("rows"),
+        F.collect_set(F.when(op == "truncate", F.col("tables"))).alias("truncated"),
+    ]
+
+
+def unrelated(head: Row, s: Structure) -> set[tuple[str, str]]:
+    """The tables changed without a relation record anywhere in the input: their changes would
+    be dropped unread, as of a table not wanted."""
+    named = {(r["schema"], r["table"]) for r in head["rows"]}
+    named |= {(t["schema"], t["table"]) for ts in head["truncated"] for t in ts or []}
+    return {n for n in named if None not in n} - set(s.relations)
+
+
 def structure(records: DataFrame) -> Structure:
     """Counts for the summary, the relation records (collected: a few per table and file), and
     which rules the input needs: two small jobs over a few columns."""
@@ -326,6 +346,7 @@ def structure(records: DataFrame) -> Structure:
         F.collect_list(F.when(op == "relation", rel)).alias("r"),
         F.count(F.when(is_change & F.col("commit_lsn_i").isNull() & F.col("gid").isNull(), 1)).alias("chunked"),
         F.count(F.when(F.col("gid").isNotNull() | (op == "stream_prepare"), 1)).alias("prepared"),
+        *changed_tables(),
     ).first()
     assert head is not None
     s.lines = int(head["n"])
@@ -335,6 +356,21 @@ def structure(records: DataFrame) -> Structure:
         if rel["schema"] is None or rel["table"] is None or rel["columns"] is None:
             raise InputError("the input has a relation record without schema, table or columns: it is corrupt")
         s.relations.setdefault((rel["schema"], rel["table"]), []).append(relation_record(rel))
+    unknown = sorted(unrelated(head, s))
+    if unknown:
+        from pgrecv.spark.files import find_line
+
+        schema, table = unknown[0]
+        named = (op.isin(*ROW_OPS) & (F.col("schema") == schema) & (F.col("table") == table)) | (
+            (op == "truncate") & F.exists("tables", lambda t: (t["schema"] == schema) & (t["table"] == table))
+        )
+        first = r.where(named).orderBy(*POS).select("_path", "op", "lsn").limit(1).collect()[0]
+        where = find_line(first["_path"], {"op": first["op"], "lsn": first["lsn"]})
+        raise InputError(
+            f"{where}: {first['op']} of {schema}.{table}, and no relation record of that table in the input: "
+            "its changes cannot be read (a file of `pgrecv start` repeats the records its rows need); "
+            "give spark-apply the files from the one that holds it on"
+        )
     # one row per transaction (plain: by commit LSN; streamed: by xid; prepared: by gid and xid)
     kind = (
         F.when(op.isin("begin", "commit"), F.lit("T"))

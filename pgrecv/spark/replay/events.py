@@ -119,11 +119,14 @@ def table_changes(
     t = changes.where(mine)
     # at-least-once delivery: a change that came twice (a transaction sent again after a restart,
     # a cut one in stdout output, a prepared one both carried over and in the input again) has the
-    # same commit and change LSN; one copy stays. (Copies left in would break the lookup of a key
-    # change's old row: the second copy of the move would find the first one's delete.)
-    # test_decoding's changes have no LSN, and their copies replay identically in input order.
+    # same commit and change LSN, op and row images; one copy stays. (Copies left in would break
+    # the lookup of a key change's old row: the second copy of the move would find the first one's
+    # delete.) The LSNs alone do not name a change: COPY's rows are one WAL record, and PostgreSQL
+    # sends each with its LSN (tests/spark/test_apply_server.py, COPY). test_decoding's changes
+    # have no LSN, and their copies replay identically in input order.
     if dedupe:
-        t = t.where(F.col("l") > 0).dropDuplicates(["c", "l", "op"]).unionByName(t.where(F.col("l") <= 0))
+        once = ["c", "l", "op", "new", "old"]
+        t = t.where(F.col("l") > 0).dropDuplicates(once).unionByName(t.where(F.col("l") <= 0))
     t = parse_images(t, plan)
     new = image_texts("new", plan, F.col("json_nulls"))
     old = image_texts("old", plan, F.col("old_json_nulls"))

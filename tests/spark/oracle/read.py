@@ -326,19 +326,22 @@ class Reader:
 def _once(changes: list[Change]) -> list[Change]:
     """Sorted changes without the copies of an at-least-once delivery (a transaction sent again
     after a restart, a prepared one both carried over and in the input again): the same commit
-    LSN, change LSN and op. A copy left in breaks a key change that keeps an unchanged TOAST
-    value: the second copy of the move finds the first one's delete. test_decoding's changes
-    have no LSN (0); their copies replay identically in input order and stay. Sorted, a change's
-    copies are in one run of the same commit and change LSN: only that run's ops are kept."""
+    LSN, change LSN, op and row images (a COPY's rows share their LSNs: one WAL record). A copy
+    left in breaks a key change that keeps an unchanged TOAST value: the second copy of the move
+    finds the first one's delete. test_decoding's changes have no LSN (0); their copies replay
+    identically in input order and stay. Sorted, a change's copies are in one run of the same
+    commit and change LSN: only the first of each op and images in that run is kept."""
     out: list[Change] = []
     run: tuple[int, int] | None = None
-    ops: set[str] = set()
+    seen: set[tuple[str, bytes, bytes]] = set()
     for ch in changes:
         if ch[1] > 0:
             if (ch[0], ch[1]) != run:
-                run, ops = (ch[0], ch[1]), set()
-            elif ch[3] in ops:
+                run, seen = (ch[0], ch[1]), set()
+            rec = ch[4]
+            what = (ch[3], orjson.dumps(rec.get("new")), orjson.dumps(rec.get("old")))
+            if what in seen:
                 continue
-            ops.add(ch[3])
+            seen.add(what)
         out.append(ch)
     return out
