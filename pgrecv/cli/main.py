@@ -19,6 +19,7 @@ from pgrecv.cli.options import (
     SIZE,
     SLOT,
     STATE,
+    Command,
     LSNType,
     PathType,
     common_options,
@@ -27,7 +28,6 @@ from pgrecv.cli.options import (
     filter_options,
     info,
     log,
-    route_library_logs,
     warn_divergence,
 )
 from pgrecv.errors import ExitCode, PgrecvError, Unhealthy, UsageError
@@ -35,7 +35,11 @@ from pgrecv.lsn import LSN
 from pgrecv.pg.conn import ConnOptions, redact, translate
 
 
-@click.group(context_settings={"max_content_width": 100})
+class _Group(click.Group):
+    command_class = Command
+
+
+@click.group(cls=_Group, context_settings={"max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="pgrecv", message="%(prog)s %(version)s")
 @common_options
 def cli() -> None:
@@ -698,7 +702,6 @@ def demo(bindir: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    route_library_logs()
     try:
         # make_context + invoke rather than cli.main: Click's main turns a broken pipe into a silent
         # exit 1, and every error here must be one line with its own exit code

@@ -7,7 +7,6 @@ without importing the command tree.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -36,23 +35,35 @@ def log(message: str, level: int = 1) -> None:
         click.echo(f"pgrecv: {redact(message)}", err=True)
 
 
-class _LibraryLog(logging.Handler):
+def route_library_logs() -> None:
     """A library's log records as -v lines. psycopg logs a warning when it ignores a second error
     while leaving a COPY or a transaction on the first; without a handler Python prints it on
-    stderr, above pgrecv's one-line error for that first one."""
+    stderr, above pgrecv's one-line error for that first one. (logging is imported here, not for
+    ``--help``: bench/help.py.)"""
+    import logging
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            log(f"{record.name}: {record.getMessage()}")
-        except Exception:
-            self.handleError(record)
+    class LibraryLog(logging.Handler):
+        pgrecv = True
 
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                log(f"{record.name}: {record.getMessage()}")
+            except Exception:
+                self.handleError(record)
 
-def route_library_logs() -> None:
     lib = logging.getLogger("psycopg")
-    if not any(isinstance(h, _LibraryLog) for h in lib.handlers):
-        lib.addHandler(_LibraryLog())
+    if not any(getattr(h, "pgrecv", False) for h in lib.handlers):
+        lib.addHandler(LibraryLog())
         lib.propagate = False
+
+
+class Command(click.Command):
+    """Every pgrecv command: a library's log records routed to -v lines before it runs (a
+    ``--help`` ends while its options are parsed, before this)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        route_library_logs()
+        return super().invoke(ctx)
 
 
 def info(message: str) -> None:

@@ -13,6 +13,7 @@ from pgrecv.cli.options import (
     POSITIVE_SIZE,
     SLOT,
     STATE,
+    Command,
     PathType,
     common_options,
     conn_opts,
@@ -23,7 +24,7 @@ from pgrecv.cli.options import (
 )
 
 
-@click.command("snapshot")
+@click.command("snapshot", cls=Command)
 @click.option("-S", "--slot", type=SLOT, required=True, help="Name of the new logical replication slot.")
 @click.option(
     "--output-dir",

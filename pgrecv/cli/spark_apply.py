@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgrecv.cli.options import STATE, common_options, log
+from pgrecv.cli.options import STATE, Command, common_options, log
 from pgrecv.errors import UsageError
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-@click.command("spark-apply")
+@click.command("spark-apply", cls=Command)
 @click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
 @click.option("--target", required=True, metavar="PATH", help="Directory holding one table per PostgreSQL table.")
 @click.option("--format", "fmt", type=click.Choice(["delta", "parquet"]), required=True, help="Table format.")

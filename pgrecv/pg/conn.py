@@ -11,11 +11,9 @@ psycopg's import alone takes about 0.1 s (bench/help.py).
 
 from __future__ import annotations
 
-import getpass
 import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 from pgrecv.errors import (
     ConnectionFailed,
@@ -104,6 +102,8 @@ _known: set[str] = set()
 
 
 def _remember(secret: str) -> None:
+    from urllib.parse import unquote
+
     for form in {secret, unquote(secret, errors="replace"), secret.replace("\\'", "'").replace("\\\\", "\\")}:
         if len(form) >= _MIN_MASKED:
             _known.add(form)
@@ -240,6 +240,8 @@ def _ask_password() -> str:
         terminal = False
     try:
         if terminal:
+            import getpass
+
             password = getpass.getpass("Password: ")
         else:
             sys.stderr.write("Password: ")

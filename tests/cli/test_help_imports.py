@@ -10,7 +10,7 @@ import pytest
 
 from pgrecv.cli.main import cli
 
-HEAVY = ("psycopg", "psycopg_binary", "rich", "pyspark")
+HEAVY = ("psycopg", "psycopg_binary", "rich", "pyspark", "logging")  # logging: a few ms, only for commands
 # Run the CLI in a fresh interpreter and list, on stderr, every module loaded by the end.
 CODE = (
     "import sys\nfrom pgrecv.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
@@ -43,3 +43,19 @@ def test_psycopg_errors_are_reported_once_psycopg_is_loaded() -> None:
     code = "from pgrecv.cli.main import _reported_errors as r; print([c.__name__ for c in r()])"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout.strip() == "['PgrecvError']"
+
+
+def test_a_command_that_runs_routes_library_logs() -> None:
+    """The psycopg log handler (options.route_library_logs) comes with every command that runs,
+    though no longer with --help."""
+    code = (
+        "import logging, sys\nfrom pgrecv.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\nprint(len(logging.getLogger('psycopg').handlers), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "slots", "-d", "host=/nonexistent-dir dbname=x connect_timeout=1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stderr.strip().splitlines()[-1] == "1", proc.stderr
