@@ -95,7 +95,7 @@ _pgrecv() {
                 --key) return ;;
                 --bad-values) COMPREPLY=($(compgen -W "fail null text" -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --key --append-only --bad-values --json -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --key --append-only --bad-values --json --list-applied -v --verbose -q --quiet" -- "$cur")) ;;
         start)
             case "$prev" in
                 -S|--slot) return ;;

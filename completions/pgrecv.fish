@@ -102,6 +102,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l key -x -d 'Ke
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l append-only -d 'Tables without any key: append their inserts.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l bad-values -x -a 'fail null text' -d 'Values the target type cannot hold (numeric NaN, dates past 9999, ...): fail (hold the table back), null (store NULL), text (a new column becomes a string column holding the value\'s text). Changed values are counted in the summary.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l json -d 'Print a machine-readable summary on stdout.'
+complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l list-applied -d 'Print the files of SOURCE that every table has applied (runs skip them; they may be removed), one per line, and exit without applying anything.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -s v -l verbose -d 'More detail on stderr (repeat for more).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -s q -l quiet -d 'Print no progress or notices.'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -s S -l slot -x -d 'Name of the logical replication slot.'

@@ -136,6 +136,7 @@ _pgrecv() {
                 '--append-only[Tables without any key\: append their inserts.]' \
                 '--bad-values[Values the target type cannot hold (numeric NaN, dates past 9999, ...)\: fail (hold the table back), null (store NULL), text (a new column becomes a string column holding the value'\''s text). Changed values are counted in the summary.]:value:(fail null text)' \
                 '--json[Print a machine-readable summary on stdout.]' \
+                '--list-applied[Print the files of SOURCE that every table has applied (runs skip them; they may be removed), one per line, and exit without applying anything.]' \
                 ''*{-v,--verbose}'[More detail on stderr (repeat for more).]' \
                 '(-q --quiet)'{-q,--quiet}'[Print no progress or notices.]' ;;
         start)

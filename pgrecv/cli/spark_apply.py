@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -69,6 +70,12 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
     "holding the value's text). Changed values are counted in the summary.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+@click.option(
+    "--list-applied",
+    is_flag=True,
+    help="Print the files of SOURCE that every table has applied (runs skip them; they may be removed), "
+    "one per line, and exit without applying anything.",
+)
 @common_options
 def _spark_apply(
     sources: tuple[str, ...],
@@ -84,6 +91,7 @@ def _spark_apply(
     replay: str | None,
     bad_values: BadValues,
     as_json: bool,
+    list_applied: bool,
 ) -> None:
     """Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.
 
@@ -93,6 +101,7 @@ def _spark_apply(
     applied (tables held back, each named; the others applied), 9 bad input (file:line named), 8
     cannot write the target (or another run is applying to it), 16 Spark did not start.
     """
+    from pgrecv.spark.apply import list_applied as applied_files
     from pgrecv.spark.apply import run_apply
     from pgrecv.spark.keys import parse_keys
     from pgrecv.spark.model import ApplyConfig
@@ -121,6 +130,11 @@ def _spark_apply(
         keys=parse_keys(keys),
         bad_values=bad_values,
     )
+    if list_applied:
+        from pgrecv.output.files import write_stdout
+
+        write_stdout(b"".join(os.fsencode(p) + b"\n" for p in applied_files(config)))
+        return
     show = sys.stderr.isatty() and not STATE.quiet and not as_json
     progress = RichProgress() if show else None
     try:

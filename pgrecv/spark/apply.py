@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgrecv.errors import OutputError, PgrecvError, UsageError
+from pgrecv.spark import ledger
 from pgrecv.spark.inputs import check_snapshots, expand_sources, ignored_in_directories
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Progress, Summary, Tuning
 
@@ -37,7 +38,9 @@ def run_apply(
     if config.bad_values not in ("fail", "null", "text"):
         raise UsageError("--bad-values is fail, null or text")
     with target_lock(config.target):
-        files = expand_sources(config.sources)
+        listed = expand_sources(config.sources)
+        unread = ledger.split(config, listed)  # files every table applied before: not read again
+        files = unread.read
         manifests = check_snapshots(files)
         state = config.target / STATE_DIR / "prepared"
         # nothing to read (a cron run before the stream's first file): no JVM started for it
@@ -67,8 +70,21 @@ def run_apply(
                 f"{config.target}: no space left on a device this run writes to (the target, or Spark's scratch "
                 "space): free some and run spark-apply again (every table is at its last applied position)"
             ) from None
+        summary.files_skipped = len(unread.skipped)
+        ledger.advance(config, unread, summary)
     summary.warnings[:0] = ignored_in_directories(config.sources)
+    if unread.warning is not None:
+        summary.warnings.insert(0, unread.warning)
     return summary
+
+
+def list_applied(config: ApplyConfig) -> list[Path]:
+    """The files of ``config.sources`` that every table has applied: a run skips them, and they may
+    be retired (pgrecv/spark/ledger.py). Under the target's lock, so that no run moves it meanwhile."""
+    if not config.target.is_dir():
+        return []
+    with target_lock(config.target):
+        return ledger.split(config, expand_sources(config.sources)).skipped
 
 
 def _no_space(exc: BaseException) -> bool:

@@ -19,6 +19,12 @@ Name = tuple[str, str]  # (schema, table)
 STATE_DIR = "_pgrecv"
 
 
+def app_id(table: str) -> str:
+    """The id under which a table records its applied position (Delta's app transaction):
+    ``pgrecv:<schema>.<table>``, ``table`` as a :class:`TableResult` names it."""
+    return f"pgrecv:{table}"
+
+
 @dataclass
 class ApplyConfig:
     sources: tuple[str, ...]
@@ -89,6 +95,8 @@ class Summary:
     # how the Spark replay read the input: "direct" (plain input, from its JSON), "lean" (the
     # same without the first pass over its changes: pgrecv/spark/direct.py) or "staged"
     input_read: str = ""
+    # files of SOURCE not read: every table had applied them (pgrecv/spark/ledger.py)
+    files_skipped: int = 0
 
 
 class Progress:

@@ -66,12 +66,14 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
     console.print(table)
     # one line each, however long, so that a log keeps every warning whole (and greppable)
     console.print(
-        f"{summary.files} files, {summary.lines} lines, {summary.transactions} committed transactions; "
+        f"{summary.files} files"
+        + (f" ({summary.files_skipped} more applied before, not read)" if summary.files_skipped else "")
+        + f", {summary.lines} lines, {summary.transactions} committed transactions; "
         f"{summary.incomplete} incomplete and {summary.rolled_back} rolled back skipped; "
         f"{summary.pending_prepared} prepared pending; {summary.seconds:.1f} s",
         soft_wrap=True,
     )
     if not summary.tables:
-        console.print("no changes for any (selected) table in the input")
+        console.print("nothing new for any (selected) table in the input")
     for w in summary.warnings:
         console.print(Text.assemble(("warning:", "yellow"), " ", w), soft_wrap=True)

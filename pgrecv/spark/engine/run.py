@@ -35,7 +35,7 @@ from pgrecv.spark.engine.facts import (
 from pgrecv.spark.engine.tuning import PUSHDOWN, for_run, size_reads, size_shuffles
 from pgrecv.spark.files import file_url, literal_read
 from pgrecv.spark.inputs import snapshot_tables
-from pgrecv.spark.model import ApplyConfig, Progress, Summary, TableResult, Tuning, table_dir_name
+from pgrecv.spark.model import ApplyConfig, Progress, Summary, TableResult, Tuning, app_id, table_dir_name
 from pgrecv.spark.read import direct
 from pgrecv.spark.read.staged import check_input, read_records
 from pgrecv.spark.replay import committed as rp
@@ -132,8 +132,7 @@ def run_frames(
         for s, t in wanted:
             # absolute: data files are matched against the paths Spark reports
             path = config.target.resolve() / table_dir_name(s, t)
-            app_id = f"pgrecv:{s}.{t}"
-            target = writer(path, app_id, spark)
+            target = writer(path, app_id(f"{s}.{t}"), spark)
             if path.exists():
                 target.open()
             targets[(s, t)] = target

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import orjson
 import pyarrow as pa
 
 from pgrecv.errors import UsageError
 from pgrecv.spark.files import file_url, literal_read
+from pgrecv.spark.model import app_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -86,6 +88,22 @@ def mode_of(table: Table) -> str | None:
     if table.mode is not None or table.schema is None:
         return table.mode
     return "history" if set(HISTORY_NAMES) <= set(table.schema.names) else "latest"
+
+
+def applied_position(path: Path, fmt: str, table: str) -> int | None:
+    """The position applied to the table ``schema.table`` at ``path``, read without Spark (None:
+    no such table): for the record of what a target has applied (pgrecv/spark/ledger.py)."""
+    if fmt == "parquet":
+        try:
+            return int(orjson.loads((path / POINTER).read_bytes())["applied_lsn_int"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    version = DeltaTable(str(path)).transaction_version(app_id(table))
+    return int(version) if version is not None else None
 
 
 # what marks a table directory as one format's: Delta's log, spark-apply's Parquet pointer

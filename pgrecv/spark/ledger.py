@@ -1,0 +1,163 @@
+"""What a target has wholly applied of its change directories, so that a run does not read it again.
+
+A change directory only grows: ``pgrecv start --output-dir`` adds files named ``FIRST-LAST`` by
+their first and last commit LSN, in commit order, and never changes one it has finished. Once a
+run has read every file of a directory given as SOURCE and applied every table (none held back, no
+transaction left incomplete), every file of that directory whose LAST is at or below the highest
+LAST it saw is applied for good: the next run skips it by its name, unopened. That position is the
+directory's *through* in ``TARGET/_pgrecv/applied.json``.
+
+The record holds only while nothing else moved: it is used when the run's options that choose
+what is applied (``--table``, ``--mode``, ``--append-only``, ``--key``) are those it was written
+with, and every table it lists is still there, at or past the position it had then (a table
+removed, or restored to an earlier version, must be rebuilt from every file: the run reads them
+all, and says why). Prepared transactions whose outcome a run did not see are carried over under
+``TARGET/_pgrecv/prepared`` (pgrecv.spark.engine.carry), so the files that hold them may be skipped;
+a transaction left incomplete (a streamed one whose chunks span files, a file cut short) keeps the
+directory's position where it was. Files named otherwise, and files given one by one, are always
+read. ``--list-applied`` prints the files a run would skip: the ones that may be retired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pgrecv.lsn import lsn_str
+from pgrecv.output.files import FINAL_RE, write_atomic
+from pgrecv.spark.inputs import parse_lsn
+from pgrecv.spark.model import STATE_DIR, ApplyConfig, Summary
+
+LEDGER = "applied.json"
+VERSION = 1
+
+
+@dataclass
+class Ledger:
+    """``TARGET/_pgrecv/applied.json``: each SOURCE directory's through, the options it holds for,
+    and each table's position when it was written (by directory name: its app id and LSN)."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    through: dict[str, int] = field(default_factory=dict)  # resolved directory → commit LSN
+    tables: dict[str, tuple[str, int]] = field(default_factory=dict)  # dir name → (schema.table, LSN)
+
+
+def options_of(config: ApplyConfig) -> dict[str, Any]:
+    """The options that choose which changes reach which table, as the record keeps them."""
+    return {
+        "tables": sorted(config.tables),
+        "mode": config.mode,
+        "append_only": config.append_only,
+        "keys": sorted([f"{s}.{t}", list(cols)] for (s, t), cols in config.keys.items()),
+        "format": config.fmt,
+    }
+
+
+def _path(target: Path) -> Path:
+    return target / STATE_DIR / LEDGER
+
+
+def load(target: Path) -> Ledger | None:
+    """The record, or None (none yet, or of another version: then every file is read)."""
+    try:
+        raw = orjson.loads(_path(target).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None  # read everything again; the run writes a new one
+    if not isinstance(raw, dict) or raw.get("v") != VERSION:
+        return None
+    try:
+        return Ledger(
+            options=dict(raw["options"]),
+            through={str(d): parse_lsn(str(p)) for d, p in raw["through"].items()},
+            tables={str(d): (str(n), parse_lsn(str(p))) for d, (n, p) in raw["tables"].items()},
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def save(target: Path, ledger: Ledger) -> None:
+    data = {
+        "v": VERSION,
+        "options": ledger.options,
+        "through": {d: lsn_str(p) for d, p in sorted(ledger.through.items())},
+        "tables": {d: [n, lsn_str(p)] for d, (n, p) in sorted(ledger.tables.items())},
+    }
+    write_atomic(_path(target), orjson.dumps(data, option=orjson.OPT_INDENT_2), what="spark-apply's record")
+
+
+def _source_dirs(config: ApplyConfig) -> set[str]:
+    return {str(Path(s).resolve()) for s in config.sources if Path(s).is_dir()}
+
+
+def _last(path: Path) -> int | None:
+    m = FINAL_RE.fullmatch(path.name)
+    return int(m.group(2), 16) if m is not None and path.name.endswith(".jsonl") else None
+
+
+def _stale(config: ApplyConfig, ledger: Ledger) -> str | None:
+    """Why the record does not hold for this run (None: it holds)."""
+    from pgrecv.spark.tables import applied_position
+
+    if ledger.options != options_of(config):
+        return "the options that choose what is applied (--table, --mode, --append-only, --key) changed"
+    for name, (table, at) in sorted(ledger.tables.items()):
+        now = applied_position(config.target / name, config.fmt, table)
+        if now is None or now < at:
+            return f"table {table} is missing or behind the position it had ({lsn_str(at)})"
+    return None
+
+
+@dataclass
+class Unread:
+    """A run's split of its files: those to read, and those applied before (skipped)."""
+
+    read: list[Path]
+    skipped: list[Path]
+    ledger: Ledger  # the record as it holds for this run (a new one when it did not hold)
+    warning: str | None = None
+
+
+def split(config: ApplyConfig, files: list[Path]) -> Unread:
+    """The files this run reads: every file but those at or below their directory's through."""
+    ledger = load(config.target)
+    if ledger is None or not ledger.through.keys() & _source_dirs(config):
+        return Unread(files, [], Ledger(options=options_of(config), tables=ledger.tables if ledger else {}))
+    reason = _stale(config, ledger)
+    if reason is not None:
+        # a new record, from what this run applies: it reads every file
+        warning = f"{config.target}: reading every file of SOURCE again: {reason}"
+        return Unread(files, [], Ledger(options=options_of(config)), warning)
+    read, skipped = [], []
+    for f in files:
+        last = _last(f)
+        through = ledger.through.get(str(f.parent.resolve()))
+        if last is not None and through is not None and last <= through:
+            skipped.append(f)
+        else:
+            read.append(f)
+    return Unread(read, skipped, ledger)
+
+
+def advance(config: ApplyConfig, unread: Unread, summary: Summary) -> None:
+    """Records what this run applied: each SOURCE directory's new through, when the run applied
+    every table and left no transaction incomplete; each table's position as it is now."""
+    ledger = unread.ledger
+    for t in summary.tables:
+        if t.applied_lsn is not None:
+            ledger.tables[Path(t.path).name] = (t.table, parse_lsn(t.applied_lsn))
+    clean = summary.incomplete == 0 and all(t.status in ("applied", "up to date") for t in summary.tables)
+    if clean:
+        seen: dict[str, int] = {}
+        for f in [*unread.read, *unread.skipped]:
+            d, last = str(f.parent.resolve()), _last(f)
+            if last is not None and d in _source_dirs(config):
+                seen[d] = max(seen.get(d, 0), last)
+        for d, last in seen.items():
+            ledger.through[d] = max(ledger.through.get(d, 0), last)
+    ledger.options = options_of(config)
+    save(config.target, ledger)
