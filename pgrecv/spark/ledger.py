@@ -7,14 +7,16 @@ transaction left incomplete), every file of that directory whose LAST is at or b
 LAST it saw is applied for good: the next run skips it by its name, unopened. That position is the
 directory's *through* in ``TARGET/_pgrecv/applied.json``.
 
-The record holds only while nothing else moved: it is used when the run's options that choose
-what is applied (``--table``, ``--mode``, ``--append-only``, ``--key``) are those it was written
-with, and every table it lists is still there, at or past the position it had then (a table
-removed, or restored to an earlier version, must be rebuilt from every file: the run reads them
-all, and says why). Prepared transactions whose outcome a run did not see are carried over under
-``TARGET/_pgrecv/prepared`` (pgrecv.spark.engine.carry), so the files that hold them may be skipped;
-a transaction left incomplete (a streamed one whose chunks span files, a file cut short) keeps the
-directory's position where it was. Files named otherwise, and files given one by one, are always
+A record is kept per set of the options that choose what is applied (``--table``, ``--mode``,
+``--append-only``, ``--key``, ``--format``): jobs that apply parts of one target each keep their
+own, and a run with options of its own reads every file once. A record holds only while every
+table it lists is still there, at or past the position it had then (a table removed, or restored
+to an earlier version, must be rebuilt from every file: the run reads them all, and says why).
+
+Prepared transactions whose outcome a run did not see are carried over under
+``TARGET/_pgrecv/prepared`` (pgrecv.spark.engine.carry), so the files that hold them may be
+skipped; a transaction left incomplete (a streamed one whose chunks span files, a file cut short)
+keeps the directory's position where it was. Files named otherwise, and files given one by one, are always
 read. ``--list-applied`` prints the files a run would skip: the ones that may be retired.
 """
 
@@ -37,8 +39,9 @@ VERSION = 1
 
 @dataclass
 class Ledger:
-    """``TARGET/_pgrecv/applied.json``: each SOURCE directory's through, the options it holds for,
-    and each table's position when it was written (by directory name: its app id and LSN)."""
+    """A record of ``TARGET/_pgrecv/applied.json``: the options it holds for, each SOURCE
+    directory's through, and each table's position when it was written (by directory name: the
+    table as ``schema.table``, and the LSN)."""
 
     options: dict[str, Any] = field(default_factory=dict)
     through: dict[str, int] = field(default_factory=dict)  # resolved directory → commit LSN
@@ -60,33 +63,46 @@ def _path(target: Path) -> Path:
     return target / STATE_DIR / LEDGER
 
 
-def load(target: Path) -> Ledger | None:
-    """The record, or None (none yet, or of another version: then every file is read)."""
+KEPT = 16  # records of as many option sets (jobs that apply parts of one target); the oldest goes
+
+
+def _records(target: Path) -> list[dict[str, Any]]:
+    """The file's records, newest first (none: no file, or one of another version or unreadable,
+    which only makes the next run read every file again)."""
     try:
         raw = orjson.loads(_path(target).read_bytes())
-    except FileNotFoundError:
-        return None
     except (OSError, ValueError):
-        return None  # read everything again; the run writes a new one
-    if not isinstance(raw, dict) or raw.get("v") != VERSION:
-        return None
-    try:
-        return Ledger(
-            options=dict(raw["options"]),
-            through={str(d): parse_lsn(str(p)) for d, p in raw["through"].items()},
-            tables={str(d): (str(n), parse_lsn(str(p))) for d, (n, p) in raw["tables"].items()},
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
+        return []
+    if not isinstance(raw, dict) or raw.get("v") != VERSION or not isinstance(raw.get("records"), list):
+        return []
+    return [r for r in raw["records"] if isinstance(r, dict)]
+
+
+def load(target: Path, options: dict[str, Any]) -> Ledger | None:
+    """The record of runs with these options, or None."""
+    for raw in _records(target):
+        if raw.get("options") != options:
+            continue
+        try:
+            return Ledger(
+                options=options,
+                through={str(d): parse_lsn(str(p)) for d, p in raw["through"].items()},
+                tables={str(d): (str(n), parse_lsn(str(p))) for d, (n, p) in raw["tables"].items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+    return None
 
 
 def save(target: Path, ledger: Ledger) -> None:
-    data = {
-        "v": VERSION,
+    """Writes ``ledger`` as the newest record, in place of the one of its options."""
+    mine = {
         "options": ledger.options,
         "through": {d: lsn_str(p) for d, p in sorted(ledger.through.items())},
         "tables": {d: [n, lsn_str(p)] for d, (n, p) in sorted(ledger.tables.items())},
     }
+    others = [r for r in _records(target) if r.get("options") != ledger.options]
+    data = {"v": VERSION, "records": [mine, *others][:KEPT]}
     write_atomic(_path(target), orjson.dumps(data, option=orjson.OPT_INDENT_2), what="spark-apply's record")
 
 
@@ -103,8 +119,6 @@ def _stale(config: ApplyConfig, ledger: Ledger) -> str | None:
     """Why the record does not hold for this run (None: it holds)."""
     from pgrecv.spark.tables import applied_position
 
-    if ledger.options != options_of(config):
-        return "the options that choose what is applied (--table, --mode, --append-only, --key) changed"
     for name, (table, at) in sorted(ledger.tables.items()):
         now = applied_position(config.target / name, config.fmt, table)
         if now is None or now < at:
@@ -124,14 +138,15 @@ class Unread:
 
 def split(config: ApplyConfig, files: list[Path]) -> Unread:
     """The files this run reads: every file but those at or below their directory's through."""
-    ledger = load(config.target)
+    options = options_of(config)
+    ledger = load(config.target, options)
     if ledger is None or not ledger.through.keys() & _source_dirs(config):
-        return Unread(files, [], Ledger(options=options_of(config), tables=ledger.tables if ledger else {}))
+        return Unread(files, [], ledger or Ledger(options=options))
     reason = _stale(config, ledger)
     if reason is not None:
         # a new record, from what this run applies: it reads every file
         warning = f"{config.target}: reading every file of SOURCE again: {reason}"
-        return Unread(files, [], Ledger(options=options_of(config)), warning)
+        return Unread(files, [], Ledger(options=options), warning)
     read, skipped = [], []
     for f in files:
         last = _last(f)
@@ -159,5 +174,4 @@ def advance(config: ApplyConfig, unread: Unread, summary: Summary) -> None:
                 seen[d] = max(seen.get(d, 0), last)
         for d, last in seen.items():
             ledger.through[d] = max(ledger.through.get(d, 0), last)
-    ledger.options = options_of(config)
     save(config.target, ledger)
