@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pgrecv.errors import InputError
 from pgrecv.spark.read.envelope import JSON_LIMITS
-from pgrecv.spark.replay.committed import CLASH, NO_KEY, NOT_OBJECT, ORDER, all_of, by_key, order_col, order_lit
+from pgrecv.spark.replay.committed import NO_KEY, NOT_OBJECT, ORDER, all_of, by_key, order_col, order_lit
 from pgrecv.spark.replay.convert import json_member, scalar
 from pgrecv.spark.schema import TablePlan, quoted
 
@@ -232,18 +232,10 @@ def final_changes(
     # the same order but different keys)
     w = Window.partitionBy(*(by or by_key())).orderBy(*[F.col(c).desc() for c in ORDER], F.col("kind").desc())
     last = F.row_number().over(w)
-    # Two different events of one key at one position (commit LSN, LSN) are no copies of one
-    # change and no rows of one COPY (each of its own key): the input is corrupt, and which one is
-    # last would depend on the read path. The latest event carries it as its problem (the table is
-    # held back, the line named); a hash of the values compares them.
-    earlier = F.lead(F.struct("c", "l", "kind", F.xxhash64("v", "has").alias("h")), 1).over(w)
-    here = F.struct("c", "l", "kind", F.xxhash64("v", "has").alias("h"))
-    clash = (F.col("l") > 0) & (earlier["c"] == F.col("c")) & (earlier["l"] == F.col("l")) & (earlier != here)
-    problem = F.when(clash, F.lit(CLASH)).otherwise(F.col("_problem"))
     if toast_cols:
-        ev = fill_toast(events, toast_cols, moves, max_rounds).withColumns({"_n": last, "_problem": problem})
+        ev = fill_toast(events, toast_cols, moves, max_rounds).withColumn("_n", last)
     else:  # fill_toast's two columns and the rank in one step
-        ev = events.withColumns({**_nothing_to_fill(), "_n": last, "_problem": problem})
+        ev = events.withColumns({**_nothing_to_fill(), "_n": last})
     return ev.where("_n = 1").drop("_n")
 
 
