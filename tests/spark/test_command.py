@@ -142,7 +142,7 @@ def test_table_filter(tmp_path: Path) -> None:
     assert not (target / table_dir_name("s", "t")).exists()
     proc = _apply(str(src), "--target", str(target), "--table", "nomatch.*", env=WIDE)
     assert proc.returncode == 0, err(proc)
-    assert "no changes" in proc.stdout.decode()
+    assert "nothing new" in proc.stdout.decode()
     proc = _apply(str(src), "--target", str(target), "--table", "s.[tu]", "--json")
     assert {t["table"]: t["status"] for t in orjson.loads(proc.stdout)["tables"]} == {
         "s.t": "applied",
