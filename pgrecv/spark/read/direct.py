@@ -355,7 +355,7 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
         F.count(F.when(txn & F.col("begin") & ~F.col("commit"), 1)).alias("incomplete"),
         F.max(F.when(txn & F.col("commit"), F.col("k"))).alias("last_commit"),
         F.collect_set(F.when(F.col("schema").isNotNull(), F.struct("schema", "table"))).alias("rows"),
-        F.flatten(F.collect_list("truncated")).alias("truncated"),
+        F.array_distinct(F.flatten(F.collect_set("truncated"))).alias("truncated"),  # a few: distinct table lists
     ).first()
     assert head is not None
     rels = head["r"] or []
