@@ -71,6 +71,12 @@ def is_record_file(name: str) -> bool:
     return name.endswith(".jsonl") and FINAL_RE.fullmatch(name) is not None
 
 
+def named_last(name: str) -> int | None:
+    """The LAST commit LSN that a record file's name claims (None: not a record file)."""
+    m = FINAL_RE.fullmatch(name)
+    return int(m.group(2), 16) if m is not None and name.endswith(".jsonl") else None
+
+
 def snapshot_file_name(cp: int, seq: int) -> str:
     return f"{0:016X}-{max(cp - 1, 0):016X}.snapshot-{seq:04d}.jsonl"
 

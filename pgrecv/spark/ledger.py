@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from pgrecv.lsn import lsn_str
-from pgrecv.output.files import FINAL_RE, write_atomic
+from pgrecv.output.files import named_last, write_atomic
 from pgrecv.spark.inputs import parse_lsn
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Summary
 
@@ -110,11 +110,6 @@ def _source_dirs(config: ApplyConfig) -> set[str]:
     return {str(Path(s).resolve()) for s in config.sources if Path(s).is_dir()}
 
 
-def _last(path: Path) -> int | None:
-    m = FINAL_RE.fullmatch(path.name)
-    return int(m.group(2), 16) if m is not None and path.name.endswith(".jsonl") else None
-
-
 def _stale(config: ApplyConfig, ledger: Ledger) -> str | None:
     """Why the record does not hold for this run (None: it holds)."""
     from pgrecv.spark.tables import applied_position
@@ -149,7 +144,7 @@ def split(config: ApplyConfig, files: list[Path]) -> Unread:
         return Unread(files, [], Ledger(options=options), warning)
     read, skipped = [], []
     for f in files:
-        last = _last(f)
+        last = named_last(f.name)
         through = ledger.through.get(str(f.parent.resolve()))
         if last is not None and through is not None and last <= through:
             skipped.append(f)
@@ -167,11 +162,9 @@ def advance(config: ApplyConfig, unread: Unread, summary: Summary) -> None:
             ledger.tables[Path(t.path).name] = (t.table, parse_lsn(t.applied_lsn))
     clean = summary.incomplete == 0 and all(t.status in ("applied", "up to date") for t in summary.tables)
     if clean:
-        seen: dict[str, int] = {}
+        dirs = _source_dirs(config)
         for f in [*unread.read, *unread.skipped]:
-            d, last = str(f.parent.resolve()), _last(f)
-            if last is not None and d in _source_dirs(config):
-                seen[d] = max(seen.get(d, 0), last)
-        for d, last in seen.items():
-            ledger.through[d] = max(ledger.through.get(d, 0), last)
+            d, last = str(f.parent.resolve()), named_last(f.name)
+            if last is not None and d in dirs:
+                ledger.through[d] = max(ledger.through.get(d, 0), last)
     save(config.target, ledger)

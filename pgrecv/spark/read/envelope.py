@@ -40,14 +40,11 @@ def named_last(path: str) -> int | None:
     start --output-dir`` names them), None for a file of another name or a snapshot file. A commit
     record past it is forged or misplaced: applied, it would move the table's position past every
     later transaction (issue 54, L5)."""
-    from pgrecv.output.files import FINAL_RE, SNAPSHOT_FILE_RE
+    from pgrecv.output import files
     from pgrecv.spark.files import local_path
 
     name = os.path.basename(local_path(path))
-    m = FINAL_RE.fullmatch(name)
-    if m is None or not name.endswith(".jsonl") or SNAPSHOT_FILE_RE.fullmatch(name):
-        return None
-    return int(m.group(2), 16)
+    return None if files.SNAPSHOT_FILE_RE.fullmatch(name) else files.named_last(name)
 
 
 def lsn_expr(col: Column, checked: bool = False) -> Column:
