@@ -124,7 +124,7 @@ def no_identity(rows: DataFrame) -> None:
     if problem:
         p = problem[0]
         where = find_line(p["_path"], {"op": p["op"], "lsn": p["lsn"]})
-        if p["_problem"] == rp.NOT_OBJECT or p["_problem"].startswith(rp.NO_KEY):
+        if p["_problem"] in (rp.NOT_OBJECT, rp.CLASH) or p["_problem"].startswith(rp.NO_KEY):
             raise InputError(f"{where}: {p['op']} {p['_problem']}: the file is corrupt")
         raise InputError(
             f"{where}: {p['op']} {p['_problem']}: cannot identify the row; "

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 ROW_OPS = ("insert", "update", "delete")
 NOT_OBJECT = "with a row image that is not a JSON object"
 NO_KEY = "without a value for its key column"  # a row image that lacks its key (or holds NULL in it)
+# another change of the same row at the same commit LSN and LSN (replay.events.final_changes)
+CLASH = "at the position (commit LSN, LSN) of another change of the same row"
 CHANGE_OPS = (*ROW_OPS, "truncate")
 # every op of the format (docs/event-format.md); a line with another is corrupt (exit 9)
 KNOWN_OPS = (
