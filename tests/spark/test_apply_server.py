@@ -498,3 +498,29 @@ def test_rows_of_one_copy_share_a_position_and_all_arrive(db_dsn: str, tmp_path:
         assert [(t.status, t.inserts) for t in summary.tables] == [("applied", inserts)], (replay, summary.tables)
         rows = _read(target / table_dir_name("public", "c"), fmt, spark)
         assert sorted((r["id"], r["v"], r["big"]) for r in rows) == want
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_a_column_added_between_runs_is_seen_by_readers(db_dsn: str, tmp_path: Path, spark: Any, fmt: str) -> None:
+    """ALTER TABLE … ADD COLUMN between two runs: the second run's relation record adds the column,
+    and a reader of the table sees it with its values (the delta-rs writer committed the new files
+    under the log's old schema, so Delta's readers did not see the column at all)."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE grow (id integer PRIMARY KEY, v text)")
+    made = pgrecv("create", "-d", db_dsn, "--slot", "s", "--publication", "p", "--table", "public.grow")
+    assert made.returncode == 0, err(made)
+    target = tmp_path / fmt
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO grow VALUES (1, 'a'), (2, 'b')")
+    _peek(db_dsn, tmp_path / "1.jsonl")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE grow ADD COLUMN n integer")
+        conn.execute("UPDATE grow SET n = 7, v = 'c' WHERE id = 2")
+        conn.execute("INSERT INTO grow VALUES (3, 'd', 9)")
+    _peek(db_dsn, tmp_path / "2.jsonl")
+    for upto in (1, 2):
+        srcs = tuple(str(tmp_path / f"{i}.jsonl") for i in range(1, upto + 1))
+        summary = run_apply(ApplyConfig(srcs, target, fmt=fmt), spark=spark)
+        assert [t.status for t in summary.tables] == ["applied"], summary.tables
+    rows = _read(target / table_dir_name("public", "grow"), fmt, spark)
+    assert sorted((r["id"], r["v"], r.get("n")) for r in rows) == [(1, "a", None), (2, "c", 7), (3, "d", 9)]

@@ -134,6 +134,7 @@ class DeltaRsTable(Table):
                     ),
                 )
             else:
+                self._add_columns(batch.schema)
                 DeltaTable(str(self.path)).create_write_transaction(
                     [*adds, *removes], mode="append", schema=batch.schema, commit_properties=commit
                 )
@@ -148,6 +149,20 @@ class DeltaRsTable(Table):
             raise
         self.version = DeltaTable(str(self.path)).version()
         return sum(f.stat().st_size for f in written)
+
+
+    def _add_columns(self, schema: pa.Schema) -> None:
+        """Columns the batch adds (a relation record with a new column) join the table's schema
+        first, in a commit of their own: delta-rs commits added files under the schema the log
+        has, and a reader would not see a column the log does not name (the values were in the
+        files, invisible). A run stopped between the two commits leaves the column in the schema,
+        NULL in every row, and the position where it was: the next run applies the batch again."""
+        from deltalake import DeltaTable
+
+        have = set(self.schema.names) if self.schema is not None else set()
+        added = [f for f in schema if f.name not in have]
+        if added:
+            DeltaTable(str(self.path)).alter.add_columns(list(_delta_schema(pa.schema(added)).fields))
 
 
 def _unq(p: str) -> str:
