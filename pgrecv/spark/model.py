@@ -52,15 +52,22 @@ class Tuning:
     lean: bool = True  # a large input of one table without the first pass (read/direct.py, read_lean)
     one_pass: bool = True  # batches that touch much of a table in one Spark job (engine/batch.py)
     single_task: bool = True  # small batches onto small tables in one task (engine/facts.py)
+    together: bool = True  # many small tables' batches in one set of Spark jobs (engine/together.py)
 
     @classmethod
     def from_env(cls) -> Tuning:
-        """``PGRECV_SPARK_DIRECT``, ``_LEAN``, ``_ONE_PASS``, ``_SINGLE_TASK``: ``0`` turns one off."""
+        """``PGRECV_SPARK_DIRECT``, ``_LEAN``, ``_ONE_PASS``, ``_SINGLE_TASK``, ``_TOGETHER``: ``0`` turns one off."""
 
         def on(name: str) -> bool:
             return os.environ.get(f"PGRECV_SPARK_{name}", "1") != "0"
 
-        return cls(direct=on("DIRECT"), lean=on("LEAN"), one_pass=on("ONE_PASS"), single_task=on("SINGLE_TASK"))
+        return cls(
+            direct=on("DIRECT"),
+            lean=on("LEAN"),
+            one_pass=on("ONE_PASS"),
+            single_task=on("SINGLE_TASK"),
+            together=on("TOGETHER"),
+        )
 
 
 @dataclass
@@ -97,6 +104,8 @@ class Summary:
     input_read: str = ""
     # files of SOURCE not read: every table had applied them (pgrecv/spark/ledger.py)
     files_skipped: int = 0
+    # tables applied in groups, by one set of Spark jobs (pgrecv/spark/engine/together.py)
+    tables_grouped: int = 0
 
 
 class Progress:

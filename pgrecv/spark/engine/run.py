@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pgrecv.errors import InputError, UsageError
 from pgrecv.filters import table_filter
 from pgrecv.lsn import lsn_str
+from pgrecv.spark.engine import together
 from pgrecv.spark.engine.batch import build_batch, history_batch
 from pgrecv.spark.engine.carry import carry_pending, finish_carried
 from pgrecv.spark.engine.facts import (
@@ -48,10 +49,68 @@ from pgrecv.spark.tables.parquet import ParquetTable
 from pgrecv.spark.tables.rewrite import one_pass_failed
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 
 TABLE_THREADS = 4  # tables applied side by side (each a few Spark jobs)
+
+
+def run_together(
+    changes: DataFrame,
+    todo: list[tuple[str, str]],
+    wanted: list[tuple[str, str]],
+    targets: dict[tuple[str, str], Table],
+    facts: dict[Any, Any],
+    st: rp.Structure,
+    config: ApplyConfig,
+    progress: Progress,
+    after_table: Callable[[str], None] | None,
+) -> list[TableResult]:
+    """The small tables of ``todo`` applied as groups (:mod:`pgrecv.spark.engine.together`);
+    returns their results. A table it does not take, or whose events show a problem, is left to
+    the per-table replay."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql.types import StringType
+
+    if not all(isinstance(changes.schema[i].dataType, StringType) for i in ("new", "old")):
+        return []
+    members = []
+    for key in todo:
+        f = facts[key]
+        target = targets[key]
+        try:
+            plan = table_plan(
+                *key, st.relations.get(key, []), target.schema, config.append_only, False, config.keys.get(key)
+            )
+            if config.fmt == "delta":
+                delta_names(plan)
+        except (InputError, UsageError):
+            continue  # the per-table replay reports it
+        if together.fits(plan, target, f, config):
+            members.append(together.Member(key, wanted.index(key), plan, target, f))
+    results = []
+    for group in together.groups(members) if len(members) > 1 else []:
+        events, types = together.final_events(changes, group)
+        tids = events.column("_tid")
+        for m in group:
+            schema = pa.schema([(n, ct.arrow) for n, ct in m.plan.columns.items()])
+            rows = together.merged(m, events.filter(pc.equal(tids, m.tid)), types, schema)
+            if rows is None:
+                continue
+            s, t = m.key
+            target = m.target
+            result = TableResult(f"{s}.{t}", str(target.path), "applied")
+            result.inserts, result.updates, result.deletes = (m.facts[o] for o in rp.ROW_OPS)
+            target.path.parent.mkdir(parents=True, exist_ok=True)
+            result.bytes_written = target.write_frames(together.batch_of(m, rows, schema))
+            result.version = target.version
+            result.applied_lsn = lsn_str(m.facts["position"])
+            results.append(result)
+            progress.table_done(f"{s}.{t}")
+            if after_table is not None:
+                after_table(f"{s}.{t}")
+    return results
 
 
 def run_frames(
@@ -170,17 +229,6 @@ def run_frames(
                 "schema string, `table` string, _tid int",
             )
             changes = changes.join(F.broadcast(ids), ["schema", "table"])
-        # each table's rows in files of its own: several tables, the staged rules, or commits too
-        # many to broadcast to a join (each pass would sort and merge the input with them again)
-        joined = keep is None and not rp.broadcasts_commits(st)
-        own_files = len(wanted) > 1 or st.chunked or st.prepared or joined
-        if own_files:
-            shape = changes.schema
-            changes.write.partitionBy("_tid").parquet(file_url(by_table))
-            changes = literal_read(spark).schema(shape).parquet(file_url(by_table))
-        # else one table of plain transactions: its few passes each redo a cheap filter (or a
-        # semi-join to the broadcast commits) over the input, less work than writing every change
-        # once more
         summary.lines = st.lines
         summary.pending_prepared, carry_file = carry_pending(pending, st, state, spark)
 
@@ -200,6 +248,24 @@ def run_frames(
         warnings: list[str] = []
         lock = threading.Lock()
         stop = threading.Event()  # after_table raised: start no other table
+        if tuning.together and lean_table is None and not history and len(todo) > 1:
+            done = run_together(changes, todo, wanted, targets, facts, st, config, progress, after_table)
+            summary.tables.extend(done)
+            summary.tables_grouped = len(done)
+            applied_here = {r.table for r in done}
+            todo = [k for k in todo if f"{k[0]}.{k[1]}" not in applied_here]
+        # each table's rows in files of its own: several tables, the staged rules, or commits too
+        # many to broadcast to a join (each pass would sort and merge the input with them again)
+        joined = keep is None and not rp.broadcasts_commits(st)
+        busy = [k for k in todo if facts[k]["n"]]  # the others need no Spark job
+        own_files = len(busy) > 1 or (len(busy) == 1 and (st.chunked or st.prepared or joined))
+        if own_files:
+            shape = changes.schema
+            changes.write.partitionBy("_tid").parquet(file_url(by_table))
+            changes = literal_read(spark).schema(shape).parquet(file_url(by_table))
+        # else one table of plain transactions: its few passes each redo a cheap filter (or a
+        # semi-join to the broadcast commits) over the input, less work than writing every change
+        # once more
 
         def one(key: tuple[str, str]) -> TableResult | None:
             if stop.is_set():

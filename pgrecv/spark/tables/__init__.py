@@ -71,6 +71,9 @@ class Batch:
     # called after the Spark job that writes the batch's files and before the commit (the lean
     # read's counts and position: pgrecv.spark.engine.facts.lean_settle); what it raises undoes the write
     settle: Callable[[], None] | None = None
+    # the table's whole content after the batch, merged by the driver (a small table of a group:
+    # pgrecv.spark.engine.together); every current file is replaced by one file of these rows
+    arrow: pa.Table | None = None
 
 
 # how a Delta table records the --mode it was made with: an app transaction of this id and the

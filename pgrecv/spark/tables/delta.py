@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, refuse_other_format
-from pgrecv.spark.tables.rewrite import Rewrite, fsync_files, missing_dirs, unmake
+from pgrecv.spark.tables.rewrite import fsync_files, missing_dirs, rewrite_for, unmake
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -80,7 +80,7 @@ class DeltaRsTable(Table):
         from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
         current = self.data_files()
-        rw = Rewrite(self.spark, batch, current, self.schema)
+        rw = rewrite_for(self.spark, batch, current, self.schema)
         dropped, rows = rw.plan()
         sub = f"pgrecv-{uuid.uuid4().hex}"
         made = missing_dirs(self.path)
@@ -149,7 +149,6 @@ class DeltaRsTable(Table):
             raise
         self.version = DeltaTable(str(self.path)).version()
         return sum(f.stat().st_size for f in written)
-
 
     def _add_columns(self, schema: pa.Schema) -> None:
         """Columns the batch adds (a relation record with a new column) join the table's schema

@@ -23,7 +23,7 @@ from pgrecv.errors import OutputError
 from pgrecv.lsn import lsn_str
 from pgrecv.output.files import fsync_dir
 from pgrecv.spark.tables import DATA_SUFFIX, POINTER, Batch, Table, refuse_other_format
-from pgrecv.spark.tables.rewrite import Rewrite, fsync_files, missing_dirs, unmake
+from pgrecv.spark.tables.rewrite import fsync_files, missing_dirs, rewrite_for, unmake
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -108,7 +108,7 @@ class ParquetTable(Table):
         import pyarrow.parquet as pq
 
         current = self.data_files()
-        rw = Rewrite(self.spark, batch, current, self.schema)
+        rw = rewrite_for(self.spark, batch, current, self.schema)
         dropped, rows = rw.plan()
         version = (self.version or 0) + 1
         base = self.path / "_versions"

@@ -207,6 +207,31 @@ class Rewrite:
         return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
 
 
+class ArrowRewrite(Rewrite):
+    """A batch whose rows the driver merged (``Batch.arrow``): every current file is replaced by
+    one file of them, written by pyarrow without a Spark job."""
+
+    def plan(self) -> tuple[list[str], Any]:
+        assert self.batch.arrow is not None
+        return list(self.files), self.batch.arrow
+
+    def write(self, rows: Any, out: Path, dropped: list[str]) -> list[Path]:
+        import uuid
+
+        import pyarrow.parquet as pq
+
+        out.mkdir()
+        path = out / f"part-00000-{uuid.uuid4().hex}{DATA_SUFFIX}"
+        pq.write_table(rows, path)
+        return [path]
+
+
+def rewrite_for(spark: SparkSession, batch: Batch, files: list[str], current_schema: pa.Schema | None) -> Rewrite:
+    """The rewrite of a batch: by Spark, or by pyarrow for a batch the driver merged."""
+    cls = ArrowRewrite if batch.arrow is not None else Rewrite
+    return cls(spark, batch, files, current_schema)
+
+
 def key_span(files: list[str], column: str) -> tuple[int, int] | None:
     """The smallest and largest value of an integer column in ``files``, from their footers (each
     row group's statistics), read by the driver; None where a row group has none or a file lacks
