@@ -167,3 +167,38 @@ def test_a_table_with_unchanged_toast_values_takes_the_per_table_replay(tmp_path
         assert s.tables_grouped == (len(s.tables) - 1 if together else 0)
         got[together] = (_brief(s), _content(target, "delta"))
     assert got[True] == got[False]
+
+
+def test_the_driver_takes_the_final_events_in_bounded_chunks(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final events come to the driver in chunks of whole tables of at most EVENT_BYTES of
+    values; a table with more takes the per-table replay. Either way the tables are the same."""
+    from pgrecv.spark.engine import together
+
+    src = [_write(tmp_path / "1.jsonl", _first_run()), _write(tmp_path / "2.jsonl", _second_run())]
+    chunks: list[int] = []
+    real = together.final_events
+
+    def spy(changes: Any, group: Any) -> Any:
+        for events, types in real(changes, group):
+            chunks.append(events.num_rows)
+            yield events, types
+
+    monkeypatch.setattr(together, "final_events", spy)
+    got = {}
+    for bound in (1 << 30, 300, 1):  # one chunk a run; several; none
+        monkeypatch.setattr(together, "EVENT_BYTES", bound)
+        chunks.clear()
+        target = tmp_path / f"lake-{bound}"
+        for upto in (1, 2):
+            s = run_apply(ApplyConfig(tuple(map(str, src[:upto])), target, fmt="parquet"), spark=spark)
+            assert {t.status for t in s.tables} == {"applied"}, _brief(s)
+        grouped = {1 << 30: s.tables_grouped == len(s.tables), 300: s.tables_grouped > 1, 1: s.tables_grouped == 0}
+        assert grouped[bound], (bound, s.tables_grouped, _brief(s))
+        assert (len(chunks) == 2) if bound == 1 << 30 else (len(chunks) > 2) if bound == 300 else not chunks, (
+            bound,
+            chunks,
+        )
+        got[bound] = _content(target, "parquet")
+    assert got[1 << 30] == got[300] == got[1]

@@ -90,10 +90,14 @@ def run_together(
         if together.fits(plan, target, f, config):
             members.append(together.Member(key, wanted.index(key), plan, target, f))
     results = []
-    for group in together.groups(members) if len(members) > 1 else []:
-        events, types = together.final_events(changes, group)
+    chunks = (
+        c for g in (together.groups(members) if len(members) > 1 else []) for c in together.final_events(changes, g)
+    )
+    by_tid = {m.tid: m for m in members}
+    for events, types in chunks:
         tids = events.column("_tid")
-        for m in group:
+        for tid in sorted(set(tids.to_pylist())):
+            m = by_tid[tid]
             schema = pa.schema([(n, ct.arrow) for n, ct in m.plan.columns.items()])
             rows = together.merged(m, events.filter(pc.equal(tids, m.tid)), types, schema)
             if rows is None:

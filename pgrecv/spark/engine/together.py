@@ -19,6 +19,8 @@ back to the per-table replay, which names it as always.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +41,13 @@ if TYPE_CHECKING:
     from pgrecv.spark.schema import ColumnType, TablePlan
     from pgrecv.spark.tables import Table
 
+# What the driver holds at once is bounded by these, whatever the input: one table's current rows
+# (by their count and their files' size) and one chunk of final events (by their values' size).
 ROWS = 100_000  # a table's current rows at most: read whole by the driver, merged, written as one file
+CURRENT_BYTES = 8 << 20  # ... and their data files' size at most
 CHANGES = 20_000  # a table's changes at most
-GROUP = 50_000  # changes of the tables one job replays (their final events come to the driver)
+GROUP = 50_000  # changes of the tables one job replays
+EVENT_BYTES = 64 << 20  # the final events (their values' texts) the driver takes at once, and one table's at most
 
 # key types whose text PostgreSQL prints one way for one value: a key compared as its text is
 # compared as its value (not numeric without a scale, floats, timestamps, json)
@@ -73,7 +79,10 @@ def fits(plan: TablePlan, target: Table, facts: dict[str, Any], config: ApplyCon
         return False
     if any(plan.columns[k].pg_type not in _KEY_TYPES for k in plan.key_cols):
         return False
-    return target.version is None or target.row_count(above=ROWS) <= ROWS
+    if target.version is None:
+        return True
+    files = target.data_files()
+    return sum(os.path.getsize(f) for f in files) <= CURRENT_BYTES and target.row_count(above=ROWS) <= ROWS
 
 
 def groups(members: list[Member]) -> list[list[Member]]:
@@ -89,11 +98,14 @@ def groups(members: list[Member]) -> list[list[Member]]:
     return out
 
 
-def final_events(changes: DataFrame, group: list[Member]) -> tuple[pa.Table, list[ColumnType]]:
+def final_events(changes: DataFrame, group: list[Member]) -> Iterator[tuple[pa.Table, list[ColumnType]]]:
     """The group's final events, as Arrow: ``_tid``, ``kind`` (U or D), ``_problem`` (what holds
     the table back), ``_ok`` (every value fits its type) and one array per distinct column type,
     ``_t0``, ``_t1``, ...: the values of the row's columns of that type, typed, in its plan's
-    column order (a D's values are its key's). Returns the table and the distinct types."""
+    column order (a D's values are its key's). Yields them in chunks of whole tables of at most
+    :data:`EVENT_BYTES` of values, with the distinct types; a table with more is left out (the
+    per-table replay takes it)."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     spark = changes.sparkSession
@@ -165,8 +177,26 @@ def final_events(changes: DataFrame, group: list[Member]) -> tuple[pa.Table, lis
         return F.coalesce(out.otherwise(F.lit(True)), F.lit(False))
 
     all_ok = F.coalesce(F.forall(F.transform("v", value_ok), lambda b: b), F.lit(True))
-    out = final.select("_tid", "kind", "_problem", all_ok.alias("_ok"), *[c.alias(n) for n, c in typed.items()])
-    return out.toArrow(), types
+    size = F.aggregate(F.transform("v", lambda x: F.coalesce(F.length(x), F.lit(0)) + 16), F.lit(0), lambda a, b: a + b)
+    out = final.select(
+        "_tid", "kind", "_problem", all_ok.alias("_ok"), *[c.alias(n) for n, c in typed.items()], size.alias("_size")
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        sizes = {r["_tid"]: r["b"] for r in out.groupBy("_tid").agg(F.sum("_size").alias("b")).collect()}
+        chunk: list[int] = []
+        held = 0
+        for tid, b in sorted(sizes.items()):
+            if b > EVENT_BYTES:
+                continue
+            if chunk and held + b > EVENT_BYTES:
+                yield out.where(F.col("_tid").isin(chunk)).drop("_size").toArrow(), types
+                chunk, held = [], 0
+            chunk.append(tid)
+            held += b
+        if chunk:
+            yield out.where(F.col("_tid").isin(chunk)).drop("_size").toArrow(), types
+    finally:
+        out.unpersist()
 
 
 def merged(member: Member, events: pa.Table, types: list[ColumnType], schema: pa.Schema) -> pa.Table | None:
