@@ -96,7 +96,7 @@ def build_batch(
         if flat:
             events = events.withColumns(flat)
         final = (
-            rev.final_changes(events, plan, [], moves=False, by=tuple(F.col(c) for c in flat) or None)
+            rev.final_changes(events, [], moves=False, by=tuple(F.col(c) for c in flat) or None)
             .select(
                 *flat,
                 F.col("kind").alias("_kind"),
@@ -109,7 +109,7 @@ def build_batch(
         return Batch(
             schema, plan.key_cols, plan.full, truncate, None, None, facts["position"], final=final, flat_key=bool(flat)
         )
-    final = rev.final_changes(events, plan, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
+    final = rev.final_changes(events, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
     final = typed_rows(final, plan)
     # one pass for the three things that stop the table or need more work
     upserts = final.where("kind = 'U'")

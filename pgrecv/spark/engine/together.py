@@ -159,7 +159,7 @@ def final_events(changes: DataFrame, group: list[Member]) -> Iterator[tuple[pa.T
     ev = t.select("_tid", "_types", *rp.ORDER, "_path", "lsn", problem.alias("_problem"), F.inline(events)).withColumn(
         "src", F.col("key")
     )
-    final = rev.final_changes(ev, group[0].plan, [], moves=False, by=(F.col("_tid"), F.col("key")))
+    final = rev.final_changes(ev, [], moves=False, by=(F.col("_tid"), F.col("key")))
 
     def typed_as(i: int, ct: ColumnType) -> Column:
         # the values of the row's columns of type i, in column order (a table's other columns

@@ -214,7 +214,6 @@ def _not_object(rows: DataFrame, image: str) -> Column:
 
 def final_changes(
     events: DataFrame,
-    plan: TablePlan,
     toast_cols: list[str],
     moves: bool = True,
     max_rounds: int = 8,
