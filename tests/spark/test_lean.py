@@ -101,6 +101,14 @@ def _other_spelling() -> list[str]:
     return _txn("0/300", [_insert("t", "0/0300", "0/2F0", '{"id":7,"v":"x","n":"2"}')])
 
 
+def _twice_keyed() -> list[str]:
+    # a change with two "commit_lsn" keys, the first another transaction's: the JSON reader takes
+    # the later one, the structural pass the first (the main job's checksum differs)
+    lines = _txn("0/300", [_insert("t", "0/300", "0/2F0", '{"id":7,"v":"x","n":"2"}')])
+    lines[1] = lines[1].replace('"commit_lsn":"0/300"', '"commit_lsn":"0/200","commit_lsn":"0/300"')
+    return lines
+
+
 CASES = {
     "unchanged toast": lambda: _txn("0/300", [_update("t", "0/300", "0/2F0", '{"id":2,"n":"9"}', ["v"])]),
     "a commit behind a row change's first bytes": _hidden_commit,
@@ -113,6 +121,7 @@ CASES = {
         ],
     ),
     "two tables": _two_tables,
+    "a change with two commit LSN keys": _twice_keyed,
     "no begin": _no_begin,
 }
 
@@ -126,11 +135,38 @@ def test_inputs_the_lean_read_does_not_take_go_the_ordinary_way_alike(
     assert summaries[0][4][-1][1] == "applied"
     if case == "unchanged toast":
         assert [(r["id"], r["v"], float(r["n"])) for r in rows if r["id"] == 2] == [(2, "a2", 9.0)]
-    if case in ("no begin", "a commit behind a row change's first bytes", "a commit LSN spelled otherwise"):
+    if case in (
+        "no begin",
+        "a commit behind a row change's first bytes",
+        "a commit LSN spelled otherwise",
+        "a change with two commit LSN keys",
+    ):
         assert 7 in [r["id"] for r in rows]
     # the lean attempt left no file behind: each target holds the ordinary run's files alone
     files = {lean: sorted(p.name for p in (tmp_path / f"lake-{lean}").rglob("*.parquet")) for lean in (True, False)}
     assert len(files[True]) == len(files[False]) > 0, files
+
+
+def test_a_column_named_commit_lsn_before_the_envelopes_goes_the_ordinary_way(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The structural pass takes a row change's commit LSN from after its first "commit_lsn" key;
+    where that is a column's value (another transaction's LSN), the main job's checksum of the
+    commit LSNs it parsed differs, and the run goes the ordinary way, applied alike."""
+    rel = _rel("c", [("id", "integer"), ("commit_lsn", "text")])
+    head = {"v": 1, "op": "insert", "schema": "public", "table": "c", "new": {"id": 1, "commit_lsn": "0/100"}}
+    change = orjson.dumps({**head, "xid": 1, "commit_lsn": "0/300", "lsn": "0/2F0", "key": ["id"]}).decode()
+    assert change.index('"commit_lsn":"0/100"') < change.index('"commit_lsn":"0/300"')
+    first = _insert("c", "0/100", "0/F0", '{"id":0,"commit_lsn":"x"}')
+    src = _write(tmp_path / "a.jsonl", [orjson.dumps(rel).decode(), *_txn("0/100", [first]), *_txn("0/300", [change])])
+    got = {}
+    for lean in (True, False):
+        summary = _run([src], tmp_path / f"lake-{lean}", spark, monkeypatch, lean, "parquet")
+        assert summary.input_read == "direct"
+        got[lean] = (_facts(summary), _table(tmp_path / f"lake-{lean}", "parquet", "c"))
+    assert got[True] == got[False]
+    assert got[True][0][4] == [("public.c", "applied", 2, 0, 0, 0, "0/300")]
+    assert [(r["id"], r["commit_lsn"]) for r in got[True][1]] == [(0, "x"), (1, "0/100")]
 
 
 def test_row_changes_written_otherwise_are_read_as_the_others(
@@ -199,18 +235,35 @@ def test_compressed_input_and_other_line_ends_are_read_lean(
     assert summaries[0][4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
 
 
-def test_more_transactions_than_it_lists_keep_the_first_pass(
+def test_one_change_transactions_are_read_lean(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OLTP's shape, a transaction per change, takes the lean read however many transactions
+    there are: the driver gets no row per transaction (until 2026-12-05 it collected every begin,
+    and inputs of more than 50,000 transactions took the first pass)."""
+    lines = [orjson.dumps(_rel("t", [("id", "integer"), ("v", "text"), ("n", "numeric")])).decode()]
+    for i in range(400):
+        c = f"0/{0x1000 + 0x10 * i:X}"
+        lines += _txn(c, [_insert("t", c, f"0/{0x1000 + 0x10 * i - 8:X}", f'{{"id":{i % 150},"v":"v{i}","n":"{i}"}}')])
+    lines += [orjson.dumps({"v": 1, "op": "begin", "xid": 3, "commit_lsn": "0/9000"}).decode()]
+    lines += [_insert("t", "0/9000", "0/8FF0", '{"id":999,"v":"cut","n":"1"}')]  # no commit: not applied
+    src = _write(tmp_path / "a.jsonl", lines)
+    summaries, rows = _both([[src]], tmp_path, spark, monkeypatch, "parquet", ["lean"])
+    assert summaries[0][1:3] == (400, 1)
+    assert summaries[0][4] == [("public.t", "applied", 400, 0, 0, 0, f"0/{0x1000 + 0x10 * 399:X}")]
+    assert [(r["id"], r["v"]) for r in rows][:2] == [(0, "v300"), (1, "v301")] and len(rows) == 150
+
+
+def test_more_cut_transactions_than_it_lists_keep_the_first_pass(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The driver holds the structural pass's rows (two a transaction) up to a bound; past it,
-    the first pass, whose rows stay in Spark."""
-    src = _write(tmp_path / "a.jsonl", _plain_input())  # two transactions
-    monkeypatch.setattr(direct, "LEAN_TRANSACTIONS", 2)
-    assert _run([src], tmp_path / "lake-2", spark, monkeypatch, True, "parquet").input_read == "lean"
-    monkeypatch.setattr(direct, "LEAN_TRANSACTIONS", 1)
-    summary = _run([src], tmp_path / "lake-1", spark, monkeypatch, True, "parquet")
+    """The driver lists the transactions without a commit record (the main job's filter) up to a
+    bound; past it, the first pass, whose rows stay in Spark."""
+    src = _write(tmp_path / "a.jsonl", _cut_input())  # one transaction cut at the end
+    monkeypatch.setattr(direct, "LEAN_OPEN", 1)
+    assert _run([src], tmp_path / "lake-1", spark, monkeypatch, True, "parquet").input_read == "lean"
+    monkeypatch.setattr(direct, "LEAN_OPEN", 0)
+    summary = _run([src], tmp_path / "lake-0", spark, monkeypatch, True, "parquet")
     assert summary.input_read == "direct"
-    assert _table(tmp_path / "lake-1", "parquet") == _table(tmp_path / "lake-2", "parquet")
+    assert _table(tmp_path / "lake-0", "parquet") == _table(tmp_path / "lake-1", "parquet")
 
 
 def test_below_its_size_threshold_the_first_pass_decides(tmp_path: Path, spark: Any) -> None:

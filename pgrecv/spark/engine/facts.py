@@ -163,13 +163,16 @@ def lean_one_pass(plain: direct.Plain, target: Table, files: list[Path]) -> bool
 def lean_settle(plain: direct.Plain, batch: Batch, result: TableResult) -> Callable[[], None]:
     """What the writer calls after the lean main job and before its commit: the table's counts
     and position from that job. No live change (a transaction past the applied position without
-    one of this table's), or other lines than the structural pass's (appended meanwhile, or a
-    line it took for a row change that is not one): the ordinary way decides."""
+    one of this table's), other lines than the structural pass's (appended meanwhile, or a line
+    it took for a row change that is not one), or row changes of other commit LSNs than it took
+    from their text: the ordinary way decides."""
 
     def settle() -> None:
         got = plain.observed()
         if got["position"] is None or got["others"] != plain.structure.lines:
             raise direct.LeanDeclined
+        if plain.lean_sums != (got["rows"], got["h1"] or 0, got["h2"] or 0):
+            raise direct.LeanDeclined  # other commit LSNs than the structural pass took
         plain.counts = got
         batch.position = got["position"]
         result.inserts, result.updates, result.deletes = (got[o] for o in rp.ROW_OPS)

@@ -177,7 +177,7 @@ def run_frames(
         if plain is not None:
             df, st, keep, any_truncate = None, plain.structure, plain.keep(), plain.truncates > 0
             commits = plain.commit_keys() if keep is None else None
-            summary.input_read = "lean" if plain.lean_begins is not None else "direct"
+            summary.input_read = "lean" if plain.lean_sums is not None else "direct"
         else:
             records = read_records(spark, files, carried, stage, links)
             restores.append(size_reads(spark, config, list(stage.rglob("*.parquet"))))
@@ -200,7 +200,7 @@ def run_frames(
                 target.open()
             targets[(s, t)] = target
         lean_table = None
-        if plain is not None and plain.lean_begins is not None:
+        if plain is not None and plain.lean_sums is not None:
             if len(wanted) != 1 or not lean_one_pass(plain, targets[wanted[0]], files):
                 raise direct.LeanDeclined
             last, at = plain.last_commit, targets[wanted[0]].applied

@@ -68,7 +68,6 @@ NARROW = ", ".join(f if _name(f) not in ("new", "old") else f"{_name(f)} struct<
 _WANTED = {"op", "schema", "table", "tables", "new", "old", "unchanged_toast", "old_unchanged_toast"}
 _WANTED |= {"json_nulls", "old_json_nulls", "xid", "commit_time", "lsn", "commit_lsn", "gid", "snapshot_lsn"}
 CHANGE_FIELDS = [f for f in ENVELOPE_FIELDS if _name(f) in _WANTED]
-_BEGUN = "_begun"  # the lean read's column: the commit LSN of the line's begun transaction
 
 
 @dataclass
@@ -84,9 +83,9 @@ class Plain:
     # the commit LSNs of changes without a commit record (a transaction cut at a file's end), or
     # None when there are more than UNCOMMITTED_LISTED of them
     uncommitted: list[int] | None
-    # the lean read (:func:`read_lean`): the commit LSN of every transaction whose begin the
-    # structural pass saw, by its text (a change of any other fails the main job), else None
-    lean_begins: dict[str, int] | None = None
+    # the lean read (:func:`read_lean`): its structural pass's row changes and the checksum of
+    # their commit LSNs (:func:`lean_checksum`), which the main job's must equal; else None
+    lean_sums: tuple[int, int, int] | None = None
     # the lean read's counts, taken by the main job (:meth:`observed`)
     observation: Observation | None = field(default=None, repr=False)
     counts: dict[str, Any] | None = None  # what it counted, once the main job's files are written
@@ -136,7 +135,7 @@ class Plain:
         (``applied``: its table's position) are also checked and counted on the way."""
         from pyspark.sql import functions as F
 
-        lean = self.lean_begins is not None
+        lean = self.lean_sums is not None
         # the lean read parses every field of every line, as the first pass does (FAILFAST: a
         # value of the wrong type fails the job); otherwise only what the replay reads
         wanted = [f for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"] if lean else CHANGE_FIELDS
@@ -147,16 +146,13 @@ class Plain:
         lsns = {n: lsn_expr(F.col(n), checked=True) for n in LSN_FIELDS}
         path = F.col("_metadata.file_path")
         if lean:
-            lines = self._lean_begun(lines)
             ok = _lean_ok([_name(f) for f in fields])
             # a change of another table (no relation record of it: the staged read names it)
             (schema, table), *_ = self.structure.relations
             other = F.col("op").isin(*rp.ROW_OPS) & ((F.col("schema") != schema) | (F.col("table") != table))
             lines = lines.where(_lean_checked(ok & ~other))
-            # a begun transaction's commit LSN comes with its begin (converting each line's text
-            # took longer than the join); a line the lean read does not take fails its job, and
-            # the ordinary way names it: the lean read needs no line's file
-            lsns["commit_lsn"] = F.when(F.col(_BEGUN).isNotNull(), F.col(_BEGUN)).otherwise(lsns["commit_lsn"])
+            # a line the lean read does not take fails its job, and the ordinary way names it:
+            # the lean read needs no line's file
             path = F.lit(None).cast("string")
         # Ties in (commit LSN, change LSN) are copies of one change (an at-least-once delivery)
         # or the rows of one COPY (one WAL record, each row of its own key), which replay alike in
@@ -170,23 +166,6 @@ class Plain:
             *[lsns[n].alias(f"{n}_i") for n in LSN_FIELDS],
         )
         return self._lean_counted(out, applied) if lean else out
-
-    def _lean_begun(self, lines: DataFrame) -> DataFrame:
-        """The lean read's lines with ``_BEGUN``: the commit LSN of the transaction whose begin
-        the structural pass saw with the line's ``commit_lsn`` text (NULL: none). A broadcast
-        join on the text: each row change must have one (:func:`_lean_ok`), which also checks its
-        commit LSN's spelling (the structural pass matched every begin's against the pattern)."""
-        import pyarrow as pa
-        from pyspark.sql import functions as F
-
-        assert self.lean_begins
-        # from Arrow: a local relation, broadcast without a Spark job of its own (a list of rows
-        # makes an RDD, whose collect was 0.07-0.2 s before the main job could start)
-        texts = pa.array(list(self.lean_begins), pa.string())
-        begun = self.spark.createDataFrame(
-            pa.table({f"{_BEGUN}_t": texts, _BEGUN: pa.array(list(self.lean_begins.values()), pa.int64())})
-        )
-        return lines.join(F.broadcast(begun), F.col("commit_lsn") == F.col(f"{_BEGUN}_t"), "left_outer")
 
     def _lean_counted(self, records: DataFrame, applied: int | None) -> DataFrame:
         """The lean read's records with its Observation of the table's live changes."""
@@ -205,12 +184,13 @@ class Plain:
             F.count(F.when(~row, 1)).alias("others"),
             *[F.count(F.when(live & (F.col("op") == o), 1)).alias(o) for o in rp.ROW_OPS],
             F.max(F.when(live, F.col("commit_lsn_i"))).alias("position"),
+            *lean_checksum(F.col("commit_lsn"), F.when(row, 1).otherwise(0)),
         )
 
     def observed(self) -> dict[str, Any]:
         """The lean main job's counts (after it ran): ``rows`` (row-change lines read), ``others``
-        (the other lines), each op's live changes, and ``position`` (the highest commit LSN among
-        them, None: none)."""
+        (the other lines), each op's live changes, ``position`` (the highest commit LSN among
+        them, None: none), and the row changes' checksum ``h1``, ``h2`` (:func:`lean_checksum`)."""
         assert self.observation is not None
         return dict(self.observation.get)
 
@@ -444,115 +424,176 @@ def _all_null(names: list[str]) -> Column:
 
 # The lean read: a large input of one table, applied in latest mode by the one pass
 # (``engine._one_pass_fits``), skips the first pass over its changes. A structural pass parses only
-# the lines that are not row changes (it tells pgrecv's row changes by their first bytes), and
-# the main job, which reads every line anyway, checks each line as the first pass would, finds
-# each change's transaction among the begins by a broadcast join, and counts the table's changes
-# and the other lines on the way (an Observation). A line it would refuse, or anything the lean
-# read does not cover (unchanged TOAST values, a change of a transaction whose begin it did not
-# see, other lines than the structural pass's), fails that job or its commit, before anything is
+# the lines that are not row changes (it tells pgrecv's row changes by their first bytes, and takes
+# their commit LSN's text from after their first ``"commit_lsn":"``) and reduces them by commit LSN
+# to what the driver needs: the relation records, the transactions with a begin and no commit (few:
+# a transaction cut at a file's end), the highest commit per file, and a checksum of the row
+# changes' commit LSNs. The main job, which reads every line anyway, checks each line as the first
+# pass would, and counts the table's changes, the other lines and the same checksum of the commit
+# LSNs it parsed on the way (an Observation). A line it would refuse, or anything the lean read
+# does not cover (unchanged TOAST values, a change of a transaction without a begin, other lines or
+# other commit LSNs than the structural pass's), fails that job or its commit, before anything is
 # committed, and the run starts over on the ordinary way (:class:`LeanDeclined`), which names the
 # line. bench/NOTES.md: 1M events onto a 200k-row table, warm rounds 5.3-6.1 s against 7.7-8.6 s.
+# Until 2026-12-05 the driver collected every begin (a broadcast join found each change's), which
+# bounded the lean read to 50,000 transactions: OLTP's one-change transactions took the first pass.
 LEAN = os.environ.get("PGRECV_SPARK_LEAN", "1") != "0"
 LEAN_MIN_BYTES = 32 << 20  # of input; below, the first pass's facts choose cheaper plans (one task)
-# the most begins the structural pass collects (broadcast to the main job): its rows, two a
-# transaction, are what the driver holds (until 2026-12-03, 20,000 in an IN list of the plan)
-LEAN_TRANSACTIONS = 50_000
+# the most transactions without a commit record the structural pass lists (the main job's filter)
+LEAN_OPEN = UNCOMMITTED_LISTED
 LEAN_FAILED = "pgrecv: the input needs the first pass"  # raise_error's text
 # bytes of input per row change, to estimate their number without counting them when choosing the
 # one pass (lines of pgoutput changes are rarely shorter, so the estimate errs towards the one pass)
 LEAN_LINE_BYTES = 160
+_COMMIT_KEY = '"commit_lsn":"'
+_MOD = 2147483647  # the checksum's terms: two hashes of a commit LSN's text, each below 2^31
 
 
 class LeanDeclined(Exception):
     """The lean read cannot apply this input; the run starts over without it."""
 
 
+def lean_checksum(text: Column, weight: Column | None = None) -> list[Column]:
+    """Two sums over commit LSN texts (each weighted by ``weight`` lines), which the structural
+    pass and the main job both take: equal sums say that the main job parsed the commit LSNs the
+    structural pass took from the row changes' text (not, say, a column named commit_lsn)."""
+    from pyspark.sql import functions as F
+
+    w = F.lit(1) if weight is None else weight
+    return [
+        F.sum(F.pmod(F.xxhash64(text), F.lit(_MOD)) * w).alias("h1"),
+        F.sum(F.pmod(F.hash(text), F.lit(_MOD)) * w).alias("h2"),
+    ]
+
+
 def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
     """The structural facts of a plain input from its lines that are not row changes, or None
     when they show it is not one for the lean read (several tables, a TRUNCATE, a line of a kind
-    the first pass would send to the staged read, too many transactions). Every line is checked
-    again by the main job (:meth:`Plain.records`)."""
+    the first pass would send to the staged read, a change or commit without a begin, too many
+    transactions without a commit). Every line is checked again by the main job
+    (:meth:`Plain.records`)."""
     from pyspark.sql import functions as F
 
     urls = input_urls(files, links)
-    rank = {spelling(spark, u): i for i, u in enumerate(urls)}
+    spelled = [spelling(spark, u) for u in urls]
+    rank = {s: i for i, s in enumerate(spelled)}
     op, text = F.col("op"), F.col("value")
-    # A row change as pgrecv writes it is told by its first bytes, which skips it for the price
-    # of reading its line (the JSON reader's filter pushdown tokenizes all of it: 0.87 s against
-    # 0.46 s for 2M lines). A line that starts so and is not one (another "op" key later on, which
-    # the JSON reader would take instead) is not lost: the main job counts the lines it reads that
-    # are not row changes, and if they are not this pass's, the run declines the lean read
-    # (:func:`engine._lean_settle`). (Looking for a second key here took 0.8 s per 1M lines.)
+    # A row change as pgrecv writes it is told by its first bytes, which skips its parse for the
+    # price of reading its line (the JSON reader's filter pushdown tokenizes all of it: 0.87 s
+    # against 0.46 s for 2M lines); its commit LSN is the text after its first "commit_lsn" key.
+    # A line that starts so and is not one (another "op" key later on, which the JSON reader would
+    # take instead), or whose first such key is not the envelope's (a column of that name), is not
+    # lost: the main job counts the lines it reads that are not row changes and sums the commit
+    # LSNs it parsed; if either is not this pass's, the run declines the lean read
+    # (:func:`engine.facts.lean_settle`). (Looking for a second key here took 0.8 s per 1M lines.)
     skip = F.lit(False)
     for o in rp.ROW_OPS:
         for head in (f'{{"v":{FORMAT_VERSION},"op":"{o}",', f'{{"op":"{o}",'):
             skip = skip | text.startswith(head)
+    at = F.instr(text, _COMMIT_KEY)
+    taken = F.when(skip & (at > 0), F.substring_index(text.substr(at + F.lit(len(_COMMIT_KEY)), F.lit(48)), '"', 1))
     # FAILFAST: a line that is not a JSON object fails the job (the ordinary way then names it);
-    # blank lines are no records, as for the JSON reader. Row changes not skipped (written
-    # otherwise) are grouped by their op alone, and left out below: no filter on the parsed op,
-    # which Spark would move into the filter above, out of its generated code (2.2 s for 1M lines).
+    # blank lines are no records, as for the JSON reader. A skipped line is parsed as NULL.
+    narrow = NARROW.replace(", _corrupt string", "")
+    opts = {"mode": "FAILFAST", **JSON_LIMITS}
+    files_ = F.create_map(*[F.lit(x) for s, i in rank.items() for x in (s, i)])
     lines = (
         literal_read(spark)
         .text(urls)
-        .where(~skip & (F.trim(text) != ""))
+        .where(F.trim(text) != "")
         .select(
-            F.from_json(text, NARROW.replace(", _corrupt string", ""), {"mode": "FAILFAST", **JSON_LIMITS}).alias("_j"),
+            skip.alias("_s"),
+            taken.alias("_k"),
+            F.from_json(F.when(~skip, text), narrow, opts).alias("_j"),
             F.col("_metadata.file_path").alias("_f"),
             F.col("_metadata.file_block_start").alias("_b"),
         )
-        .select("_j.*", "_f", "_b")
+        .select("_s", "_k", "_j.*", "_f", "_b")
     )
     pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.monotonically_increasing_id().alias("m"))
     rel = F.struct(pos.alias("p"), "schema", "table", "replica_identity", "key", "columns")
 
-    # what the first pass would take (its ``bad`` and ``other``), among these lines
+    # what the first pass would take (its ``bad`` and ``other``), among the parsed lines; a row
+    # change parsed here (written otherwise) is checked by the main job, as the skipped ones are
     fit = op.isin(*PLAIN_OPS) & (F.col("v") == 1) & F.col("gid").isNull() & F.col("snapshot_lsn").isNull()
     fit = fit & _lsn_ok(F.col("lsn")) & _lsn_ok(F.col("commit_lsn"))
     fit = fit & (~op.isin("begin", "commit") | F.col("commit_lsn").isNotNull())
     fit = fit & ((op != "relation") | (F.col("schema").isNotNull() & F.col("table").isNotNull()))
     fit = fit & ((op != "relation") | F.col("columns").isNotNull()) & (op != "truncate")
+    row = F.col("_s") | op.isin(*rp.ROW_OPS)
+    key = (
+        F.when(F.col("_s"), F.col("_k"))
+        .when(op.isin(*rp.ROW_OPS) | (fit & op.isin("begin", "commit")), F.col("commit_lsn"))
+        .alias("k")
+    )
+    commit = fit & (op == "commit")
+    # per commit LSN's text (NULL: a line of no transaction, by its op; NULL op: one the first pass
+    # would not take): its begins, commits, row changes, and the files of its commits
+    per = lines.groupBy(
+        key,
+        F.when(key.isNull(), F.when(row, F.lit("row")).when(fit, op)).alias("o"),
+        F.when(fit & (op == "relation"), rel).alias("r"),
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.count(F.when(fit & (op == "begin"), 1)).alias("b"),
+        F.count(F.when(commit, 1)).alias("c"),
+        F.count(F.when(row, 1)).alias("rn"),
+        F.min(F.when(commit, files_[F.col("_f")])).alias("f0"),
+        F.max(F.when(commit, files_[F.col("_f")])).alias("f1"),
+    )
+    k = F.col("k")
+    good = k.rlike(LSN_PATTERN) & (F.col("b") > 0)
+    ok = good & (F.col("c") > 0) & (F.col("f0") == F.col("f1"))
+    kind = F.when(k.isNull(), "-").when(ok, "ok").when(good & (F.col("c") == 0), "open").otherwise("bad")
+    listed = LEAN_OPEN
     try:
         rows = (
-            lines.groupBy(
-                F.when(fit, op).alias("op"),
-                F.when(fit & op.isin("begin", "commit"), F.col("commit_lsn")).alias("k"),
-                F.when(fit & (op == "commit"), F.col("_f")).alias("f"),
-                F.when(fit & (op == "relation"), rel).alias("r"),
+            per.groupBy(
+                kind.alias("kind"),
+                "o",
+                "r",
+                F.when(kind != "ok", k).alias("k"),
+                F.when(kind == "ok", F.col("f1")).alias("f"),
             )
-            .agg(F.count(F.lit(1)).alias("n"))
-            .limit(2 * LEAN_TRANSACTIONS + 1000)
+            .agg(
+                F.sum("n").alias("n"),
+                F.sum("rn").alias("rn"),
+                F.count(F.lit(1)).alias("t"),
+                F.max(F.when(kind == "ok", lsn_expr(k, checked=True))).alias("hi"),
+                *lean_checksum(k, F.col("rn")),
+            )
+            .limit(listed + len(urls) + 1000)
             .collect()
         )
     except Exception:  # a line Spark cannot parse: the ordinary way reports it
         return None
-    if len(rows) > 2 * LEAN_TRANSACTIONS + 999 or any(r["op"] is None for r in rows):
+    if len(rows) >= listed + len(urls) + 1000:
         return None
-    st = rp.Structure(lines=sum(r["n"] for r in rows if r["op"] not in rp.ROW_OPS))
-    begun: dict[str, int] = {}  # each begin's commit LSN, by its text
-    commits: set[int] = set()
-    rels = []
+    st = rp.Structure(lines=sum(r["n"] - r["rn"] for r in rows))
+    open_: list[int] = []
+    last, rels, committed = None, [], 0
+    sums = [sum(r["rn"] for r in rows), sum(r["h1"] or 0 for r in rows), sum(r["h2"] or 0 for r in rows)]
     for r in rows:
-        if r["op"] == "begin":
-            begun[r["k"]] = parse_lsn(r["k"])
-        elif r["op"] == "commit":
-            commits.add(parse_lsn(r["k"]))
-            if _past_name(r["f"], parse_lsn(r["k"])):
+        if r["kind"] == "bad" or (r["kind"] == "-" and r["o"] in (None, "row")):
+            return None  # a change or commit without its begin, a line the first pass would not take
+        if r["kind"] == "open":
+            open_.append(parse_lsn(r["k"]))
+        elif r["kind"] == "ok":
+            if r["f"] is None or _past_name(spelled[r["f"]], r["hi"]):
                 return None  # the staged read names it
-        elif r["op"] == "relation":
+            committed += r["t"]
+            last = r["hi"] if last is None else max(last, r["hi"])
+        elif r["o"] == "relation":
             rels.append(r["r"])
-    begins = set(begun.values())
     if len({(r["schema"], r["table"]) for r in rels}) != 1 or any(r["p"]["f"] not in rank for r in rels):
         return None
-    if len(begins) > LEAN_TRANSACTIONS or not commits <= begins:
+    if len(open_) > LEAN_OPEN:
         return None
     for r in sorted(rels, key=lambda r: (rank[r["p"]["f"]], r["p"]["b"], r["p"]["m"])):
         st.relations.setdefault((r["schema"], r["table"]), []).append(rp.relation_record(r))
-    st.transactions = len(commits)
-    st.incomplete = len(begins - commits)
-    return Plain(
-        spark, urls, st, None, 0, 0, None, max(commits) if commits else None,
-        sorted(begins - commits), lean_begins=begun,
-    )  # fmt: skip
+    st.transactions = committed
+    st.incomplete = len(open_)
+    return Plain(spark, urls, st, None, 0, 0, None, last, sorted(open_), lean_sums=(sums[0], sums[1], sums[2]))
 
 
 def _lsn_ok(c: Column) -> Column:
@@ -569,8 +610,9 @@ def _lean_ok(names: list[str]) -> Column:
     row = op.isin(*rp.ROW_OPS)
     ok = (F.col("v") == 1) & op.isin(*PLAIN_OPS) & (op != "truncate")
     ok = ok & F.col("gid").isNull() & F.col("snapshot_lsn").isNull() & _lsn_ok(F.col("lsn"))
-    # a row change's commit LSN is the text of a begin the structural pass checked (Plain._lean_begun)
-    ok = ok & F.when(row, F.col(_BEGUN).isNotNull()).otherwise(_lsn_ok(commit))
+    # a row change's commit LSN is one the structural pass took from its text and checked (the
+    # checksum of lean_settle says so)
+    ok = ok & F.when(row, commit.isNotNull()).otherwise(_lsn_ok(commit))
     no_toast = F.coalesce(F.size("unchanged_toast"), F.lit(0)) == 0  # size(NULL) is NULL
     ok = ok & (~row | (F.col("lsn").isNotNull() & no_toast))
     ok = ok & (~row | (F.col("schema").isNotNull() & F.col("table").isNotNull()))  # the staged read names it
