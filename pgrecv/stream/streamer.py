@@ -168,6 +168,8 @@ class Streamer:
         self._activity = (0, 0)  # (rows, transactions) at the last look
         self._quiet_since = time.monotonic()
         self._started_once = False  # a stream ran in this process: later losses are reconnected
+        # the temporary slot was made: a loss from then on ended it, even before the stream ran
+        self._made_temporary = False
         self._next_fsync = 0.0
         # -F 0 and --synchronous: durable at every transaction boundary, once the socket has
         # nothing more buffered, so commits that arrive together share one fsync (group commit);
@@ -242,9 +244,10 @@ class Streamer:
                 self._finish(rc)
                 return
             except ConnectionFailed as exc:
-                if not self._started_once:
+                if not self._started_once and not self._made_temporary:
                     raise  # never got going: a configuration problem, not a broken stream
-                self._after_loss(rc)
+                if self._started_once:
+                    self._after_loss(rc)
                 if self.cfg.temporary:
                     raise StreamLost(
                         f"{exc.message}; the temporary slot ended with its connection, so pgrecv does not "
@@ -291,6 +294,7 @@ class Streamer:
             at = rc.create_temporary_slot(
                 cfg.slot, cfg.plugin, two_phase=cfg.two_phase_slot, on_wait=lambda m: self.log(m, 0)
             )
+            self._made_temporary = True
             self.log(f'created temporary slot "{cfg.slot}" ({cfg.plugin}) at {lsn_str(at)}')
         if not self._started_once:
             self._check_positions(rc)

@@ -533,6 +533,33 @@ def test_a_temporary_slot_is_not_resumed_after_a_lost_connection(table: str, tmp
     wait_for(lambda: _temporary(table, "tmp") == [], what="the slot to go with its session")
 
 
+def test_a_temporary_slot_lost_before_its_stream_started_is_exit_11(
+    table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The connection lost after the temporary slot was made and before START_REPLICATION ran
+    (the server ends the backend there: the test picks the moment, the server does the rest):
+    the slot is gone all the same, so exit 11 and its reason, not "cannot connect" (exit 3). Until
+    2026-12-05 that window gave exit 3, seen under load in the test above."""
+    from pgrecv.cli.main import main
+    from pgrecv.stream.connection import ReplicationConnection
+
+    started = ReplicationConnection.start
+
+    def start(self: ReplicationConnection, *args: Any) -> None:
+        sql(table, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'tmp'")
+        wait_for(lambda: _temporary(table, "tmp") == [], what="the slot to go with its session")
+        started(self, *args)
+
+    monkeypatch.setattr(ReplicationConnection, "start", start)
+    with pytest.raises(SystemExit) as exited:
+        main(["start", "-d", table, "--slot", "tmp", "--create", "--temporary", "-f", str(tmp_path / "out.jsonl")])
+    text = capsys.readouterr().err
+    assert exited.value.code == ExitCode.STREAM_LOST, text
+    assert "the temporary slot ended with its connection, so pgrecv does not reconnect" in text, text
+    assert text.count("\n") <= 2 and "Traceback" not in text, text
+    assert not (tmp_path / "out.jsonl").exists()  # nothing was streamed: no output made
+
+
 @pytest.mark.parametrize(
     "case", ["slot exists", "no --create", "--if-not-exists", "publication of test_decoding", "output holds changes"]
 )
