@@ -23,6 +23,7 @@ table skips the first pass over its changes (:func:`read_lean`, below).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -173,6 +174,7 @@ class Plain:
         from pyspark.sql import functions as F
 
         row = F.col("op").isin(*rp.ROW_OPS)
+        part = lean_class(F.col("op"))
         keep = self.keep()
         live = row & (keep if keep is not None else F.lit(True))
         if applied is not None:
@@ -184,7 +186,7 @@ class Plain:
             F.count(F.when(~row, 1)).alias("others"),
             *[F.count(F.when(live & (F.col("op") == o), 1)).alias(o) for o in rp.ROW_OPS],
             F.max(F.when(live, F.col("commit_lsn_i"))).alias("position"),
-            *lean_checksum(F.col("commit_lsn"), F.when(row, 1).otherwise(0)),
+            *lean_checksum([(F.concat(part, F.col("commit_lsn")), F.when(part.isNotNull(), 1).otherwise(0))]),
         )
 
     def observed(self) -> dict[str, Any]:
@@ -453,17 +455,28 @@ class LeanDeclined(Exception):
     """The lean read cannot apply this input; the run starts over without it."""
 
 
-def lean_checksum(text: Column, weight: Column | None = None) -> list[Column]:
-    """Two sums over commit LSN texts (each weighted by ``weight`` lines), which the structural
-    pass and the main job both take: equal sums say that the main job parsed the commit LSNs the
-    structural pass took from the row changes' text (not, say, a column named commit_lsn)."""
+def lean_class(op: Column) -> Column:
+    """A line's part in its transaction, by its op: ``r`` a row change, ``b`` its begin, ``c`` its
+    commit, NULL none (the structural pass takes the same from pgrecv's first bytes)."""
     from pyspark.sql import functions as F
 
-    w = F.lit(1) if weight is None else weight
-    return [
-        F.sum(F.pmod(F.xxhash64(text), F.lit(_MOD)) * w).alias("h1"),
-        F.sum(F.pmod(F.hash(text), F.lit(_MOD)) * w).alias("h2"),
-    ]
+    return F.when(op.isin(*rp.ROW_OPS), F.lit("r")).when(op == "begin", F.lit("b")).when(op == "commit", F.lit("c"))
+
+
+def lean_checksum(terms: list[tuple[Column, Column]]) -> list[Column]:
+    """Two sums over texts (each weighted by its number of lines), which the structural pass and
+    the main job both take over each line's part and commit LSN (:func:`lean_class`): equal sums
+    say that the main job parsed the ops and commit LSNs that the structural pass took from the
+    lines' text (not, say, a column named commit_lsn, or a second "op" key)."""
+    from pyspark.sql import functions as F
+
+    def total(h: Callable[[Column], Column]) -> Column:
+        out = F.lit(0).cast("bigint")
+        for text, weight in terms:
+            out = out + F.pmod(h(text), F.lit(_MOD)) * weight
+        return F.sum(out)
+
+    return [total(F.xxhash64).alias("h1"), total(F.hash).alias("h2")]
 
 
 def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
@@ -486,14 +499,16 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
     # lost: the main job counts the lines it reads that are not row changes and sums the commit
     # LSNs it parsed; if either is not this pass's, the run declines the lean read
     # (:func:`engine.facts.lean_settle`). (Looking for a second key here took 0.8 s per 1M lines.)
-    skip = F.lit(False)
-    for o in rp.ROW_OPS:
-        for head in (f'{{"v":{FORMAT_VERSION},"op":"{o}",', f'{{"op":"{o}",'):
-            skip = skip | text.startswith(head)
+    heads = {"r": rp.ROW_OPS, "b": ("begin",), "c": ("commit",)}
+    taken_as: Column = F.lit(None).cast("string")
+    for part, ops in heads.items():
+        for o in ops:
+            for head in (f'{{"v":{FORMAT_VERSION},"op":"{o}",', f'{{"op":"{o}",'):
+                taken_as = F.when(text.startswith(head), F.lit(part)).otherwise(taken_as)
     at = F.instr(text, _COMMIT_KEY)
-    taken = F.when(skip & (at > 0), F.substring_index(text.substr(at + F.lit(len(_COMMIT_KEY)), F.lit(48)), '"', 1))
+    after = F.substring_index(text.substr(at + F.lit(len(_COMMIT_KEY)), F.lit(48)), '"', 1)
     # FAILFAST: a line that is not a JSON object fails the job (the ordinary way then names it);
-    # blank lines are no records, as for the JSON reader. A skipped line is parsed as NULL.
+    # blank lines are no records, as for the JSON reader. A line taken by its head is parsed as NULL.
     narrow = NARROW.replace(", _corrupt string", "")
     opts = {"mode": "FAILFAST", **JSON_LIMITS}
     files_ = F.create_map(*[F.lit(x) for s, i in rank.items() for x in (s, i)])
@@ -502,49 +517,44 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
         .text(urls)
         .where(F.trim(text) != "")
         .select(
-            skip.alias("_s"),
-            taken.alias("_k"),
-            F.from_json(F.when(~skip, text), narrow, opts).alias("_j"),
+            taken_as.alias("_c"),
+            F.when(taken_as.isNotNull() & (at > 0), after).alias("_k"),
+            F.from_json(F.when(taken_as.isNull(), text), narrow, opts).alias("_j"),
             F.col("_metadata.file_path").alias("_f"),
             F.col("_metadata.file_block_start").alias("_b"),
         )
-        .select("_s", "_k", "_j.*", "_f", "_b")
+        .select("_c", "_k", "_j.*", "_f", "_b")
     )
     pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.monotonically_increasing_id().alias("m"))
     rel = F.struct(pos.alias("p"), "schema", "table", "replica_identity", "key", "columns")
 
-    # what the first pass would take (its ``bad`` and ``other``), among the parsed lines; a row
-    # change parsed here (written otherwise) is checked by the main job, as the skipped ones are
+    # what the first pass would take (its ``bad`` and ``other``), among the parsed lines; a line
+    # taken by its head, or a row change, begin or commit parsed here (written otherwise), is
+    # checked by the main job
     fit = op.isin(*PLAIN_OPS) & (F.col("v") == 1) & F.col("gid").isNull() & F.col("snapshot_lsn").isNull()
     fit = fit & _lsn_ok(F.col("lsn")) & _lsn_ok(F.col("commit_lsn"))
-    fit = fit & (~op.isin("begin", "commit") | F.col("commit_lsn").isNotNull())
     fit = fit & ((op != "relation") | (F.col("schema").isNotNull() & F.col("table").isNotNull()))
     fit = fit & ((op != "relation") | F.col("columns").isNotNull()) & (op != "truncate")
-    row = F.col("_s") | op.isin(*rp.ROW_OPS)
-    key = (
-        F.when(F.col("_s"), F.col("_k"))
-        .when(op.isin(*rp.ROW_OPS) | (fit & op.isin("begin", "commit")), F.col("commit_lsn"))
-        .alias("k")
-    )
-    commit = fit & (op == "commit")
+    cls = F.coalesce(F.col("_c"), lean_class(op))
+    key = F.when(cls.isNotNull(), F.coalesce(F.col("_k"), F.col("commit_lsn"))).alias("k")
+    commit = cls == "c"
     # per commit LSN's text (NULL: a line of no transaction, by its op; NULL op: one the first pass
-    # would not take): its begins, commits, row changes, and the files of its commits
+    # would not take, or a change, begin or commit without a commit LSN): its begins, commits, row
+    # changes, and the files of its commits
     per = lines.groupBy(
         key,
-        F.when(key.isNull(), F.when(row, F.lit("row")).when(fit, op)).alias("o"),
+        F.when(key.isNull() & cls.isNull() & fit, op).alias("o"),
         F.when(fit & (op == "relation"), rel).alias("r"),
     ).agg(
         F.count(F.lit(1)).alias("n"),
-        F.count(F.when(fit & (op == "begin"), 1)).alias("b"),
-        F.count(F.when(commit, 1)).alias("c"),
-        F.count(F.when(row, 1)).alias("rn"),
+        *[F.count(F.when(cls == c, 1)).alias(f"n_{c}") for c in heads],
         F.min(F.when(commit, files_[F.col("_f")])).alias("f0"),
         F.max(F.when(commit, files_[F.col("_f")])).alias("f1"),
     )
     k = F.col("k")
-    good = k.rlike(LSN_PATTERN) & (F.col("b") > 0)
-    ok = good & (F.col("c") > 0) & (F.col("f0") == F.col("f1"))
-    kind = F.when(k.isNull(), "-").when(ok, "ok").when(good & (F.col("c") == 0), "open").otherwise("bad")
+    good = k.rlike(LSN_PATTERN) & (F.col("n_b") > 0)
+    ok = good & (F.col("n_c") > 0) & (F.col("f0") == F.col("f1"))
+    kind = F.when(k.isNull(), "-").when(ok, "ok").when(good & (F.col("n_c") == 0), "open").otherwise("bad")
     listed = LEAN_OPEN
     try:
         rows = (
@@ -557,10 +567,10 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
             )
             .agg(
                 F.sum("n").alias("n"),
-                F.sum("rn").alias("rn"),
+                F.sum("n_r").alias("rn"),
                 F.count(F.lit(1)).alias("t"),
                 F.max(F.when(kind == "ok", lsn_expr(k, checked=True))).alias("hi"),
-                *lean_checksum(k, F.col("rn")),
+                *lean_checksum([(F.concat(F.lit(c), k), F.col(f"n_{c}")) for c in heads]),
             )
             .limit(listed + len(urls) + 1000)
             .collect()
@@ -574,7 +584,7 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
     last, rels, committed = None, [], 0
     sums = [sum(r["rn"] for r in rows), sum(r["h1"] or 0 for r in rows), sum(r["h2"] or 0 for r in rows)]
     for r in rows:
-        if r["kind"] == "bad" or (r["kind"] == "-" and r["o"] in (None, "row")):
+        if r["kind"] == "bad" or (r["kind"] == "-" and r["o"] is None):
             return None  # a change or commit without its begin, a line the first pass would not take
         if r["kind"] == "open":
             open_.append(parse_lsn(r["k"]))
