@@ -81,19 +81,20 @@ def write_input(
             c = lsn(pos)
             f.write(orjson.dumps({"v": 1, "op": "begin", "xid": 1, "commit_lsn": c, "commit_time": None}) + b"\n")
             for i, r in enumerate(rows):
-                r.update(
-                    {
-                        "v": 1,
-                        "schema": "public",
-                        "table": names[int(r.pop("_k")) % len(names)],
-                        "xid": 1,
-                        "commit_lsn": c,
-                        "lsn": lsn(pos - 999 + i),
-                        "commit_time": None,
-                        "key": ["id"],
-                    }
-                )
-                f.write(orjson.dumps(r) + b"\n")
+                # the fields in the order pgrecv writes them (output/format.py, row_record): the
+                # envelope, then the images (until 2026-12-05 the envelope came after the images)
+                head = {
+                    "v": 1,
+                    "op": r.pop("op"),
+                    "schema": "public",
+                    "table": names[int(r.pop("_k")) % len(names)],
+                    "xid": 1,
+                    "commit_lsn": c,
+                    "lsn": lsn(pos - 999 + i),
+                    "commit_time": None,
+                    "key": ["id"],
+                }
+                f.write(orjson.dumps({**head, **r}) + b"\n")
             f.write(
                 orjson.dumps({"v": 1, "op": "commit", "xid": 1, "commit_lsn": c, "end_lsn": c, "commit_time": None})
                 + b"\n"

@@ -58,7 +58,7 @@ TABLE_THREADS = 4  # tables applied side by side (each a few Spark jobs)
 def run_together(
     changes: DataFrame,
     todo: list[tuple[str, str]],
-    wanted: list[tuple[str, str]],
+    tids: dict[tuple[str, str], int],
     targets: dict[tuple[str, str], Table],
     facts: dict[Any, Any],
     st: rp.Structure,
@@ -88,18 +88,18 @@ def run_together(
         except (InputError, UsageError):
             continue  # the per-table replay reports it
         if together.fits(plan, target, f, config):
-            members.append(together.Member(key, wanted.index(key), plan, target, f))
+            members.append(together.Member(key, tids[key], plan, target, f))
     results = []
     chunks = (
         c for g in (together.groups(members) if len(members) > 1 else []) for c in together.final_events(changes, g)
     )
     by_tid = {m.tid: m for m in members}
     for events, types in chunks:
-        tids = events.column("_tid")
-        for tid in sorted(set(tids.to_pylist())):
+        of = events.column("_tid")
+        for tid in sorted(set(of.to_pylist())):
             m = by_tid[tid]
             schema = pa.schema([(n, ct.arrow) for n, ct in m.plan.columns.items()])
-            rows = together.merged(m, events.filter(pc.equal(tids, m.tid)), types, schema)
+            rows = together.merged(m, events.filter(pc.equal(of, m.tid)), types, schema)
             if rows is None:
                 continue
             s, t = m.key
@@ -191,6 +191,7 @@ def run_frames(
         # every table's changes follow its relation record (pgoutput and pgrecv's test_decoding reader)
         names = sorted({k for k in st.relations} | {(s, t) for s, t, _ in snap})
         wanted = [n for n in names if match is None or match(*n)]
+        tids = {k: i for i, k in enumerate(wanted)}  # each table's _tid
         targets: dict[tuple[str, str], Table] = {}
         for s, t in wanted:
             # absolute: data files are matched against the paths Spark reports
@@ -253,7 +254,7 @@ def run_frames(
         lock = threading.Lock()
         stop = threading.Event()  # after_table raised: start no other table
         if tuning.together and lean_table is None and not history and len(todo) > 1:
-            done = run_together(changes, todo, wanted, targets, facts, st, config, progress, after_table)
+            done = run_together(changes, todo, tids, targets, facts, st, config, progress, after_table)
             summary.tables.extend(done)
             summary.tables_grouped = len(done)
             applied_here = {r.table for r in done}
@@ -276,7 +277,7 @@ def run_frames(
                 return None
             s, t = key
             target = targets[key]
-            own = changes.where(F.col("_tid") == wanted.index(key))  # partition pruning: its rows only
+            own = changes.where(F.col("_tid") == tids[key])  # partition pruning: its rows only
             result = TableResult(f"{s}.{t}", str(target.path), "up to date", version=target.version)
             if target.applied is not None:
                 result.applied_lsn = lsn_str(target.applied)
