@@ -87,6 +87,8 @@ class Plain:
     # the lean read (:func:`read_lean`): its structural pass's row changes and the checksum of
     # their commit LSNs (:func:`lean_checksum`), which the main job's must equal; else None
     lean_sums: tuple[int, int, int] | None = None
+    # the tables with a row change or a TRUNCATE in the input (None: not counted, a lean read)
+    changed: set[tuple[str, str]] | None = None
     # the lean read's counts, taken by the main job (:meth:`observed`)
     observation: Observation | None = field(default=None, repr=False)
     counts: dict[str, Any] | None = None  # what it counted, once the main job's files are written
@@ -362,6 +364,8 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
         .collect()
     )
     uncommitted = sorted(r["k"] for r in open_) if len(open_) <= UNCOMMITTED_LISTED else None
+    changed = {(r["schema"], r["table"]) for r in head["rows"] or []}
+    changed |= {(t["schema"], t["table"]) for ts in head["truncated"] or [] for t in ts or []}
     return Plain(
         spark,
         urls,
@@ -372,6 +376,7 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
         per,
         head["last_commit"],
         uncommitted,
+        changed=changed,
     )
 
 
