@@ -49,7 +49,7 @@ class Tuning:
     from the environment by :meth:`from_env`, or by a test."""
 
     direct: bool = True  # plain inputs read from their JSON, without the staged copy (read/direct.py)
-    lean: bool = True  # a large input of one table without the first pass (read/direct.py, read_lean)
+    lean: bool = True  # a large input of one table without the first pass (read/lean.py, read_lean)
     one_pass: bool = True  # batches that touch much of a table in one Spark job (engine/batch.py)
     single_task: bool = True  # small batches onto small tables in one task (engine/facts.py)
     together: bool = True  # many small tables' batches in one set of Spark jobs (engine/together.py)

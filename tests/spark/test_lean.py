@@ -1,4 +1,4 @@
-"""The lean read (pgrecv/spark/direct.py, read_lean): a large input of one table, in latest mode,
+"""The lean read (pgrecv/spark/read/lean.py, read_lean): a large input of one table, in latest mode,
 without the first pass over its changes. It applies what the direct read applies with the same
 summary; everything it does not take, and every line it would have to refuse, goes the ordinary
 way with the same result or message, and nothing of the lean attempt is left in the target.
@@ -19,6 +19,7 @@ from pgrecv.errors import InputError
 from pgrecv.spark.apply import run_apply
 from pgrecv.spark.model import ApplyConfig, Summary, Tuning, table_dir_name
 from pgrecv.spark.read import direct
+from pgrecv.spark.read import lean as lean_read
 from tests.spark.test_direct import REFUSED as REFUSED_BY_THE_FIRST_PASS
 from tests.spark.test_direct import _cut_input, _facts, _plain_input, _update
 from tests.spark.test_engine import _insert, _rel, _rows, _txn, _write
@@ -258,9 +259,9 @@ def test_more_cut_transactions_than_it_lists_keep_the_first_pass(
     """The driver lists the transactions without a commit record (the main job's filter) up to a
     bound; past it, the first pass, whose rows stay in Spark."""
     src = _write(tmp_path / "a.jsonl", _cut_input())  # one transaction cut at the end
-    monkeypatch.setattr(direct, "LEAN_OPEN", 1)
+    monkeypatch.setattr(lean_read, "LEAN_OPEN", 1)
     assert _run([src], tmp_path / "lake-1", spark, monkeypatch, True, "parquet").input_read == "lean"
-    monkeypatch.setattr(direct, "LEAN_OPEN", 0)
+    monkeypatch.setattr(lean_read, "LEAN_OPEN", 0)
     summary = _run([src], tmp_path / "lake-0", spark, monkeypatch, True, "parquet")
     assert summary.input_read == "direct"
     assert _table(tmp_path / "lake-0", "parquet") == _table(tmp_path / "lake-1", "parquet")

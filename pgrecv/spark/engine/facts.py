@@ -33,7 +33,7 @@ SINGLE_TASK_CHANGES = 50_000
 
 
 def lean_fits(config: ApplyConfig, files: list[Path], tuning: Tuning) -> bool:
-    """Whether a run may try the lean read (:func:`direct.read_lean`): latest mode, the one pass's
+    """Whether a run may try the lean read (:func:`lean.read_lean`): latest mode, the one pass's
     policy, and an input large enough that the first pass's facts would not choose one task. Not
     where ``--conf`` sets the JSON reader's filter pushdown, which the lean read turns off so that
     its main job sees every line."""

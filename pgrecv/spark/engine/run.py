@@ -38,6 +38,7 @@ from pgrecv.spark.files import file_url, literal_read
 from pgrecv.spark.inputs import snapshot_tables
 from pgrecv.spark.model import ApplyConfig, Progress, Summary, TableResult, Tuning, app_id, table_dir_name
 from pgrecv.spark.read import direct
+from pgrecv.spark.read import lean as lean_read
 from pgrecv.spark.read.staged import check_input, read_records
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import delta_names
@@ -164,7 +165,7 @@ def run_frames(
         if tuning.direct and not carried and not manifests and direct.looks_plain(files):
             restores.append(size_reads(spark, config, files))
             if lean and lean_fits(config, files, tuning):
-                plain = direct.read_lean(spark, files, links)
+                plain = lean_read.read_lean(spark, files, links)
                 if plain is not None:
                     # the main job parses every line, which the JSON reader's filter pushdown would skip
                     restores.append(for_run(spark, config, PUSHDOWN, "false"))

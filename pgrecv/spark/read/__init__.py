@@ -2,7 +2,7 @@
 
 Three reads, the first that applies wins (:func:`pgrecv.spark.engine.run.run_frames` chooses):
 
-* :mod:`.direct` ``read_lean`` — a large input of one table: a structural pass over the lines
+* :mod:`.lean` ``read_lean`` — a large input of one table: a structural pass over the lines
   that are not row changes, and the main job reads, checks and counts the changes itself;
 * :mod:`.direct` ``read_plain`` — plain transactions (pgoutput's row changes and TRUNCATEs with
   their LSNs): one narrow first pass checks every line and counts, the replay reads the JSON;

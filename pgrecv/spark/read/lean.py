@@ -1,0 +1,175 @@
+"""The lean read: a large input of one table without the first pass over its changes.
+
+A large input of one table, applied in latest mode by the one pass (``engine._one_pass_fits``),
+skips :func:`pgrecv.spark.read.direct.read_plain`. A structural pass (:func:`read_lean`) parses
+only the lines that are not row changes (it tells pgrecv's row changes, begins and commits by
+their first bytes, and takes their commit LSN's text from after their first ``"commit_lsn":"``)
+and reduces them by commit LSN to what the driver needs: the relation records, the transactions
+with a begin and no commit (few: a transaction cut at a file's end), the highest commit per file,
+and a checksum of each line's part and commit LSN. The main job
+(:meth:`pgrecv.spark.read.direct.Plain.records`), which reads every line anyway, checks each line
+as the first pass would, and counts the table's changes, the other lines and the same checksum
+over what it parsed (an Observation). A line it would refuse, or anything the lean read does not
+cover (unchanged TOAST values, a change or commit of a transaction without a begin, other lines,
+ops or commit LSNs than the structural pass's), fails that job or its commit, before anything is
+committed, and the run starts over on the ordinary way
+(:class:`pgrecv.spark.read.direct.LeanDeclined`), which names the line. bench/NOTES.md: 1M events
+onto a 200k-row table, warm rounds 5.3-6.1 s against 7.7-8.6 s. Until 2026-12-05 the driver
+collected every begin (a broadcast join found each change's), which bounded the lean read to
+50,000 transactions: OLTP's one-change transactions took the first pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pgrecv.output.format import FORMAT_VERSION
+from pgrecv.spark.files import input_urls, literal_read, spelling
+from pgrecv.spark.inputs import parse_lsn
+from pgrecv.spark.read.direct import (
+    NARROW,
+    PLAIN_OPS,
+    UNCOMMITTED_LISTED,
+    Plain,
+    _lsn_ok,
+    _past_name,
+    lean_checksum,
+    lean_class,
+)
+from pgrecv.spark.read.envelope import JSON_LIMITS, LSN_PATTERN, lsn_expr
+from pgrecv.spark.replay import committed as rp
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, SparkSession
+
+# the most transactions without a commit record the structural pass lists (the main job's filter)
+LEAN_OPEN = UNCOMMITTED_LISTED
+_COMMIT_KEY = '"commit_lsn":"'
+
+
+def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
+    """The structural facts of a plain input from its lines that are not row changes, or None
+    when they show it is not one for the lean read (several tables, a TRUNCATE, a line of a kind
+    the first pass would send to the staged read, a change or commit without a begin, too many
+    transactions without a commit). Every line is checked again by the main job
+    (:meth:`Plain.records`)."""
+    from pyspark.sql import functions as F
+
+    urls = input_urls(files, links)
+    spelled = [spelling(spark, u) for u in urls]
+    rank = {s: i for i, s in enumerate(spelled)}
+    op, text = F.col("op"), F.col("value")
+    # A row change as pgrecv writes it is told by its first bytes, which skips its parse for the
+    # price of reading its line (the JSON reader's filter pushdown tokenizes all of it: 0.87 s
+    # against 0.46 s for 2M lines); its commit LSN is the text after its first "commit_lsn" key.
+    # A line that starts so and is not one (another "op" key later on, which the JSON reader would
+    # take instead), or whose first such key is not the envelope's (a column of that name), is not
+    # lost: the main job counts the lines it reads that are not row changes and sums the commit
+    # LSNs it parsed; if either is not this pass's, the run declines the lean read
+    # (:func:`engine.facts.lean_settle`). (Looking for a second key here took 0.8 s per 1M lines.)
+    heads = {"r": rp.ROW_OPS, "b": ("begin",), "c": ("commit",)}
+    taken_as: Column = F.lit(None).cast("string")
+    for part, ops in heads.items():
+        for o in ops:
+            for head in (f'{{"v":{FORMAT_VERSION},"op":"{o}",', f'{{"op":"{o}",'):
+                taken_as = F.when(text.startswith(head), F.lit(part)).otherwise(taken_as)
+    at = F.instr(text, _COMMIT_KEY)
+    after = F.substring_index(text.substr(at + F.lit(len(_COMMIT_KEY)), F.lit(48)), '"', 1)
+    # FAILFAST: a line that is not a JSON object fails the job (the ordinary way then names it);
+    # blank lines are no records, as for the JSON reader. A line taken by its head is parsed as NULL.
+    narrow = NARROW.replace(", _corrupt string", "")
+    opts = {"mode": "FAILFAST", **JSON_LIMITS}
+    files_ = F.create_map(*[F.lit(x) for s, i in rank.items() for x in (s, i)])
+    lines = (
+        literal_read(spark)
+        .text(urls)
+        .where(F.trim(text) != "")
+        .select(
+            taken_as.alias("_c"),
+            F.when(taken_as.isNotNull() & (at > 0), after).alias("_k"),
+            F.from_json(F.when(taken_as.isNull(), text), narrow, opts).alias("_j"),
+            F.col("_metadata.file_path").alias("_f"),
+            F.col("_metadata.file_block_start").alias("_b"),
+        )
+        .select("_c", "_k", "_j.*", "_f", "_b")
+    )
+    pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.monotonically_increasing_id().alias("m"))
+    rel = F.struct(pos.alias("p"), "schema", "table", "replica_identity", "key", "columns")
+
+    # what the first pass would take (its ``bad`` and ``other``), among the parsed lines; a line
+    # taken by its head, or a row change, begin or commit parsed here (written otherwise), is
+    # checked by the main job
+    fit = op.isin(*PLAIN_OPS) & (F.col("v") == 1) & F.col("gid").isNull() & F.col("snapshot_lsn").isNull()
+    fit = fit & _lsn_ok(F.col("lsn")) & _lsn_ok(F.col("commit_lsn"))
+    fit = fit & ((op != "relation") | (F.col("schema").isNotNull() & F.col("table").isNotNull()))
+    fit = fit & ((op != "relation") | F.col("columns").isNotNull()) & (op != "truncate")
+    cls = F.coalesce(F.col("_c"), lean_class(op))
+    key = F.when(cls.isNotNull(), F.coalesce(F.col("_k"), F.col("commit_lsn"))).alias("k")
+    commit = cls == "c"
+    # per commit LSN's text (NULL: a line of no transaction, by its op; NULL op: one the first pass
+    # would not take, or a change, begin or commit without a commit LSN): its begins, commits, row
+    # changes, and the files of its commits
+    per = lines.groupBy(
+        key,
+        F.when(key.isNull() & cls.isNull() & fit, op).alias("o"),
+        F.when(fit & (op == "relation"), rel).alias("r"),
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        *[F.count(F.when(cls == c, 1)).alias(f"n_{c}") for c in heads],
+        F.min(F.when(commit, files_[F.col("_f")])).alias("f0"),
+        F.max(F.when(commit, files_[F.col("_f")])).alias("f1"),
+    )
+    k = F.col("k")
+    good = k.rlike(LSN_PATTERN) & (F.col("n_b") > 0)
+    ok = good & (F.col("n_c") > 0) & (F.col("f0") == F.col("f1"))
+    kind = F.when(k.isNull(), "-").when(ok, "ok").when(good & (F.col("n_c") == 0), "open").otherwise("bad")
+    listed = LEAN_OPEN
+    try:
+        rows = (
+            per.groupBy(
+                kind.alias("kind"),
+                "o",
+                "r",
+                F.when(kind != "ok", k).alias("k"),
+                F.when(kind == "ok", F.col("f1")).alias("f"),
+            )
+            .agg(
+                F.sum("n").alias("n"),
+                F.sum("n_r").alias("rn"),
+                F.count(F.lit(1)).alias("t"),
+                F.max(F.when(kind == "ok", lsn_expr(k, checked=True))).alias("hi"),
+                *lean_checksum([(F.concat(F.lit(c), k), F.col(f"n_{c}")) for c in heads]),
+            )
+            .limit(listed + len(urls) + 1000)
+            .collect()
+        )
+    except Exception:  # a line Spark cannot parse: the ordinary way reports it
+        return None
+    if len(rows) >= listed + len(urls) + 1000:
+        return None
+    st = rp.Structure(lines=sum(r["n"] - r["rn"] for r in rows))
+    open_: list[int] = []
+    last, rels, committed = None, [], 0
+    sums = [sum(r["rn"] for r in rows), sum(r["h1"] or 0 for r in rows), sum(r["h2"] or 0 for r in rows)]
+    for r in rows:
+        if r["kind"] == "bad" or (r["kind"] == "-" and r["o"] is None):
+            return None  # a change or commit without its begin, a line the first pass would not take
+        if r["kind"] == "open":
+            open_.append(parse_lsn(r["k"]))
+        elif r["kind"] == "ok":
+            if r["f"] is None or _past_name(spelled[r["f"]], r["hi"]):
+                return None  # the staged read names it
+            committed += r["t"]
+            last = r["hi"] if last is None else max(last, r["hi"])
+        elif r["o"] == "relation":
+            rels.append(r["r"])
+    if len({(r["schema"], r["table"]) for r in rels}) != 1 or any(r["p"]["f"] not in rank for r in rels):
+        return None
+    if len(open_) > LEAN_OPEN:
+        return None
+    for r in sorted(rels, key=lambda r: (rank[r["p"]["f"]], r["p"]["b"], r["p"]["m"])):
+        st.relations.setdefault((r["schema"], r["table"]), []).append(rp.relation_record(r))
+    st.transactions = committed
+    st.incomplete = len(open_)
+    return Plain(spark, urls, st, None, 0, 0, None, last, sorted(open_), lean_sums=(sums[0], sums[1], sums[2]))
