@@ -17,7 +17,8 @@ to a file meanwhile is neither applied by this run nor counted in its position.
 Anything else, or any line the checks would name, makes :func:`read_plain` return None and the
 run takes the staged path, which reports it with file:line. Inputs whose first lines show them
 not plain (:func:`looks_plain`) take the staged path without the first pass. A large input of one
-table skips the first pass over its changes (:func:`read_lean`, below).
+table skips the first pass over its changes (:func:`pgrecv.spark.read.lean.read_lean`); the checks
+its main job makes over every line are here (:meth:`Plain.records`).
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ class Plain:
     # the commit LSNs of changes without a commit record (a transaction cut at a file's end), or
     # None when there are more than UNCOMMITTED_LISTED of them
     uncommitted: list[int] | None
-    # the lean read (:func:`read_lean`): its structural pass's row changes and the checksum of
-    # their commit LSNs (:func:`lean_checksum`), which the main job's must equal; else None
+    # the lean read (:func:`pgrecv.spark.read.lean.read_lean`): its structural pass's count of row
+    # changes and its checksum of each line's part and commit LSN (:func:`lean_checksum`), which
+    # the main job's must equal; else None
     lean_sums: tuple[int, int, int] | None = None
     # the tables with a row change or a TRUNCATE in the input (None: not counted, a lean read)
     changed: set[tuple[str, str]] | None = None
