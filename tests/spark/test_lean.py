@@ -28,6 +28,14 @@ pytest.importorskip("pyspark")
 pytest.importorskip("deltalake")
 
 
+@pytest.fixture(autouse=True, params=["few", "many"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs with each structural pass: of few transactions (the begins collected) and
+    of any number (each line keyed by its commit LSN); the input's head chooses otherwise."""
+    monkeypatch.setattr(lean_read, "LEAN_FEW", 10**12 if request.param == "few" else -1)
+    return str(request.param)
+
+
 def _run(src: list[Path], target: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, lean: bool, fmt: str) -> Summary:
     monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
     return run_apply(ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt), spark=spark, tuning=Tuning(lean=lean))
@@ -129,10 +137,13 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_inputs_the_lean_read_does_not_take_go_the_ordinary_way_alike(
-    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, case: str
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, case: str, mode: str
 ) -> None:
     src = _write(tmp_path / "a.jsonl", [*_plain_input(), *CASES[case]()])
-    summaries, rows = _both([[src]], tmp_path, spark, monkeypatch, "delta", ["direct"])
+    # of few transactions, the main job takes a row change's commit LSN as the JSON reader does
+    # (the later key), joined to a begun transaction's: the lean read applies it, alike
+    read = "lean" if mode == "few" and case == "a change with two commit LSN keys" else "direct"
+    summaries, rows = _both([[src]], tmp_path, spark, monkeypatch, "delta", [read])
     assert summaries[0][4][-1][1] == "applied"
     if case == "unchanged toast":
         assert [(r["id"], r["v"], float(r["n"])) for r in rows if r["id"] == 2] == [(2, "a2", 9.0)]
@@ -148,12 +159,13 @@ def test_inputs_the_lean_read_does_not_take_go_the_ordinary_way_alike(
     assert len(files[True]) == len(files[False]) > 0, files
 
 
-def test_a_column_named_commit_lsn_before_the_envelopes_goes_the_ordinary_way(
-    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+def test_a_column_named_commit_lsn_before_the_envelopes_is_applied_alike(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    """The structural pass takes a row change's commit LSN from after its first "commit_lsn" key;
-    where that is a column's value (another transaction's LSN), the main job's checksum of the
-    commit LSNs it parsed differs, and the run goes the ordinary way, applied alike."""
+    """The structural pass of any number of transactions takes a row change's commit LSN from
+    after its first "commit_lsn" key; where that is a column's value (another transaction's LSN),
+    the main job's checksum of the commit LSNs it parsed differs, and the run goes the ordinary
+    way, applied alike. (Of few transactions, the main job joins the parsed one: lean.)"""
     rel = _rel("c", [("id", "integer"), ("commit_lsn", "text")])
     head = {"v": 1, "op": "insert", "schema": "public", "table": "c", "new": {"id": 1, "commit_lsn": "0/100"}}
     change = orjson.dumps({**head, "xid": 1, "commit_lsn": "0/300", "lsn": "0/2F0", "key": ["id"]}).decode()
@@ -163,7 +175,7 @@ def test_a_column_named_commit_lsn_before_the_envelopes_goes_the_ordinary_way(
     got = {}
     for lean in (True, False):
         summary = _run([src], tmp_path / f"lake-{lean}", spark, monkeypatch, lean, "parquet")
-        assert summary.input_read == "direct"
+        assert summary.input_read == ("lean" if lean and mode == "few" else "direct")
         got[lean] = (_facts(summary), _table(tmp_path / f"lake-{lean}", "parquet", "c"))
     assert got[True] == got[False]
     assert got[True][0][4] == [("public.c", "applied", 2, 0, 0, 0, "0/300")]
@@ -251,6 +263,52 @@ def test_one_change_transactions_are_read_lean(tmp_path: Path, spark: Any, monke
     assert summaries[0][1:3] == (400, 1)
     assert summaries[0][4] == [("public.t", "applied", 400, 0, 0, 0, f"0/{0x1000 + 0x10 * 399:X}")]
     assert [(r["id"], r["v"]) for r in rows][:2] == [(0, "v300"), (1, "v301")] and len(rows) == 150
+
+
+def test_more_begins_than_it_collects_take_the_other_structural_pass(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """An input estimated to hold few transactions that holds more than the structural pass of
+    few collects goes on with the other one, still lean."""
+    src = _write(tmp_path / "a.jsonl", _cut_input())  # two transactions
+    monkeypatch.setattr(lean_read, "LEAN_BEGUN", 1)
+    calls: list[str] = []
+    for name in ("_read_begins", "_read_keyed"):
+        monkeypatch.setattr(lean_read, name, _counted(calls, name, getattr(lean_read, name)))
+    summaries, _ = _both([[src]], tmp_path, spark, monkeypatch, "parquet", ["lean"])
+    assert summaries[0][4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
+    assert calls == (["_read_begins", "_read_keyed"] if mode == "few" else ["_read_keyed"])
+
+
+def _counted(calls: list[str], name: str, f: Any) -> Any:
+    def wrapped(*args: Any) -> Any:
+        calls.append(name)
+        return f(*args)
+
+    return wrapped
+
+
+@pytest.mark.parametrize(
+    ("shape", "few"),
+    [("2 transactions of 300 changes", True), ("300 transactions of 2 changes", False), ("gzip", False)],
+)
+def test_the_heads_estimate_the_transactions(tmp_path: Path, shape: str, few: bool) -> None:
+    """The input's heads choose the structural pass: few transactions (at most LEAN_FEW, here
+    20, estimated over the whole input's size) or not; a compressed head tells nothing."""
+    n, size = (2, 300) if shape.startswith("2 ") else (300, 2)
+    lines = [orjson.dumps(_rel("t", [("id", "integer")])).decode()]
+    for t in range(n):
+        c = f"0/{0x100000 + 0x1000 * t:X}"
+        at = 0x100000 + 0x1000 * t - 16
+        lines += _txn(c, [_insert("t", c, f"0/{at + i:X}", f'{{"id":{i}}}') for i in range(size)])
+    src = _write(tmp_path / "a.jsonl", lines)
+    if shape == "gzip":
+        src = tmp_path / "a.jsonl.gz"
+        src.write_bytes(gzip.compress((tmp_path / "a.jsonl").read_bytes()))
+    assert src.stat().st_size > direct.SNIFF_BYTES or shape == "gzip"  # the estimate scales the head
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lean_read, "LEAN_FEW", 20)
+        assert lean_read.few_transactions([src], src.stat().st_size) is few
 
 
 def test_more_cut_transactions_than_it_lists_keep_the_first_pass(

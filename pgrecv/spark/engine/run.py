@@ -33,7 +33,7 @@ from pgrecv.spark.engine.facts import (
     single_task,
     table_facts,
 )
-from pgrecv.spark.engine.tuning import PUSHDOWN, for_run, size_reads, size_shuffles
+from pgrecv.spark.engine.tuning import PUSHDOWN, for_run, input_bytes, size_reads, size_shuffles
 from pgrecv.spark.files import file_url, literal_read
 from pgrecv.spark.inputs import snapshot_tables
 from pgrecv.spark.model import ApplyConfig, Progress, Summary, TableResult, Tuning, app_id, table_dir_name
@@ -165,7 +165,7 @@ def run_frames(
         if tuning.direct and not carried and not manifests and direct.looks_plain(files):
             restores.append(size_reads(spark, config, files))
             if lean and lean_fits(config, files, tuning):
-                plain = lean_read.read_lean(spark, files, links)
+                plain = lean_read.read_lean(spark, files, links, input_bytes(files))
                 if plain is not None:
                     # the main job parses every line, which the JSON reader's filter pushdown would skip
                     restores.append(for_run(spark, config, PUSHDOWN, "false"))
@@ -178,7 +178,7 @@ def run_frames(
         if plain is not None:
             df, st, keep, any_truncate = None, plain.structure, plain.keep(), plain.truncates > 0
             commits = plain.commit_keys() if keep is None else None
-            summary.input_read = "lean" if plain.lean_sums is not None else "direct"
+            summary.input_read = "lean" if plain.lean else "direct"
         else:
             records = read_records(spark, files, carried, stage, links)
             restores.append(size_reads(spark, config, list(stage.rglob("*.parquet"))))
@@ -206,7 +206,7 @@ def run_frames(
                 target.open()
             targets[(s, t)] = target
         lean_table = None
-        if plain is not None and plain.lean_sums is not None:
+        if plain is not None and plain.lean:
             if len(wanted) != 1 or not lean_one_pass(plain, targets[wanted[0]], files):
                 raise direct.LeanDeclined
             last, at = plain.last_commit, targets[wanted[0]].applied

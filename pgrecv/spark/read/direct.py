@@ -24,7 +24,7 @@ its main job makes over every line are here (:meth:`Plain.records`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +67,7 @@ NARROW = ", ".join(f if _name(f) not in ("new", "old") else f"{_name(f)} struct<
 _WANTED = {"op", "schema", "table", "tables", "new", "old", "unchanged_toast", "old_unchanged_toast"}
 _WANTED |= {"json_nulls", "old_json_nulls", "xid", "commit_time", "lsn", "commit_lsn", "gid", "snapshot_lsn"}
 CHANGE_FIELDS = [f for f in ENVELOPE_FIELDS if _name(f) in _WANTED]
+_BEGUN = "_begun"  # the lean read's column (few transactions): the line's begun transaction's commit LSN
 
 
 @dataclass
@@ -86,11 +87,20 @@ class Plain:
     # changes and its checksum of each line's part and commit LSN (:func:`lean_checksum`), which
     # the main job's must equal; else None
     lean_sums: tuple[int, int, int] | None = None
+    # the lean read of few transactions (:func:`pgrecv.spark.read.lean.read_lean`): the commit LSN
+    # of every transaction whose begin its structural pass saw, by its text (a row change of any
+    # other fails the main job); else None
+    lean_begins: dict[str, int] | None = None
     # the tables with a row change or a TRUNCATE in the input (None: not counted, a lean read)
     changed: set[tuple[str, str]] | None = None
     # the lean read's counts, taken by the main job (:meth:`observed`)
     observation: Observation | None = field(default=None, repr=False)
     counts: dict[str, Any] | None = None  # what it counted, once the main job's files are written
+
+    @property
+    def lean(self) -> bool:
+        """Whether this is the lean read's (its main job checks and counts every line)."""
+        return self.lean_sums is not None or self.lean_begins is not None
 
     def commit_keys(self) -> DataFrame:
         """The commit LSNs, to semi-join changes to, with ``rp.commit_hint``'s join hint."""
@@ -137,7 +147,7 @@ class Plain:
         (``applied``: its table's position) are also checked and counted on the way."""
         from pyspark.sql import functions as F
 
-        lean = self.lean_sums is not None
+        lean = self.lean
         # the lean read parses every field of every line, as the first pass does (FAILFAST: a
         # value of the wrong type fails the job); otherwise only what the replay reads
         wanted = [f for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"] if lean else CHANGE_FIELDS
@@ -148,11 +158,18 @@ class Plain:
         lsns = {n: lsn_expr(F.col(n), checked=True) for n in LSN_FIELDS}
         path = F.col("_metadata.file_path")
         if lean:
-            ok = _lean_ok([_name(f) for f in fields])
+            begun = self.lean_begins is not None
+            if begun:
+                lines = self._lean_begun(lines)
+            ok = _lean_ok([_name(f) for f in fields], begun)
             # a change of another table (no relation record of it: the staged read names it)
             (schema, table), *_ = self.structure.relations
             other = F.col("op").isin(*rp.ROW_OPS) & ((F.col("schema") != schema) | (F.col("table") != table))
             lines = lines.where(_lean_checked(ok & ~other))
+            if begun:
+                # a begun transaction's commit LSN comes with its begin (converting each line's
+                # text took longer than the join)
+                lsns["commit_lsn"] = F.when(F.col(_BEGUN).isNotNull(), F.col(_BEGUN)).otherwise(lsns["commit_lsn"])
             # a line the lean read does not take fails its job, and the ordinary way names it:
             # the lean read needs no line's file
             path = F.lit(None).cast("string")
@@ -169,6 +186,22 @@ class Plain:
         )
         return self._lean_counted(out, applied) if lean else out
 
+    def _lean_begun(self, lines: DataFrame) -> DataFrame:
+        """The lean read's lines with ``_BEGUN``: the commit LSN of the transaction whose begin
+        the structural pass saw with the line's ``commit_lsn`` text (NULL: none). A broadcast
+        join on the text: each row change must have one (:func:`_lean_ok`), which also checks its
+        commit LSN's spelling (the structural pass matched every begin's against the pattern)."""
+        import pyarrow as pa
+        from pyspark.sql import functions as F
+
+        assert self.lean_begins is not None
+        # from Arrow: a local relation, broadcast without a Spark job of its own (a list of rows
+        # makes an RDD, whose collect was 0.07-0.2 s before the main job could start)
+        texts = pa.array(list(self.lean_begins), pa.string())
+        lsns = pa.array(list(self.lean_begins.values()), pa.int64())
+        begun = self.spark.createDataFrame(pa.table({f"{_BEGUN}_t": texts, _BEGUN: lsns}))
+        return lines.join(F.broadcast(begun), F.col("commit_lsn") == F.col(f"{_BEGUN}_t"), "left_outer")
+
     def _lean_counted(self, records: DataFrame, applied: int | None) -> DataFrame:
         """The lean read's records with its Observation of the table's live changes."""
         from pyspark.sql import Observation
@@ -176,6 +209,7 @@ class Plain:
 
         row = F.col("op").isin(*rp.ROW_OPS)
         part = lean_class(F.col("op"))
+        sums = lean_checksum([(F.concat(part, F.col("commit_lsn")), F.when(part.isNotNull(), 1).otherwise(0))])
         keep = self.keep()
         live = row & (keep if keep is not None else F.lit(True))
         if applied is not None:
@@ -187,7 +221,8 @@ class Plain:
             F.count(F.when(~row, 1)).alias("others"),
             *[F.count(F.when(live & (F.col("op") == o), 1)).alias(o) for o in rp.ROW_OPS],
             F.max(F.when(live, F.col("commit_lsn_i"))).alias("position"),
-            *lean_checksum([(F.concat(part, F.col("commit_lsn")), F.when(part.isNotNull(), 1).otherwise(0))]),
+            # (of few transactions, the join checked each row change's commit LSN instead)
+            *(sums if self.lean_sums is not None else []),
         )
 
     def observed(self) -> dict[str, Any]:
@@ -208,20 +243,26 @@ SNIFF_FILES = 16  # files it reads: the driver's work stays bounded, however man
 _CODECS = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 
 
+def heads(files: list[Path]) -> Iterator[bytes]:
+    """The first :data:`SNIFF_BYTES` of each of the first :data:`SNIFF_FILES` files that Spark
+    does not decompress (a file that cannot be read is left to the read proper, which reports it)."""
+    for f in files[:SNIFF_FILES]:
+        if f.name.endswith(_CODECS):
+            continue
+        try:
+            with open(f, "rb") as fh:
+                yield fh.read(SNIFF_BYTES)
+        except OSError:
+            continue
+
+
 def looks_plain(files: list[Path]) -> bool:
     """False when the whole lines in the first :data:`SNIFF_BYTES` of one of the first
     :data:`SNIFF_FILES` files already show an input that is not plain (test_decoding's changes
     without LSNs, a two-phase or streamed transaction, a line that is not a JSON object): the
     staged read then runs at once, instead of after a first pass that would only have found that
     out. True decides nothing: the first pass checks every line."""
-    for f in files[:SNIFF_FILES]:
-        if f.name.endswith(_CODECS):
-            continue
-        try:
-            with open(f, "rb") as fh:
-                head = fh.read(SNIFF_BYTES)
-        except OSError:
-            continue  # the read proper reports it
+    for head in heads(files):
         for line in head.split(b"\n")[:-1]:  # the last piece may be cut
             if not line.strip():
                 continue
@@ -471,9 +512,10 @@ def _lsn_ok(c: Column) -> Column:
     return c.isNull() | c.rlike(LSN_PATTERN)
 
 
-def _lean_ok(names: list[str]) -> Column:
+def _lean_ok(names: list[str], begun: bool) -> Column:
     """What the first pass would take of a line, for the lean read's main job (every field in
-    ``names`` referred to, so that the reader parses each)."""
+    ``names`` referred to, so that the reader parses each). ``begun``: the lean read of few
+    transactions, whose row changes must have a begun transaction's commit LSN (``_BEGUN``)."""
     from pyspark.sql import functions as F
 
     op, commit = F.col("op"), F.col("commit_lsn")
@@ -481,8 +523,8 @@ def _lean_ok(names: list[str]) -> Column:
     ok = (F.col("v") == 1) & op.isin(*PLAIN_OPS) & (op != "truncate")
     ok = ok & F.col("gid").isNull() & F.col("snapshot_lsn").isNull() & _lsn_ok(F.col("lsn"))
     # a row change's commit LSN is one the structural pass took from its text and checked (the
-    # checksum of lean_settle says so)
-    ok = ok & F.when(row, commit.isNotNull()).otherwise(_lsn_ok(commit))
+    # checksum of lean_settle says so), or the text of a begin it checked (Plain._lean_begun)
+    ok = ok & F.when(row, F.col(_BEGUN).isNotNull() if begun else commit.isNotNull()).otherwise(_lsn_ok(commit))
     no_toast = F.coalesce(F.size("unchanged_toast"), F.lit(0)) == 0  # size(NULL) is NULL
     ok = ok & (~row | (F.col("lsn").isNotNull() & no_toast))
     ok = ok & (~row | (F.col("schema").isNotNull() & F.col("table").isNotNull()))  # the staged read names it

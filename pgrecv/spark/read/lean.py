@@ -6,17 +6,23 @@ only the lines that are not row changes (it tells pgrecv's row changes, begins a
 their first bytes, and takes their commit LSN's text from after their first ``"commit_lsn":"``)
 and reduces them by commit LSN to what the driver needs: the relation records, the transactions
 with a begin and no commit (few: a transaction cut at a file's end), the highest commit per file,
-and a checksum of each line's part and commit LSN. The main job
+and a checksum of each line's part and commit LSN. An input of few transactions (estimated from
+its head) takes a cheaper structural pass instead, which skips the row changes by their first
+bytes and collects every begin's commit LSN (at most :data:`LEAN_BEGUN`), which the main job
+joins each row change to. The main job
 (:meth:`pgrecv.spark.read.direct.Plain.records`), which reads every line anyway, checks each line
 as the first pass would, and counts the table's changes, the other lines and the same checksum
 over what it parsed (an Observation). A line it would refuse, or anything the lean read does not
 cover (unchanged TOAST values, a change or commit of a transaction without a begin, other lines,
-ops or commit LSNs than the structural pass's), fails that job or its commit, before anything is
+ops or commit LSNs than the structural pass's, a change of no begun transaction), fails that
+job or its commit, before anything is
 committed, and the run starts over on the ordinary way
 (:class:`pgrecv.spark.read.direct.LeanDeclined`), which names the line. bench/NOTES.md: 1M events
 onto a 200k-row table, warm rounds 5.3-6.1 s against 7.7-8.6 s. Until 2026-12-05 the driver
-collected every begin (a broadcast join found each change's), which bounded the lean read to
-50,000 transactions: OLTP's one-change transactions took the first pass.
+collected every begin (a broadcast join found each change's) for every input, which bounded the
+lean read to 50,000 transactions: OLTP's one-change transactions took the first pass. Reading each
+row change's commit LSN costs about 1 s per 1M lines, which inputs of few large transactions
+need not pay (bench/NOTES.md, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -37,23 +43,174 @@ from pgrecv.spark.read.direct import (
     lean_checksum,
     lean_class,
 )
+from pgrecv.spark.read.direct import heads as direct_heads
 from pgrecv.spark.read.envelope import JSON_LIMITS, LSN_PATTERN, lsn_expr
 from pgrecv.spark.replay import committed as rp
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, SparkSession
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
 
 # the most transactions without a commit record the structural pass lists (the main job's filter)
 LEAN_OPEN = UNCOMMITTED_LISTED
+# transactions, estimated from the input's head, up to which the structural pass skips row changes
+# and collects the begins; the most begins it collects (broadcast to the main job; past them, the
+# other structural pass runs): the estimate has a margin, a wrong one costs a pass
+LEAN_FEW = 20_000
+LEAN_BEGUN = 50_000
 _COMMIT_KEY = '"commit_lsn":"'
+_PARTS = {"r": rp.ROW_OPS, "b": ("begin",), "c": ("commit",)}
 
 
-def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
-    """The structural facts of a plain input from its lines that are not row changes, or None
-    when they show it is not one for the lean read (several tables, a TRUNCATE, a line of a kind
-    the first pass would send to the staged read, a change or commit without a begin, too many
-    transactions without a commit). Every line is checked again by the main job
+def _firsts(ops: tuple[str, ...]) -> list[str]:
+    """The first bytes of pgrecv's lines of these ops."""
+    return [head for o in ops for head in (f'{{"v":{FORMAT_VERSION},"op":"{o}",', f'{{"op":"{o}",')]
+
+
+def few_transactions(files: list[Path], size: int) -> bool:
+    """Whether the input's ``size`` bytes hold at most about :data:`LEAN_FEW` transactions, by the
+    share of begins among the whole lines of its heads (:func:`direct.heads`). False when no head
+    can tell (compressed files)."""
+    sampled = begins = 0
+    firsts = tuple(h.encode() for h in _firsts(("begin",)))
+    for head in direct_heads(files):
+        whole = head[: head.rfind(b"\n") + 1]
+        sampled += len(whole)
+        begins += sum(1 for line in whole.split(b"\n") if line.startswith(firsts))
+    return sampled > 0 and size * begins <= LEAN_FEW * sampled
+
+
+class _TooMany(Exception):
+    """More begins than :data:`LEAN_BEGUN`: the other structural pass runs."""
+
+
+def read_lean(spark: SparkSession, files: list[Path], links: Path, size: int) -> Plain | None:
+    """The structural facts of a plain input of ``size`` bytes from its lines that are not row
+    changes, or None when they show it is not one for the lean read (several tables, a TRUNCATE,
+    a line of a kind the first pass would send to the staged read, a change or commit without a
+    begin, too many transactions without a commit). Every line is checked again by the main job
     (:meth:`Plain.records`)."""
+    if few_transactions(files, size):
+        try:
+            return _read_begins(spark, files, links)
+        except _TooMany:
+            pass
+    return _read_keyed(spark, files, links)
+
+
+def _fit(op: Column) -> Column:
+    """What the first pass would take (its ``bad`` and ``other``) of a line the structural pass
+    parsed; a line taken by its first bytes, or a row change, begin or commit it parsed (written
+    otherwise), is checked by the main job."""
+    from pyspark.sql import functions as F
+
+    fit = op.isin(*PLAIN_OPS) & (F.col("v") == 1) & F.col("gid").isNull() & F.col("snapshot_lsn").isNull()
+    fit = fit & _lsn_ok(F.col("lsn")) & _lsn_ok(F.col("commit_lsn"))
+    fit = fit & ((op != "relation") | (F.col("schema").isNotNull() & F.col("table").isNotNull()))
+    return fit & ((op != "relation") | F.col("columns").isNotNull()) & (op != "truncate")
+
+
+def _parsed(spark: SparkSession, urls: list[str], *cols: Column, where: Column | None = None) -> DataFrame:
+    """The input's lines that are not blank (and ``where``), with ``cols`` and the fields of
+    those not taken by their first bytes (``taken`` NULL; FAILFAST: a line that is not a JSON
+    object fails the job, and the ordinary way then names it) and each line's file and block."""
+    from pyspark.sql import functions as F
+
+    text = F.col("value")
+    keep = F.trim(text) != ""
+    taken = cols[0] if cols else F.lit(None)
+    narrow = NARROW.replace(", _corrupt string", "")
+    return (
+        literal_read(spark)
+        .text(urls)
+        .where(keep if where is None else where & keep)
+        .select(
+            *cols,
+            F.from_json(F.when(taken.isNull(), text), narrow, {"mode": "FAILFAST", **JSON_LIMITS}).alias("_j"),
+            F.col("_metadata.file_path").alias("_f"),
+            F.col("_metadata.file_block_start").alias("_b"),
+        )
+        .select(*[c for c in ("_c", "_k") if cols], "_j.*", "_f", "_b")
+    )
+
+
+def _relation() -> Column:
+    from pyspark.sql import functions as F
+
+    pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.monotonically_increasing_id().alias("m"))
+    return F.struct(pos.alias("p"), "schema", "table", "replica_identity", "key", "columns")
+
+
+def _structure(st: rp.Structure, rels: list[Row], rank: dict[str, int]) -> bool:
+    """Adds the relation records to ``st`` in input order; False unless they are of one table."""
+    if len({(r["schema"], r["table"]) for r in rels}) != 1 or any(r["p"]["f"] not in rank for r in rels):
+        return False
+    for r in sorted(rels, key=lambda r: (rank[r["p"]["f"]], r["p"]["b"], r["p"]["m"])):
+        st.relations.setdefault((r["schema"], r["table"]), []).append(rp.relation_record(r))
+    return True
+
+
+def _read_begins(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
+    """The structural pass of few transactions: row changes are skipped by pgrecv's first bytes
+    (written otherwise, they are parsed and grouped by their op alone); the driver gets each
+    begin's and commit's commit LSN and the relation records."""
+    from pyspark.sql import functions as F
+
+    urls = input_urls(files, links)
+    rank = {spelling(spark, u): i for i, u in enumerate(urls)}
+    op, text = F.col("op"), F.col("value")
+    skip = F.lit(False)
+    for head in _firsts(rp.ROW_OPS):
+        skip = skip | text.startswith(head)
+    # no filter on the parsed op, which Spark would move into the filter above, out of its
+    # generated code (2.2 s for 1M lines)
+    lines = _parsed(spark, urls, where=~skip)
+    fit = _fit(op) & (~op.isin("begin", "commit") | F.col("commit_lsn").isNotNull())
+    most = 2 * LEAN_BEGUN + 1000
+    try:
+        rows = (
+            lines.groupBy(
+                F.when(fit, op).alias("op"),
+                F.when(fit & op.isin("begin", "commit"), F.col("commit_lsn")).alias("k"),
+                F.when(fit & (op == "commit"), F.col("_f")).alias("f"),
+                F.when(fit & (op == "relation"), _relation()).alias("r"),
+            )
+            .agg(F.count(F.lit(1)).alias("n"))
+            .limit(most)
+            .collect()
+        )
+    except Exception:  # a line Spark cannot parse: the ordinary way reports it
+        return None
+    if len(rows) >= most:
+        raise _TooMany
+    if any(r["op"] is None for r in rows):
+        return None
+    st = rp.Structure(lines=sum(r["n"] for r in rows if r["op"] not in rp.ROW_OPS))
+    begun: dict[str, int] = {}  # each begin's commit LSN, by its text
+    commits: set[int] = set()
+    for r in rows:
+        if r["op"] == "begin":
+            begun[r["k"]] = parse_lsn(r["k"])
+        elif r["op"] == "commit":
+            commits.add(parse_lsn(r["k"]))
+            if _past_name(r["f"], parse_lsn(r["k"])):
+                return None  # the staged read names it
+    begins = set(begun.values())
+    if len(begins) > LEAN_BEGUN:
+        raise _TooMany
+    open_ = begins - commits
+    if not commits <= begins or len(open_) > LEAN_OPEN:
+        return None
+    if not _structure(st, [r["r"] for r in rows if r["op"] == "relation"], rank):
+        return None
+    st.transactions = len(commits)
+    st.incomplete = len(open_)
+    last = max(commits) if commits else None
+    return Plain(spark, urls, st, None, 0, 0, None, last, sorted(open_), lean_begins=begun)
+
+
+def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
+    """The structural pass of any number of transactions: each line keyed by its commit LSN (a
+    row change's, begin's and commit's taken from its text), reduced in Spark."""
     from pyspark.sql import functions as F
 
     urls = input_urls(files, links)
@@ -68,42 +225,16 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
     # lost: the main job counts the lines it reads that are not row changes and sums the commit
     # LSNs it parsed; if either is not this pass's, the run declines the lean read
     # (:func:`engine.facts.lean_settle`). (Looking for a second key here took 0.8 s per 1M lines.)
-    heads = {"r": rp.ROW_OPS, "b": ("begin",), "c": ("commit",)}
     taken_as: Column = F.lit(None).cast("string")
-    for part, ops in heads.items():
-        for o in ops:
-            for head in (f'{{"v":{FORMAT_VERSION},"op":"{o}",', f'{{"op":"{o}",'):
-                taken_as = F.when(text.startswith(head), F.lit(part)).otherwise(taken_as)
+    for part, ops in _PARTS.items():
+        for head in _firsts(ops):
+            taken_as = F.when(text.startswith(head), F.lit(part)).otherwise(taken_as)
     at = F.instr(text, _COMMIT_KEY)
     after = F.substring_index(text.substr(at + F.lit(len(_COMMIT_KEY)), F.lit(48)), '"', 1)
-    # FAILFAST: a line that is not a JSON object fails the job (the ordinary way then names it);
-    # blank lines are no records, as for the JSON reader. A line taken by its head is parsed as NULL.
-    narrow = NARROW.replace(", _corrupt string", "")
-    opts = {"mode": "FAILFAST", **JSON_LIMITS}
     files_ = F.create_map(*[F.lit(x) for s, i in rank.items() for x in (s, i)])
-    lines = (
-        literal_read(spark)
-        .text(urls)
-        .where(F.trim(text) != "")
-        .select(
-            taken_as.alias("_c"),
-            F.when(taken_as.isNotNull() & (at > 0), after).alias("_k"),
-            F.from_json(F.when(taken_as.isNull(), text), narrow, opts).alias("_j"),
-            F.col("_metadata.file_path").alias("_f"),
-            F.col("_metadata.file_block_start").alias("_b"),
-        )
-        .select("_c", "_k", "_j.*", "_f", "_b")
-    )
-    pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.monotonically_increasing_id().alias("m"))
-    rel = F.struct(pos.alias("p"), "schema", "table", "replica_identity", "key", "columns")
-
-    # what the first pass would take (its ``bad`` and ``other``), among the parsed lines; a line
-    # taken by its head, or a row change, begin or commit parsed here (written otherwise), is
-    # checked by the main job
-    fit = op.isin(*PLAIN_OPS) & (F.col("v") == 1) & F.col("gid").isNull() & F.col("snapshot_lsn").isNull()
-    fit = fit & _lsn_ok(F.col("lsn")) & _lsn_ok(F.col("commit_lsn"))
-    fit = fit & ((op != "relation") | (F.col("schema").isNotNull() & F.col("table").isNotNull()))
-    fit = fit & ((op != "relation") | F.col("columns").isNotNull()) & (op != "truncate")
+    # a line taken by its head is parsed as NULL
+    lines = _parsed(spark, urls, taken_as.alias("_c"), F.when(taken_as.isNotNull() & (at > 0), after).alias("_k"))
+    fit = _fit(op)
     cls = F.coalesce(F.col("_c"), lean_class(op))
     key = F.when(cls.isNotNull(), F.coalesce(F.col("_k"), F.col("commit_lsn"))).alias("k")
     commit = cls == "c"
@@ -113,10 +244,10 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
     per = lines.groupBy(
         key,
         F.when(key.isNull() & cls.isNull() & fit, op).alias("o"),
-        F.when(fit & (op == "relation"), rel).alias("r"),
+        F.when(fit & (op == "relation"), _relation()).alias("r"),
     ).agg(
         F.count(F.lit(1)).alias("n"),
-        *[F.count(F.when(cls == c, 1)).alias(f"n_{c}") for c in heads],
+        *[F.count(F.when(cls == c, 1)).alias(f"n_{c}") for c in _PARTS],
         F.min(F.when(commit, files_[F.col("_f")])).alias("f0"),
         F.max(F.when(commit, files_[F.col("_f")])).alias("f1"),
     )
@@ -139,7 +270,7 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
                 F.sum("n_r").alias("rn"),
                 F.count(F.lit(1)).alias("t"),
                 F.max(F.when(kind == "ok", lsn_expr(k, checked=True))).alias("hi"),
-                *lean_checksum([(F.concat(F.lit(c), k), F.col(f"n_{c}")) for c in heads]),
+                *lean_checksum([(F.concat(F.lit(c), k), F.col(f"n_{c}")) for c in _PARTS]),
             )
             .limit(listed + len(urls) + 1000)
             .collect()
@@ -164,12 +295,8 @@ def read_lean(spark: SparkSession, files: list[Path], links: Path) -> Plain | No
             last = r["hi"] if last is None else max(last, r["hi"])
         elif r["o"] == "relation":
             rels.append(r["r"])
-    if len({(r["schema"], r["table"]) for r in rels}) != 1 or any(r["p"]["f"] not in rank for r in rels):
+    if len(open_) > LEAN_OPEN or not _structure(st, rels, rank):
         return None
-    if len(open_) > LEAN_OPEN:
-        return None
-    for r in sorted(rels, key=lambda r: (rank[r["p"]["f"]], r["p"]["b"], r["p"]["m"])):
-        st.relations.setdefault((r["schema"], r["table"]), []).append(rp.relation_record(r))
     st.transactions = committed
     st.incomplete = len(open_)
     return Plain(spark, urls, st, None, 0, 0, None, last, sorted(open_), lean_sums=(sums[0], sums[1], sums[2]))
