@@ -13,6 +13,8 @@ not apply deletion vectors and refuses such tables).
 
 from __future__ import annotations
 
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +70,12 @@ class DeltaSparkTable(Table):
         return self.spark.read.format("delta").option("versionAsOf", self.version).load(file_url(self.path))
 
     def write_frames(self, batch: Batch) -> int:
-        if batch.settle is not None:
-            # the lean read counts its changes in the job that writes the files and settles them
-            # before the commit: a MERGE writes and commits in one call, so the ordinary read applies it
-            from pgrecv.spark.read.direct import LeanDeclined
-
-            raise LeanDeclined
         made = missing_dirs(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
+        stage = None
         try:
+            if batch.settle is not None:
+                stage = self._settled(batch)
             self._write(batch)
         except BaseException as exc:
             if self.version is None:
@@ -84,7 +83,25 @@ class DeltaSparkTable(Table):
             if _is_conflict(exc):
                 raise _conflict(self.path, exc) from None
             raise
+        finally:
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
         return self._reopen()
+
+    def _settled(self, batch: Batch) -> Path:
+        """The lean read counts its changes in the job that reads them and settles them before the
+        commit (:attr:`Batch.settle`), which a MERGE or a write makes in the same call as its job:
+        the final events are written first to a directory of their own in the table's (which
+        Delta's readers never list: it is not in the log), settled, and the write reads them there.
+        Returns that directory, removed after the write."""
+        from pgrecv.spark.files import literal_read
+
+        assert batch.final is not None and batch.settle is not None
+        stage = self.path / f"_pgrecv_final-{secrets.token_hex(8)}"
+        batch.final.write.parquet(file_url(stage))
+        batch.settle()
+        batch.final = literal_read(self.spark).parquet(file_url(stage))
+        return stage
 
     def _write(self, batch: Batch) -> None:
         from pyspark.sql import functions as F
@@ -107,8 +124,33 @@ class DeltaSparkTable(Table):
         self._add_columns(batch)
         if batch.history:
             self._merge_history(batch)
+        elif batch.final is not None:
+            self._overwrite(batch)
         else:
             self._merge_latest(batch)
+
+    def _overwrite(self, batch: Batch) -> None:
+        """A one-pass batch (it updates or deletes at least a quarter of the table's rows, and
+        would touch most of its files) replaces the table: its current rows without the batch's
+        keys and the batch's new rows, in one overwrite. A MERGE would join and mark every file
+        first (bench/NOTES.md, 2026-12-05). The current rows are read at the version opened; the
+        target's lock keeps other runs out meanwhile."""
+        from pyspark.sql import functions as F
+
+        from pgrecv.spark.sparkops import spark_schema
+
+        assert batch.final is not None
+        names, keys = batch.schema.names, batch.key_cols
+        current = self.frame()
+        have = set(current.columns)
+        types = {f.name: f.dataType for f in spark_schema(batch.schema)}
+        current = current.select(
+            *[F.col(quoted(n)) if n in have else F.lit(None).cast(types[n]).alias(n) for n in names]
+        ).alias("t")
+        touched = batch.final.select(*[F.col("_k")[k].alias(_k(i)) for i, k in enumerate(keys)]).alias("s")
+        kept = current.join(touched, self._on(batch), "left_anti")
+        new = batch.final.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
+        self._save(self._clustered(kept.unionByName(new), batch), batch, "overwrite")
 
     def _clustered(self, rows: Any, batch: Batch) -> Any:
         """A whole table's rows in key order, so that nearby keys share a file (as the other writers)."""
