@@ -33,7 +33,14 @@ from pgrecv.spark.engine.facts import (
     single_task,
     table_facts,
 )
-from pgrecv.spark.engine.tuning import PUSHDOWN, for_run, input_bytes, size_reads, size_shuffles
+from pgrecv.spark.engine.tuning import (
+    PUSHDOWN,
+    for_run,
+    input_bytes,
+    size_delta_snapshots,
+    size_reads,
+    size_shuffles,
+)
 from pgrecv.spark.files import file_url, literal_read
 from pgrecv.spark.inputs import snapshot_tables
 from pgrecv.spark.model import ApplyConfig, Progress, Summary, TableResult, Tuning, app_id, table_dir_name
@@ -45,7 +52,7 @@ from pgrecv.spark.schema import delta_names
 from pgrecv.spark.schema import plan as table_plan
 from pgrecv.spark.tables import Table, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
-from pgrecv.spark.tables.delta_spark import delta_writer
+from pgrecv.spark.tables.delta_spark import DeltaSparkTable, delta_writer
 from pgrecv.spark.tables.parquet import ParquetTable
 from pgrecv.spark.tables.rewrite import one_pass_failed
 
@@ -160,6 +167,8 @@ def run_frames(
     # PostgreSQL's names are case-sensitive: columns "a" and "A" are two columns (Spark's default
     # would take them as one, and fail as ambiguous)
     restores.append(for_run(spark, config, "spark.sql.caseSensitive", "true"))
+    if writer is DeltaSparkTable:
+        restores.append(size_delta_snapshots(spark, config))
     try:
         plain = None
         if tuning.direct and not carried and not manifests and direct.looks_plain(files):

@@ -44,12 +44,24 @@ def size_reads(spark: SparkSession, config: ApplyConfig, inputs: list[Path]) -> 
     return for_run(spark, config, "spark.sql.files.maxPartitionBytes", max(1 << 20, -(-size // parts)))
 
 
+# Delta's connector rebuilds a table's state from its log in this many tasks (50 by default)
+DELTA_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+
+
+def size_delta_snapshots(spark: SparkSession, config: ApplyConfig) -> Callable[[], None]:
+    """Delta's connector rebuilds a table's state in 50 tasks by default, sized for clusters and
+    logs of many files; a run sizes it to the session's cores, at most 50. Each MERGE or write
+    rebuilds it several times: on local[2], four such jobs took 0.4-0.5 s each (bench/NOTES.md)."""
+    cores = int(spark.sparkContext.defaultParallelism)
+    return for_run(spark, config, DELTA_SNAPSHOT_PARTITIONS, max(1, min(50, cores)))
+
+
 def for_run(spark: SparkSession, config: ApplyConfig, key: str, value: int | str) -> Callable[[], None]:
     """Sets a session conf for this run unless the user gave it (``--conf`` wins); returns what
     restores the session's value."""
     if key in config.conf:
         return lambda: None
-    old = spark.conf.get(key)
+    old = spark.conf.get(key, None)  # None: not set (a conf without a default cannot be read otherwise)
     spark.conf.set(key, str(value))
     if old is None:
         return lambda: spark.conf.unset(key)
