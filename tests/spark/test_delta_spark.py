@@ -272,7 +272,7 @@ def test_a_killed_run_is_completed_by_the_next(tmp_path: Path, spark_jars_conf: 
 def test_a_large_batch_read_lean_replaces_the_table_in_one_commit(tmp_path: Path, connector: Runner) -> None:
     """A batch that updates most of a table (here every row, many times, and deletes some) is one
     overwrite commit of the table's new rows instead of a MERGE; an input large enough for the
-    lean read (over 32 MB) is read lean, its counts settled before that commit. A re-run is up
+    lean read (over 32 MB) is read lean, its counts settled (the final events kept in Spark) before that commit. A re-run is up
     to date."""
     target = tmp_path / "lake"
     base = [
@@ -307,6 +307,5 @@ def test_a_large_batch_read_lean_replaces_the_table_in_one_commit(tmp_path: Path
     actions = [orjson.loads(line) for line in commits[-1].read_bytes().splitlines()]
     assert [a["commitInfo"]["operation"] for a in actions if "commitInfo" in a] == ["WRITE"]
     assert [a["txn"]["version"] for a in actions if "txn" in a] == [0x100000 + 300 * 0x10000]
-    assert not [p for p in u.iterdir() if p.name.startswith("_pgrecv_final")]  # the staged events are gone
     again = _ok(_run(connector, str(second), "--target", str(target)))
     assert [r["status"] for r in again["tables"]] == ["up to date"]

@@ -13,8 +13,6 @@ not apply deletion vectors and refuses such tables).
 
 from __future__ import annotations
 
-import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +70,10 @@ class DeltaSparkTable(Table):
     def write_frames(self, batch: Batch) -> int:
         made = missing_dirs(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
-        stage = None
+        kept = None
         try:
             if batch.settle is not None:
-                stage = self._settled(batch)
+                kept = self._settled(batch)
             self._write(batch)
         except BaseException as exc:
             if self.version is None:
@@ -84,24 +82,25 @@ class DeltaSparkTable(Table):
                 raise _conflict(self.path, exc) from None
             raise
         finally:
-            if stage is not None:
-                shutil.rmtree(stage, ignore_errors=True)
+            if kept is not None:
+                kept.unpersist()
         return self._reopen()
 
-    def _settled(self, batch: Batch) -> Path:
+    def _settled(self, batch: Batch) -> Any:
         """The lean read counts its changes in the job that reads them and settles them before the
         commit (:attr:`Batch.settle`), which a MERGE or a write makes in the same call as its job:
-        the final events are written first to a directory of their own in the table's (which
-        Delta's readers never list: it is not in the log), settled, and the write reads them there.
-        Returns that directory, removed after the write."""
-        from pgrecv.spark.files import literal_read
+        the final events are kept first (memory, else the executors' disks: a job of their own,
+        which takes the counts), settled, and the write reads them from there. Returns them, to be
+        let go after the write. (A copy written as Parquet in the table's directory measured the
+        same, and leaves files behind when the run is killed.)"""
+        from pyspark import StorageLevel
 
         assert batch.final is not None and batch.settle is not None
-        stage = self.path / f"_pgrecv_final-{secrets.token_hex(8)}"
-        batch.final.write.parquet(file_url(stage))
+        kept = batch.final.persist(StorageLevel.MEMORY_AND_DISK)
+        kept.count()
         batch.settle()
-        batch.final = literal_read(self.spark).parquet(file_url(stage))
-        return stage
+        batch.final = kept
+        return kept
 
     def _write(self, batch: Batch) -> None:
         from pyspark.sql import functions as F
