@@ -272,8 +272,8 @@ def test_a_killed_run_is_completed_by_the_next(tmp_path: Path, spark_jars_conf: 
 def test_a_large_batch_read_lean_replaces_the_table_in_one_commit(tmp_path: Path, connector: Runner) -> None:
     """A batch that updates most of a table (here every row, many times, and deletes some) is one
     overwrite commit of the table's new rows instead of a MERGE; an input large enough for the
-    lean read (over 32 MB) is read lean, its counts settled (the final events kept in Spark) before that commit. A re-run is up
-    to date."""
+    lean read (over 32 MB) is read lean, its counts settled (the final events kept in Spark)
+    before that commit. A re-run is up to date."""
     target = tmp_path / "lake"
     base = [
         _rel("u"),
