@@ -14,8 +14,10 @@ files of the Parquet version that are not hard links of kept ones; the Delta com
 actions), the table's data bytes before it, and the ratio (the target is ≤ 5% for ``recent``).
 With ``--one-pass-first`` a batch that updates every third row comes first: the one-pass write
 (docs/spark-apply.md) rewrites the whole table, and the two batches then find its layout.
+With ``--delta-engine spark`` Delta is written by Delta's Spark connector (deletion vectors on:
+a marked file is not rewritten, its deletion vector is counted).
 Usage: bench/spark_apply_bytes.py [--rows 10000000] [--changes 10000] [--format parquet|delta]
-[--one-pass-first]
+[--one-pass-first] [--delta-engine delta-rs|spark]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import orjson
 
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spark_apply import REL, lsn, write_input  # the same table and record layout
 
 from pgrecv.spark.apply import run_apply
+from pgrecv.spark.jars import session_conf, spark_jars
 from pgrecv.spark.model import ApplyConfig
 from pgrecv.spark.sparkops import start_session
 
@@ -86,13 +90,26 @@ def parquet_bytes(table: Path) -> tuple[int, int]:
 
 
 def delta_bytes(table: Path) -> tuple[int, int]:
-    """(data bytes of the table, bytes added by its last commit)."""
+    """(data bytes of the table, bytes its last commit wrote: the data files it adds that the
+    version before did not hold, and deletion vector files; a file only marked by a deletion
+    vector is added again, not written)."""
     from deltalake import DeltaTable
 
     dt = DeltaTable(str(table))
     total = sum(dt.get_add_actions(flatten=True).column("size_bytes").to_pylist())
-    last = table / "_delta_log" / f"{dt.version():020d}.json"
-    added = sum(a["add"]["size"] for a in map(json.loads, last.read_text().splitlines()) if "add" in a)
+    version = dt.version()
+    had = {unquote(f) for f in DeltaTable(str(table), version=version - 1).files()} if version > 0 else set()
+    last = table / "_delta_log" / f"{version:020d}.json"
+    added = 0
+    for action in map(json.loads, last.read_text().splitlines()):
+        add = action.get("add")
+        if not add:
+            continue
+        if unquote(add["path"]) not in had:
+            added += add["size"]
+        dv = add.get("deletionVector") or {}
+        if dv.get("storageType") == "u":
+            added += int(dv.get("sizeInBytes") or 0)
     return total, added
 
 
@@ -106,9 +123,13 @@ def main() -> None:
         action="store_true",
         help="before the batches, update every third row (a one-pass write: the files' layout is then its)",
     )
+    ap.add_argument("--delta-engine", default="delta-rs", choices=["delta-rs", "spark"])
     args = ap.parse_args()
     fmts = args.fmts or ["parquet", "delta"]
-    spark = start_session("local[2]", {})
+    conf: dict[str, str] = {}
+    if args.delta_engine == "spark":
+        conf = session_conf({"spark.jars": spark_jars()}, "delta", "spark")
+    spark = start_session("local[2]", conf)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         base_in = base / "base.jsonl"
@@ -125,14 +146,14 @@ def main() -> None:
         for fmt in fmts:
             target = base / fmt
             t0 = time.monotonic()
-            run_apply(ApplyConfig((str(base_in),), target, fmt=fmt, engine="delta-rs"), spark=spark)
+            run_apply(ApplyConfig((str(base_in),), target, fmt=fmt, engine=args.delta_engine), spark=spark)
             measure = parquet_bytes if fmt == "parquet" else delta_bytes
             table = target / "public.t"
             size, _ = measure(table)
             print(f"{fmt}: table written in {time.monotonic() - t0:.1f} s, {size / 1e6:.1f} MB of data", flush=True)
             if args.one_pass_first:
                 t0 = time.monotonic()
-                run_apply(ApplyConfig((str(third),), target, fmt=fmt, engine="delta-rs"), spark=spark)
+                run_apply(ApplyConfig((str(third),), target, fmt=fmt, engine=args.delta_engine), spark=spark)
                 size, _ = measure(table)
                 print(
                     f"{fmt}: a third of the rows updated (one pass) in {time.monotonic() - t0:.1f} s, "
@@ -142,7 +163,7 @@ def main() -> None:
             for spread, path in batches.items():
                 before, _ = measure(table)
                 t0 = time.monotonic()
-                summary = run_apply(ApplyConfig((str(path),), target, fmt=fmt, engine="delta-rs"), spark=spark)
+                summary = run_apply(ApplyConfig((str(path),), target, fmt=fmt, engine=args.delta_engine), spark=spark)
                 secs = time.monotonic() - t0
                 _, written = measure(table)
                 reported = sum(t.bytes_written or 0 for t in summary.tables)

@@ -202,3 +202,35 @@ def test_the_driver_takes_the_final_events_in_bounded_chunks(
         )
         got[bound] = _content(target, "parquet")
     assert got[1 << 30] == got[300] == got[1]
+
+
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+def test_tables_without_a_change_are_not_opened(tmp_path: Path, spark: Any, fmt: str) -> None:
+    """An input that holds the relation records of many tables (a session's first file) and
+    changes of a few: the others are not read at all. Here the unchanged table's files are made
+    unreadable after the first run: the second run applies the changed tables, and names only
+    them."""
+    names = ["a", "b", "c"]
+    rels = [_rel(t, *TABLES[t]) for t in names]
+    first = [
+        *rels,
+        *_txn(
+            "0/100", [_change("insert", t, "0/100", f"0/{0x10 + i:X}", _row(t, i), None) for i, t in enumerate(names)]
+        ),
+    ]
+    target = tmp_path / "lake"
+    cfg = ApplyConfig((str(_write(tmp_path / "1.jsonl", first)),), target, fmt=fmt)
+    assert {t.status for t in run_apply(cfg, spark=spark).tables} == {"applied"}
+    c = target / table_dir_name("public", "c")
+    for f in [*c.rglob("*.json"), *c.rglob("*.parquet")]:
+        f.write_bytes(b"not a table's file")  # opening c now fails
+    second = [
+        *rels,
+        *_txn(
+            "0/200",
+            [_change("insert", t, "0/200", f"0/{0x110 + i:X}", _row(t, 10 + i), None) for i, t in enumerate(names[:2])],
+        ),
+    ]
+    cfg = ApplyConfig((str(_write(tmp_path / "2.jsonl", second)),), target, fmt=fmt)
+    summary = run_apply(cfg, spark=spark)
+    assert sorted((t.table, t.status) for t in summary.tables) == [("public.a", "applied"), ("public.b", "applied")]

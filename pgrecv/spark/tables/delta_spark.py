@@ -294,9 +294,14 @@ class DeltaSparkTable(Table):
         builder.execute()
 
     def _reopen(self) -> int:
-        """Reads the table's new state; the bytes its commits wrote (data files and deletion vectors)."""
+        """Reads the table's new state; the bytes its commits wrote: new data files and deletion
+        vectors of their own (a file the batch only marks is added again with its deletion
+        vector, and not written again)."""
+        from urllib.parse import unquote
+
         from deltalake import DeltaTable
 
+        had = set(self._files)
         before = self.version
         self.version = DeltaTable(str(self.path)).version()
         if self.version == before:
@@ -311,7 +316,8 @@ class DeltaSparkTable(Table):
             action = orjson.loads(line)
             add = action.get("add")
             if add:
-                written += int(add.get("size") or 0)
+                if str(self.path / unquote(add["path"])) not in had:
+                    written += int(add.get("size") or 0)
                 dv = add.get("deletionVector") or {}
                 if dv.get("storageType") == "u":  # a deletion vector file of its own
                     written += int(dv.get("sizeInBytes") or 0)
