@@ -98,7 +98,10 @@ def delta_bytes(table: Path) -> tuple[int, int]:
     dt = DeltaTable(str(table))
     total = sum(dt.get_add_actions(flatten=True).column("size_bytes").to_pylist())
     version = dt.version()
-    had = {unquote(f) for f in DeltaTable(str(table), version=version - 1).files()} if version > 0 else set()
+    had = set()
+    if version > 0:
+        paths = DeltaTable(str(table), version=version - 1).get_add_actions(flatten=True).column("path")
+        had = {unquote(p) for p in paths.to_pylist()}
     last = table / "_delta_log" / f"{version:020d}.json"
     added = 0
     for action in map(json.loads, last.read_text().splitlines()):

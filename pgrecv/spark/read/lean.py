@@ -109,27 +109,31 @@ def _fit(op: Column) -> Column:
     return fit & ((op != "relation") | F.col("columns").isNotNull()) & (op != "truncate")
 
 
-def _parsed(spark: SparkSession, urls: list[str], *cols: Column, where: Column | None = None) -> DataFrame:
-    """The input's lines that are not blank (and ``where``), with ``cols`` and the fields of
-    those not taken by their first bytes (``taken`` NULL; FAILFAST: a line that is not a JSON
-    object fails the job, and the ordinary way then names it) and each line's file and block."""
+def _parsed(
+    spark: SparkSession, urls: list[str], where: Column | None = None, taken: tuple[Column, Column] | None = None
+) -> DataFrame:
+    """The input's lines that are not blank (and ``where``): each line's fields (FAILFAST: a line
+    that is not a JSON object fails the job, and the ordinary way then names it), file and
+    block. ``taken``: a line's part by its first bytes and its commit LSN's text, as ``_c`` and
+    ``_k``; a line with a part is not parsed (its fields NULL)."""
     from pyspark.sql import functions as F
 
     text = F.col("value")
     keep = F.trim(text) != ""
-    taken = cols[0] if cols else F.lit(None)
+    parsed = text if taken is None else F.when(taken[0].isNull(), text)
+    extra = [] if taken is None else [taken[0].alias("_c"), taken[1].alias("_k")]
     narrow = NARROW.replace(", _corrupt string", "")
     return (
         literal_read(spark)
         .text(urls)
         .where(keep if where is None else where & keep)
         .select(
-            *cols,
-            F.from_json(F.when(taken.isNull(), text), narrow, {"mode": "FAILFAST", **JSON_LIMITS}).alias("_j"),
+            *extra,
+            F.from_json(parsed, narrow, {"mode": "FAILFAST", **JSON_LIMITS}).alias("_j"),
             F.col("_metadata.file_path").alias("_f"),
             F.col("_metadata.file_block_start").alias("_b"),
         )
-        .select(*[c for c in ("_c", "_k") if cols], "_j.*", "_f", "_b")
+        .select(*["_c", "_k"][: len(extra)], "_j.*", "_f", "_b")
     )
 
 
@@ -233,7 +237,7 @@ def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | 
     after = F.substring_index(text.substr(at + F.lit(len(_COMMIT_KEY)), F.lit(48)), '"', 1)
     files_ = F.create_map(*[F.lit(x) for s, i in rank.items() for x in (s, i)])
     # a line taken by its head is parsed as NULL
-    lines = _parsed(spark, urls, taken_as.alias("_c"), F.when(taken_as.isNotNull() & (at > 0), after).alias("_k"))
+    lines = _parsed(spark, urls, taken=(taken_as, F.when(taken_as.isNotNull() & (at > 0), after)))
     fit = _fit(op)
     cls = F.coalesce(F.col("_c"), lean_class(op))
     key = F.when(cls.isNotNull(), F.coalesce(F.col("_k"), F.col("commit_lsn"))).alias("k")
