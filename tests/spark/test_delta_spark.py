@@ -155,6 +155,11 @@ def test_merge_rerun_schema_evolution_toast_and_deletion_vectors(tmp_path: Path,
     assert [a["txn"]["version"] for a in actions if "txn" in a] == [0x3000]
     tables = {r["table"]: r for r in s2["tables"]}
     assert tables["s.u"]["applied_lsn"] == "0/3000" and tables["s.u"]["bytes_written"] > 0
+    # what the batch wrote: its new files and deletion vectors, not the marked file added again
+    adds = [a["add"] for a in actions if "add" in a]
+    new_files = sum(a["size"] for a in adds if a["path"] not in removed)
+    vectors = sum((a.get("deletionVector") or {}).get("sizeInBytes", 0) for a in adds)
+    assert new_files < tables["s.u"]["bytes_written"] <= new_files + vectors < sum(a["size"] for a in adds)
 
     again = _ok(_run(connector, *inputs, "--target", str(target)))
     assert {r["status"] for r in again["tables"]} == {"up to date"}
