@@ -6,7 +6,7 @@ connector, started as a user's spark-submit would start it (tests/spark/connecto
 start with the jars costs half a minute); the one killed mid-run is a process of its own, given
 ``--conf spark.jars=...`` as a user runs it. The test session's shared SparkSession has neither
 jars nor extension, so that the other tests keep delta-rs. Tables are read back by delta-rs (its
-DataFusion reader, which applies deletion vectors), not by the connector.
+DataFusion reader, which applies deletion vectors) and by DuckDB's delta extension, not by the connector.
 """
 
 from __future__ import annotations
@@ -63,6 +63,21 @@ def _read(path: Path) -> list[dict[str, Any]]:
     dt = deltalake.DeltaTable(str(path))
     reader = deltalake.QueryBuilder().register("t", dt).execute("SELECT * FROM t")
     return list(pa.table(reader.read_all()).to_pylist())
+
+
+def _read_duckdb(path: Path) -> list[dict[str, Any]]:
+    """A Delta table's rows as DuckDB's delta extension reads them (from its PyPI package: no
+    download at run time), deletion vectors applied."""
+    import duckdb
+    import duckdb_extension_delta
+
+    ext = next(Path(duckdb_extension_delta.__path__[0]).glob("extensions/*/delta.duckdb_extension"))
+    con = duckdb.connect()
+    try:
+        con.execute(f"LOAD '{ext}'")
+        return list(con.execute("SELECT * FROM delta_scan(?)", [str(path)]).to_arrow_table().to_pylist())
+    finally:
+        con.close()
 
 
 def _log(path: Path) -> list[dict[str, Any]]:
@@ -146,6 +161,7 @@ def test_merge_rerun_schema_evolution_toast_and_deletion_vectors(tmp_path: Path,
     assert by[1006] == {"id": 1006, "x": "moved", "y": 6}
     assert by[7] == {"id": 7, "x": "seven", "y": 77}
     assert by[8] == {"id": 8, "x": "v8", "y": None}
+    assert sorted(_read_duckdb(u), key=lambda r: r["id"]) == sorted(by.values(), key=lambda r: r["id"])
     last = max(int(p.stem) for p in (u / "_delta_log").glob("*.json"))
     actions = [orjson.loads(line) for line in (u / "_delta_log" / f"{last:020d}.json").read_bytes().splitlines()]
     # the file holding the touched rows stays: re-added with a deletion vector, not rewritten
@@ -308,6 +324,7 @@ def test_a_large_batch_read_lean_replaces_the_table_in_one_commit(tmp_path: Path
     assert (s2["tables"][0]["inserts"], s2["tables"][0]["updates"], s2["tables"][0]["deletes"]) == (0, 150_000, 10)
     u = target / table_dir_name("s", "u")
     assert {r["id"]: r["x"] for r in _read(u)} == {i: x for i, x in last.items() if i >= 10}
+    assert {r["id"]: r["x"] for r in _read_duckdb(u)} == {i: x for i, x in last.items() if i >= 10}
     commits = sorted((u / "_delta_log").glob("*.json"))
     actions = [orjson.loads(line) for line in commits[-1].read_bytes().splitlines()]
     assert [a["commitInfo"]["operation"] for a in actions if "commitInfo" in a] == ["WRITE"]
