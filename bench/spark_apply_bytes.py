@@ -16,7 +16,7 @@ With ``--one-pass-first`` a batch that updates every third row comes first: the 
 (docs/spark-apply.md) rewrites the whole table, and the two batches then find its layout.
 With ``--delta-engine spark`` Delta is written by Delta's Spark connector (deletion vectors on:
 a marked file is not rewritten, its deletion vector is counted).
-Usage: bench/spark_apply_bytes.py [--rows 10000000] [--changes 10000] [--format parquet|delta]
+Usage: bench/spark_apply_bytes.py [--rows 10000000] [--changes 10000] [--format parquet|delta|iceberg]
 [--one-pass-first] [--delta-engine delta-rs|spark]
 """
 
@@ -116,11 +116,20 @@ def delta_bytes(table: Path) -> tuple[int, int]:
     return total, added
 
 
+def iceberg_bytes(table: Path) -> tuple[int, int]:
+    """(data bytes of the table's current snapshot, bytes that snapshot added: its data files
+    and its delete files, deletion vectors included), from the snapshot's summary."""
+    from pgrecv.spark.tables.iceberg import current_snapshot, summary_of
+
+    summary = summary_of(current_snapshot(table))
+    return int(summary.get("total-files-size", 0)), int(summary.get("added-files-size", 0))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--changes", type=int, default=10_000)
-    ap.add_argument("--format", dest="fmts", action="append", choices=["parquet", "delta"])
+    ap.add_argument("--format", dest="fmts", action="append", choices=["parquet", "delta", "iceberg"])
     ap.add_argument(
         "--one-pass-first",
         action="store_true",
@@ -130,8 +139,8 @@ def main() -> None:
     args = ap.parse_args()
     fmts = args.fmts or ["parquet", "delta"]
     conf: dict[str, str] = {}
-    if args.delta_engine == "spark":
-        conf = session_conf({"spark.jars": spark_jars()}, "delta", "spark")
+    if args.delta_engine == "spark" or "iceberg" in fmts:
+        conf = session_conf({"spark.jars": spark_jars()}, "delta", args.delta_engine)
     spark = start_session("local[2]", conf)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -150,7 +159,7 @@ def main() -> None:
             target = base / fmt
             t0 = time.monotonic()
             run_apply(ApplyConfig((str(base_in),), target, fmt=fmt, engine=args.delta_engine), spark=spark)
-            measure = parquet_bytes if fmt == "parquet" else delta_bytes
+            measure = {"parquet": parquet_bytes, "delta": delta_bytes, "iceberg": iceberg_bytes}[fmt]
             table = target / "public.t"
             size, _ = measure(table)
             print(f"{fmt}: table written in {time.monotonic() - t0:.1f} s, {size / 1e6:.1f} MB of data", flush=True)

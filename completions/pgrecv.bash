@@ -86,7 +86,7 @@ _pgrecv() {
         spark-apply)
             case "$prev" in
                 --target) return ;;
-                --format) COMPREPLY=($(compgen -W "delta parquet" -- "$cur")); return ;;
+                --format) COMPREPLY=($(compgen -W "delta parquet iceberg" -- "$cur")); return ;;
                 --table) return ;;
                 --master) return ;;
                 --conf) return ;;

@@ -126,7 +126,7 @@ _pgrecv() {
             _arguments \
                 '--help[show help]' \
                 '--target[Directory holding one table per PostgreSQL table.]:path: ' \
-                '--format[Table format.]:value:(delta parquet)' \
+                '--format[Table format.]:value:(delta parquet iceberg)' \
                 '*--table[Only these tables (schema.table glob).]:glob: ' \
                 '--master[Spark master (default local\[*\], or spark-submit'\''s).]:url: ' \
                 '*--conf[Spark configuration (repeatable).]:key=value: ' \

@@ -30,7 +30,9 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
 @click.command("spark-apply", cls=Command)
 @click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
 @click.option("--target", required=True, metavar="PATH", help="Directory holding one table per PostgreSQL table.")
-@click.option("--format", "fmt", type=click.Choice(["delta", "parquet"]), required=True, help="Table format.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["delta", "parquet", "iceberg"]), required=True, help="Table format."
+)
 @click.option("--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob).")
 @click.option("--master", metavar="URL", help="Spark master (default local[*], or spark-submit's).")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Spark configuration (repeatable).")

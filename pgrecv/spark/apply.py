@@ -33,8 +33,8 @@ def run_apply(
     """Applies ``config.sources`` to the tables under ``config.target``; ``spark``: a session to
     use (None: one is started if there is anything to read); ``tuning``: the replay's switches
     (None: from the environment)."""
-    if config.fmt not in ("delta", "parquet") or config.mode not in ("latest", "history"):
-        raise UsageError("--format is delta or parquet, --mode latest or history")
+    if config.fmt not in ("delta", "parquet", "iceberg") or config.mode not in ("latest", "history"):
+        raise UsageError("--format is delta, parquet or iceberg, --mode latest or history")
     if config.bad_values not in ("fail", "null", "text"):
         raise UsageError("--bad-values is fail, null or text")
     with target_lock(config.target):

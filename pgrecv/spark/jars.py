@@ -25,6 +25,8 @@ JARS_ENV = "PGRECV_SPARK_JARS"  # a directory of connector jars (else the checko
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 DELTA_CLASS = "io.delta.tables.DeltaTable"
+ICEBERG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
+ICEBERG_PACKAGE = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
 # what names Delta's Spark connector in a jar's file name or a Maven coordinate
 _DELTA_MARKS = ("delta-spark", "io.delta:")
 
@@ -97,3 +99,9 @@ def delta_session(spark: Any) -> bool:
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     catalog = spark.conf.get("spark.sql.catalog.spark_catalog", "") or ""
     return DELTA_EXTENSION in [e.strip() for e in extensions.split(",")] and catalog == DELTA_CATALOG
+
+
+def iceberg_session(spark: Any) -> bool:
+    """Whether Iceberg's Spark runtime is in this session (its catalog class loads). It needs
+    no SQL extension for what pgrecv does (MERGE INTO is Spark's own since 3.x)."""
+    return loads_class(spark, ICEBERG_CLASS)

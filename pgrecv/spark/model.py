@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-Format = Literal["delta", "parquet"]
+Format = Literal["delta", "parquet", "iceberg"]
 Mode = Literal["latest", "history"]
 DeltaEngine = Literal["auto", "delta-rs", "spark"]
 BadValues = Literal["fail", "null", "text"]

@@ -127,6 +127,17 @@ def same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return bool(a.equals(b))
 
 
+def holds(target: pa.DataType, sent: pa.DataType) -> bool:
+    """The target column's type stores every value of the sent type unchanged: the same type, or
+    a wider integer (element-wise for arrays). Iceberg has no 16-bit integer: its tables keep a
+    smallint column as int, and the next batch's smallint values go into it."""
+    if pa.types.is_list(target) and pa.types.is_list(sent):
+        return holds(target.value_type, sent.value_type)
+    if pa.types.is_integer(target) and pa.types.is_integer(sent) and target.bit_width > sent.bit_width:
+        return bool(pa.types.is_signed_integer(target) and pa.types.is_signed_integer(sent))
+    return same_type(target, sent)
+
+
 # history mode's columns, after the table's own (SCD type 2: one row per version of a key)
 HISTORY_COLS: list[tuple[str, pa.DataType]] = [
     ("_start_lsn", pa.int64()),
@@ -197,7 +208,9 @@ def plan(
             if have is not None and pa.types.is_string(have.arrow) and not pa.types.is_string(ct.arrow):
                 # a string column in the target (--bad-values text made it) keeps the values' text
                 ct = ColumnType(ct.pg_type, pa.string(), ct.is_json)
-            if have is not None and not same_type(have.arrow, ct.arrow):
+            if have is not None and holds(have.arrow, ct.arrow):
+                ct = ColumnType(ct.pg_type, have.arrow, ct.is_json)  # (stored in the target's type)
+            elif have is not None:
                 raise InputError(
                     f"table {name}: column {c['name']} changed type from {have.arrow} to {ct.arrow} ({ct.pg_type}): "
                     "spark-apply does not rewrite tables; re-create the target table from a snapshot"

@@ -137,7 +137,14 @@ def _norm(row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _read(path: Path, fmt: str, spark: Any) -> list[dict[str, Any]]:
-    if fmt == "delta":
+    if fmt == "iceberg":
+        from tests.spark.test_iceberg import read_iceberg
+
+        rows = read_iceberg(path)[0]
+        for r in rows:  # history mode's _deleted, as Iceberg stores it
+            if "_is_deleted" in r:
+                r["_deleted"] = r.pop("_is_deleted")
+    elif fmt == "delta":
         from deltalake import DeltaTable, QueryBuilder
 
         dt = DeltaTable(str(path))
@@ -177,19 +184,20 @@ def _peek(dsn: str, out: Path) -> None:
     assert proc.returncode == 0, err(proc)
 
 
-@pytest.mark.parametrize("engine", ["delta-rs", "spark", "spark-replay"])
+@pytest.mark.parametrize("engine", ["delta-rs", "spark", "spark-replay", "iceberg"])
 def test_random_workload_matches_postgres(
     db_dsn: str, tmp_path: Path, spark: Any, engine: str, request: pytest.FixtureRequest
 ) -> None:
     """The oracle: PostgreSQL's own tables. Delta through delta-rs (and Parquet), and Delta through
     Delta Lake's Spark connector: ``pgrecv spark-apply`` in a session given the jars Maven fetched
     (jvm/jars, fetched by .ci/run; the ``connector`` fixture), since the connector's extension is
-    fixed when a JVM starts."""
-    if engine == "spark":
+    fixed when a JVM starts; Iceberg through Iceberg's Spark runtime in that session, read back
+    by pyiceberg."""
+    if engine in ("spark", "iceberg"):
         apply: Any = functools.partial(_connector_run, request.getfixturevalue("connector"))
     else:
         apply = run_apply
-    fmts = ("parquet", "delta") if engine != "spark" else ("delta",)
+    fmts = {"spark": ("delta",), "iceberg": ("iceberg",)}.get(engine, ("parquet", "delta"))
     replay = "driver"
     if engine == "spark-replay":  # the whole job in Spark tasks (the default), Delta through delta-rs
         engine, replay = "delta-rs", "spark"
@@ -232,19 +240,21 @@ def test_random_workload_matches_postgres(
 
 
 def _connector_run(connector: Any, config: Any, spark: Any = None) -> Any:
-    """``run_apply`` of a config through ``pgrecv spark-apply --delta-engine spark`` in the
-    session that has the connector's jars (the ``connector`` fixture); its ``--json`` summary with
+    """``run_apply`` of a config through ``pgrecv spark-apply`` in the session that has the connectors' jars
+    (the ``connector`` fixture): Delta through its connector, or Iceberg; its ``--json`` summary with
     attributes."""
     from types import SimpleNamespace
 
     import orjson
 
     cmd = ["spark-apply", *config.sources, "--target", str(config.target)]
-    cmd += ["--format", "delta", "--delta-engine", "spark", "--mode", config.mode, "--json"]
+    cmd += ["--format", config.fmt, "--mode", config.mode, "--json"]
+    if config.fmt == "delta":
+        cmd += ["--delta-engine", "spark"]
     proc = connector.run(cmd, 900)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
     data = orjson.loads(proc.stdout)
-    assert data["engine"] == "delta/spark"
+    assert data["engine"] == f"{config.fmt}/spark"
     data["tables"] = [SimpleNamespace(**t) for t in data["tables"]]
     return SimpleNamespace(**data)
 

@@ -63,6 +63,9 @@ if TYPE_CHECKING:
 TABLE_THREADS = 4  # tables applied side by side (each a few Spark jobs)
 
 
+_ENGINES = {ParquetTable: "parquet/spark", DeltaRsTable: "delta/delta-rs+spark", DeltaSparkTable: "delta/spark"}
+
+
 def run_together(
     changes: DataFrame,
     todo: list[tuple[str, str]],
@@ -148,9 +151,23 @@ def run_frames(
 
     started = time.monotonic()
     carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
-    writer = ParquetTable if config.fmt == "parquet" else delta_writer(spark, config.engine)
+    if config.fmt == "iceberg":
+        from pgrecv.spark.jars import ICEBERG_PACKAGE, iceberg_session
+        from pgrecv.spark.tables.iceberg import IcebergTable, use_catalog
+
+        writer: type[Table] = IcebergTable
+        if spark is not None:
+            if not iceberg_session(spark):
+                raise UsageError(
+                    "--format iceberg: Apache Iceberg's Spark runtime is not in this Spark session: give its jars "
+                    "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
+                    f"spark.jars.packages={ICEBERG_PACKAGE})"
+                )
+            use_catalog(spark, config.target)
+    else:
+        writer = ParquetTable if config.fmt == "parquet" else delta_writer(spark, config.engine)
     summary = Summary(
-        engine={ParquetTable: "parquet/spark", DeltaRsTable: "delta/delta-rs+spark"}.get(writer, "delta/spark"),
+        engine=_ENGINES.get(writer, "iceberg/spark"),
         files=len(files) + len(carried),
     )
     progress.files(len(files) + len(carried))
@@ -318,6 +335,10 @@ def run_frames(
                 )
                 if config.fmt == "delta":
                     delta_names(plan)
+                elif config.fmt == "iceberg":
+                    from pgrecv.spark.tables.iceberg import check_names
+
+                    check_names(plan)
                 single = not lean_one and tuning.single_task and single_task(f, target)
                 if single:
                     # its own files are few: one task reads them; else one shuffle of its rows

@@ -101,6 +101,10 @@ def applied_position(path: Path, fmt: str, table: str) -> int | None:
             return int(orjson.loads((path / POINTER).read_bytes())["applied_lsn_int"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+    if fmt == "iceberg":
+        from pgrecv.spark.tables.iceberg import current_snapshot, position_of
+
+        return position_of(current_snapshot(path))
     from deltalake import DeltaTable
 
     if not DeltaTable.is_deltatable(str(path)):
@@ -110,7 +114,11 @@ def applied_position(path: Path, fmt: str, table: str) -> int | None:
 
 
 # what marks a table directory as one format's: Delta's log, spark-apply's Parquet pointer
-_MARKS = {"delta": ("_delta_log", "a Delta table"), "parquet": (POINTER, "a Parquet table of spark-apply's")}
+_MARKS = {
+    "delta": ("_delta_log", "a Delta table"),
+    "parquet": (POINTER, "a Parquet table of spark-apply's"),
+    "iceberg": ("metadata/version-hint.text", "an Iceberg table"),
+}
 
 
 def refuse_other_format(path: Path, fmt: str) -> None:

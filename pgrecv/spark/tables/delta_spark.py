@@ -22,7 +22,7 @@ import pyarrow as pa
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.files import file_url
 from pgrecv.spark.schema import quoted
-from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, refuse_other_format
+from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, frames, refuse_other_format
 from pgrecv.spark.tables.delta import read_log
 from pgrecv.spark.tables.rewrite import END_COLS, ROWS_PER_FILE, missing_dirs, unmake
 
@@ -30,11 +30,6 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 # what a new table is created with (Delta table properties)
 NEW_TABLE = {"delta.enableDeletionVectors": "true"}
-_KIND, _OP = "_pgrecv_kind", "_pgrecv_op"  # beside a table's columns in a merge's source
-
-
-def _k(i: int) -> str:
-    return f"_pgrecv_k{i}"
 
 
 class DeltaSparkTable(Table):
@@ -73,7 +68,7 @@ class DeltaSparkTable(Table):
         kept = None
         try:
             if batch.settle is not None:
-                kept = self._settled(batch)
+                kept = frames.settled(batch)
             self._write(batch)
         except BaseException as exc:
             if self.version is None:
@@ -86,31 +81,8 @@ class DeltaSparkTable(Table):
                 kept.unpersist()
         return self._reopen()
 
-    def _settled(self, batch: Batch) -> Any:
-        """The lean read counts its changes in the job that reads them and settles them before the
-        commit (:attr:`Batch.settle`), which a MERGE or a write makes in the same call as its job:
-        the final events are kept first (memory, else the executors' disks: a job of their own,
-        which takes the counts), settled, and the write reads them from there. Returns them, to be
-        let go after the write. (A copy written as Parquet in the table's directory measured the
-        same, and leaves files behind when the run is killed.)"""
-        from pyspark import StorageLevel
-
-        assert batch.final is not None and batch.settle is not None
-        kept = batch.final.persist(StorageLevel.MEMORY_AND_DISK)
-        kept.count()
-        batch.settle()
-        batch.final = kept
-        return kept
-
     def _write(self, batch: Batch) -> None:
-        from pyspark.sql import functions as F
-
-        names = batch.schema.names
-        if batch.final is not None:
-            rows = batch.final.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
-        else:
-            assert batch.upserts is not None
-            rows = batch.upserts.select(*[F.col(quoted(n)) for n in names])
+        rows = frames.new_rows(batch)
         if self.version is None or batch.truncate:
             new = self.version is None
             self._save(self._clustered(rows, batch), batch, "append" if new else "overwrite")
@@ -129,27 +101,9 @@ class DeltaSparkTable(Table):
             self._merge_latest(batch)
 
     def _overwrite(self, batch: Batch) -> None:
-        """A one-pass batch (it updates or deletes at least a quarter of the table's rows, and
-        would touch most of its files) replaces the table: its current rows without the batch's
-        keys and the batch's new rows, in one overwrite. A MERGE would join and mark every file
-        first (bench/NOTES.md, 2026-12-05). The current rows are read at the version opened; the
-        target's lock keeps other runs out meanwhile."""
-        from pyspark.sql import functions as F
-
-        from pgrecv.spark.sparkops import spark_schema
-
-        assert batch.final is not None
-        names, keys = batch.schema.names, batch.key_cols
-        current = self.frame()
-        have = set(current.columns)
-        types = {f.name: f.dataType for f in spark_schema(batch.schema)}
-        current = current.select(
-            *[F.col(quoted(n)) if n in have else F.lit(None).cast(types[n]).alias(n) for n in names]
-        ).alias("t")
-        touched = batch.final.select(*[F.col("_k")[k].alias(_k(i)) for i, k in enumerate(keys)]).alias("s")
-        kept = current.join(touched, self._on(batch), "left_anti")
-        new = batch.final.where(F.col("_kind") == "U").select(*[F.col("_v")[n].alias(n) for n in names])
-        self._save(self._clustered(kept.unionByName(new), batch), batch, "overwrite")
+        """A one-pass batch: one overwrite of the whole table (:func:`frames.whole_table`), its
+        current rows read at the version opened; the target's lock keeps other runs out meanwhile."""
+        self._save(self._clustered(frames.whole_table(self.frame(), batch), batch), batch, "overwrite")
 
     def _clustered(self, rows: Any, batch: Batch) -> Any:
         """A whole table's rows in key order, so that nearby keys share a file (as the other writers)."""
@@ -205,34 +159,14 @@ class DeltaSparkTable(Table):
         """MERGE of the final events: a key's delete deletes its row, an upsert updates or inserts it."""
         from pyspark.sql import functions as F
 
-        names, keys = batch.schema.names, batch.key_cols
-        if batch.final is not None:
-            source = batch.final.select(
-                *[F.col("_k")[k].alias(_k(i)) for i, k in enumerate(keys)],
-                *[F.col("_v")[n].alias(n) for n in names],
-                F.col("_kind").alias(_KIND),
-            )
-        else:
-            # every touched key, with its new row where it has one (else: deleted)
-            assert batch.keys is not None and batch.upserts is not None
-            ks = batch.keys.select(*[F.col(quoted(k)).alias(_k(i)) for i, k in enumerate(keys)]).alias("k")
-            ups = batch.upserts.select(*[F.col(quoted(n)) for n in names], F.lit(True).alias(_OP)).alias("u")
-            on = F.lit(True)
-            for i, k in enumerate(keys):
-                a, b = F.col(f"k.{_k(i)}"), F.col(f"u.{quoted(k)}")
-                on = on & (a.eqNullSafe(b) if batch.null_safe else a == b)
-            source = ks.join(ups, on, "left").select(
-                *[F.col(f"k.{_k(i)}") for i in range(len(keys))],
-                *[F.col(f"u.{quoted(n)}").alias(n) for n in names],
-                F.when(F.col(f"u.{_OP}").isNull(), F.lit("D")).otherwise(F.lit("U")).alias(_KIND),
-            )
-        values = {quoted(n): F.col(f"s.{quoted(n)}") for n in names}
+        values = {quoted(n): F.col(f"s.{quoted(n)}") for n in batch.schema.names}
+        kind = F.col("s." + frames.own(batch, "kind"))
         self._merge(
             batch,
-            source,
-            self._on(batch),
-            [("delete", F.col(f"s.{_KIND}") == "D", None), ("update", None, values)],
-            (F.col(f"s.{_KIND}") == "U", values),
+            frames.latest_source(batch),
+            frames.matches(batch),
+            [("delete", kind == "D", None), ("update", None, values)],
+            (kind == "U", values),
         )
 
     def _merge_history(self, batch: Batch) -> None:
@@ -240,28 +174,11 @@ class DeltaSparkTable(Table):
         is closed (its ``_end_*`` set, ``_current`` false) and every new version inserted."""
         from pyspark.sql import functions as F
 
-        names = batch.schema.names
-        assert batch.closes is not None and batch.upserts is not None
-        closes = batch.closes.select(
-            *[F.col(quoted(k)).alias(_k(i)) for i, k in enumerate(batch.key_cols)],
-            *[F.col(quoted(c)) for c in END_COLS],
-            F.lit("C").alias(_OP),
-        )
-        versions = batch.upserts.select(*[F.col(quoted(n)) for n in names], F.lit("I").alias(_OP))
-        source = closes.unionByName(versions, allowMissingColumns=True)
-        on = (F.col(f"s.{_OP}") == "C") & F.col("t.`_current`") & self._on(batch)
+        op = F.col("s." + frames.own(batch, "op"))
+        on = (op == "C") & F.col("t.`_current`") & frames.matches(batch)
         close = {**{quoted(c): F.col(f"s.{quoted(c)}") for c in END_COLS}, "`_current`": F.lit(False)}
-        insert = {quoted(n): F.col(f"s.{quoted(n)}") for n in names}
-        self._merge(batch, source, on, [("update", None, close)], (F.col(f"s.{_OP}") == "I", insert))
-
-    def _on(self, batch: Batch) -> Any:
-        from pyspark.sql import functions as F
-
-        cond = F.lit(True)
-        for i, k in enumerate(batch.key_cols):
-            a, b = F.col(f"t.{quoted(k)}"), F.col(f"s.{_k(i)}")
-            cond = cond & (a.eqNullSafe(b) if batch.null_safe else a == b)
-        return cond
+        insert = {quoted(n): F.col(f"s.{quoted(n)}") for n in batch.schema.names}
+        self._merge(batch, frames.history_source(batch), on, [("update", None, close)], (op == "I", insert))
 
     def _merge(
         self,

@@ -1,0 +1,302 @@
+"""Apache Iceberg tables through Iceberg's Spark runtime (``--format iceberg``).
+
+By default the tables are in a Hadoop catalog whose warehouse is ``--target`` (no service to run),
+each table at ``TARGET/<schema>.<table>`` (the catalog's table of that name in its empty namespace:
+the layout of the other formats). The catalog is set in the session at run time, named for the
+target (:func:`catalog_of`).
+
+Each batch is ONE Iceberg snapshot whose summary holds the batch's end commit LSN
+(:data:`POSITION`): a ``MERGE INTO`` (merge-on-read: deletion vectors, format v3) fed by the
+batch's final events, or one write for a new table, a TRUNCATE, a one-pass batch (an overwrite
+of the whole table) or ``--append-only``. A MERGE's summary property is attached through
+Iceberg's ``CommitMetadata.withCommitProperties`` (a thread-local of the JVM thread that
+commits), a write's through its ``snapshot-property.*`` option. A run killed before the commit
+left nothing; one killed after finds the position in the current snapshot's summary.
+
+History mode's ``_deleted`` column is stored as :data:`STORED_DELETED`: Iceberg keeps
+``_deleted`` for a metadata column of its own, and Spark reads no table column of that name.
+
+Checked on this machine (2026-12-05, Iceberg 1.12.0, Spark 4.1): the catalog can be set at run
+time; MERGE INTO works without Iceberg's SQL extension; a format-v3 merge-on-read MERGE writes a
+deletion vector (``added-dvs``); pyiceberg 0.12 reads such a table (``StaticTable.from_metadata``)
+with the deletion vector applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import orjson
+import pyarrow as pa
+
+from pgrecv.errors import InputError
+from pgrecv.spark.files import file_url
+from pgrecv.spark.schema import TablePlan, quoted
+from pgrecv.spark.sparkops import spark_schema
+from pgrecv.spark.tables import Batch, Table, frames, refuse_other_format
+from pgrecv.spark.tables.rewrite import END_COLS, missing_dirs, unmake
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# a table's metadata and snapshots, as Iceberg's JSON holds them
+Json = dict[str, object]
+
+POSITION = "pgrecv.applied-lsn"  # the snapshot summary's property: the batch's end commit LSN
+MODE = "pgrecv.mode"  # the table property: the --mode it was made with
+# column names Iceberg keeps for its metadata columns (org.apache.iceberg.MetadataColumns): Spark
+# reads no column of these names from an Iceberg table (checked: "SELECT *" fails), so a table
+# with one is held back (:func:`check_names`); history mode's own ``_deleted`` is stored as
+# :data:`STORED_DELETED`, and read back under its name
+RESERVED = ("_file", "_pos", "_deleted", "_spec_id", "_partition", "_row_id", "_last_updated_sequence_number",
+            "_change_type", "_change_ordinal", "_commit_snapshot_id")  # fmt: skip
+STORED_DELETED = "_is_deleted"
+NEW_TABLE = {
+    "format-version": "3",
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+}
+
+
+def check_names(plan: TablePlan) -> None:
+    """A table with a column named as one of Iceberg's metadata columns cannot be an Iceberg
+    table that Spark reads: held back, with what to do."""
+    for n in plan.columns:
+        if n in RESERVED:
+            raise InputError(
+                f"table {plan.name}: column {n} has the name of one of Iceberg's metadata columns, which Spark "
+                "cannot read from an Iceberg table: rename it in PostgreSQL, or apply this table with --format delta "
+                "or parquet"
+            )
+
+
+def _stored(name: str) -> str:
+    return STORED_DELETED if name == "_deleted" else name
+
+
+def catalog_of(target: Path) -> str:
+    """The name of the target's catalog in the session: one per target, because a session keeps
+    each catalog it has loaded (with its warehouse) for its lifetime, and one session may apply
+    to several targets (a notebook, Spark Connect, the tests' runner)."""
+    digest = hashlib.sha256(file_url(target.resolve()).encode()).hexdigest()[:16]
+    return f"pgrecv_iceberg_{digest}"
+
+
+def use_catalog(spark: SparkSession, target: Path) -> None:
+    """The run's Iceberg catalog: a Hadoop catalog whose warehouse is the target. Its table cache
+    is off: another process (a run killed midway, another tool) may have committed meanwhile."""
+    key = f"spark.sql.catalog.{catalog_of(target)}"
+    spark.conf.set(key, "org.apache.iceberg.spark.SparkCatalog")
+    spark.conf.set(f"{key}.type", "hadoop")
+    spark.conf.set(f"{key}.warehouse", file_url(target.resolve()))
+    spark.conf.set(f"{key}.cache-enabled", "false")
+
+
+def _metadata(path: Path) -> Json | None:
+    """The table's current metadata (the Hadoop catalog's version hint names its file)."""
+    hint = path / "metadata" / "version-hint.text"
+    try:
+        version = int(hint.read_text().strip())
+        loaded = orjson.loads((path / "metadata" / f"v{version}.metadata.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def current_snapshot(path: Path, meta: Json | None = None) -> Json | None:
+    """The table's current snapshot (its id, summary, ...), read without Spark; None: no table or
+    no snapshot."""
+    meta = _metadata(path) if meta is None else meta
+    snapshots = meta.get("snapshots") if meta is not None else None
+    if meta is None or not isinstance(snapshots, list):
+        return None
+    current = meta.get("current-snapshot-id")
+    return next((s for s in snapshots if isinstance(s, dict) and s.get("snapshot-id") == current), None)
+
+
+def summary_of(snapshot: Json | None) -> dict[str, str]:
+    summary = (snapshot or {}).get("summary")
+    return {str(k): str(v) for k, v in summary.items()} if isinstance(summary, dict) else {}
+
+
+def position_of(snapshot: Json | None) -> int | None:
+    """The position a snapshot's summary records (None: none)."""
+    value = summary_of(snapshot).get(POSITION)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _out(rows: DataFrame) -> DataFrame:
+    """Rows as an Iceberg table stores them (history mode's ``_deleted`` renamed)."""
+    return rows.withColumnRenamed("_deleted", STORED_DELETED)
+
+
+class IcebergTable(Table):
+    """An Iceberg table written by Iceberg's Spark runtime."""
+
+    def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
+        super().__init__(path, app_id, spark)
+        self._summary: dict[str, str] = {}
+
+    @property
+    def ident(self) -> str:
+        return f"{catalog_of(self.path.parent)}.{quoted(self.path.name)}"
+
+    def open(self) -> None:
+        refuse_other_format(self.path, "iceberg")
+        meta = _metadata(self.path)
+        if meta is None:
+            return
+        props = meta.get("properties")
+        mode = props.get(MODE) if isinstance(props, dict) else None
+        self.mode = mode if isinstance(mode, str) else None
+        snap = current_snapshot(self.path, meta)
+        sid = snap.get("snapshot-id") if snap is not None else None
+        if not isinstance(sid, int):
+            return
+        self.version = sid
+        self._summary = summary_of(snap)
+        self.applied = position_of(snap)
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = to_arrow_schema(self.spark.table(self.ident).schema)
+        self.schema = pa.schema([f.with_name("_deleted") if f.name == STORED_DELETED else f for f in schema])
+
+    def data_files(self) -> list[str]:
+        if self.version is None:
+            return []
+        rows = self.spark.sql(f"SELECT file_path FROM {self.ident}.data_files").collect()
+        return [r["file_path"].removeprefix("file:") for r in rows]
+
+    def row_count(self, above: int | None = None) -> int:
+        """The current rows, from the snapshot's summary (its records less its deleted positions)."""
+        total = int(self._summary.get("total-records", 0))
+        return max(0, total - int(self._summary.get("total-position-deletes", 0)))
+
+    def frame(self) -> DataFrame | None:
+        if self.version is None:
+            return None
+        rows = self.spark.read.option("versionAsOf", str(self.version)).table(self.ident)
+        return rows.withColumnRenamed(STORED_DELETED, "_deleted") if self.mode == "history" else rows
+
+    def write_frames(self, batch: Batch) -> int:
+        made = missing_dirs(self.path)
+        kept = frames.settled(batch) if batch.settle is not None else None
+        try:
+            self._write(batch)
+        except BaseException:
+            if self.version is None:
+                unmake(made)
+            raise
+        finally:
+            if kept is not None:
+                kept.unpersist()
+        before = self.version
+        self.open()
+        return 0 if self.version == before else int(self._summary.get("added-files-size", 0))
+
+    def _write(self, batch: Batch) -> None:
+        from pyspark.sql import functions as F
+
+        position = {f"snapshot-property.{POSITION}": str(batch.position)}
+        if self.version is None:
+            w = _out(frames.new_rows(batch)).writeTo(self.ident).using("iceberg").options(**position)
+            mode = "history" if batch.history else "latest"
+            for k, v in {**NEW_TABLE, MODE: mode}.items():
+                w = w.tableProperty(k, v)
+            w.createOrReplace()
+            return
+        self._add_columns(batch)
+        if batch.truncate:
+            _out(frames.new_rows(batch)).writeTo(self.ident).options(**position).overwrite(F.lit(True))
+        elif batch.append_only:
+            _out(frames.new_rows(batch)).writeTo(self.ident).options(**position).append()
+        elif batch.final is not None:
+            current = self.frame()
+            assert current is not None  # (a one-pass batch onto a table that exists)
+            rows = _out(frames.whole_table(current, batch))
+            rows.writeTo(self.ident).options(**position).overwrite(F.lit(True))
+        elif batch.history:
+            self._merge_history(batch)
+        else:
+            self._merge_latest(batch)
+
+    def _add_columns(self, batch: Batch) -> None:
+        """Columns the batch adds, each an ALTER TABLE (a metadata commit without a snapshot: a run
+        killed after it finds the columns there and merges again)."""
+        have = set(self.schema.names) if self.schema is not None else set()
+        for f in spark_schema(batch.schema):
+            if f.name not in have:
+                add = f"{quoted(_stored(f.name))} {f.dataType.simpleString()}"
+                self.spark.sql(f"ALTER TABLE {self.ident} ADD COLUMN {add}")
+
+    def _merge_latest(self, batch: Batch) -> None:
+        """MERGE of the final events: a key's delete deletes its row, an upsert updates or inserts it."""
+        names = [quoted(n) for n in batch.schema.names]
+        kind = "s." + frames.own(batch, "kind")
+        self._merge(
+            batch,
+            frames.latest_source(batch),
+            frames.matches_sql(batch),
+            f"WHEN MATCHED AND {kind} = 'D' THEN DELETE "
+            f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{n} = s.{n}' for n in names)} "
+            f"WHEN NOT MATCHED AND {kind} = 'U' THEN INSERT ({', '.join(names)}) VALUES "
+            f"({', '.join(f's.{n}' for n in names)})",
+        )
+
+    def _merge_history(self, batch: Batch) -> None:
+        """MERGE of history mode's version rows: the target's current version of each touched key
+        is closed (its ``_end_*`` set, ``_current`` false) and every new version inserted."""
+        names = [quoted(_stored(n)) for n in batch.schema.names]
+        op = "s." + frames.own(batch, "op")
+        close = ", ".join([*(f"{quoted(c)} = s.{quoted(c)}" for c in END_COLS), "`_current` = false"])
+        self._merge(
+            batch,
+            _out(frames.history_source(batch)),
+            f"{op} = 'C' AND t.`_current` AND {frames.matches_sql(batch)}",
+            f"WHEN MATCHED THEN UPDATE SET {close} "
+            f"WHEN NOT MATCHED AND {op} = 'I' THEN INSERT ({', '.join(names)}) VALUES "
+            f"({', '.join(f's.{n}' for n in names)})",
+        )
+
+    def _merge(self, batch: Batch, source: DataFrame, on: str, clauses: str) -> None:
+        """One ``MERGE INTO`` statement from a temporary view of the source, its commit carrying
+        the batch's position."""
+        import secrets
+
+        view = f"_pgrecv_source_{secrets.token_hex(8)}"
+        source.createOrReplaceTempView(view)
+        sql = f"MERGE INTO {self.ident} t USING {view} s ON {on} {clauses}"
+        try:
+            self._committed_with_position(lambda: self.spark.sql(sql), batch.position)
+        finally:
+            self.spark.catalog.dropTempView(view)
+
+    def _committed_with_position(self, run: Callable[[], object], position: int) -> None:
+        """Runs ``run`` (a statement that commits one snapshot) with the position in that
+        snapshot's summary: Iceberg's CommitMetadata, given a Java Callable that calls back here."""
+        spark = self.spark
+        gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
+        assert gateway is not None and jvm is not None
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        # PySpark's own way (as foreachBatch): a port of the system's choice, the gateway's secret
+        ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]
+
+        class Call:
+            def call(self) -> None:
+                run()
+
+            class Java:
+                implements = ("java.util.concurrent.Callable",)
+
+        props = jvm.java.util.HashMap()
+        props.put(POSITION, str(position))
+        error = jvm.java.lang.Class.forName("java.lang.RuntimeException")
+        jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, Call(), error)

@@ -1,0 +1,281 @@
+"""Apache Iceberg through Iceberg's Spark runtime (``--format iceberg``, pgrecv/spark/tables/iceberg.py):
+the runs are ``pgrecv spark-apply`` in the connector runner's session (tests/spark/connector_runner.py,
+whose jars include Iceberg's runtime; the one killed mid-run is a process of its own, given
+``--conf spark.jars=...`` as a user runs it); tables are read back by pyiceberg, a second reader.
+PostgreSQL itself is the oracle of the types (tests/spark/test_apply_server.py, engine ``iceberg``)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pgrecv.spark.model import table_dir_name
+from tests.spark.connector_runner import Runner
+from tests.spark.test_command import _here, _rel, _row, _txn, _write
+from tests.spark.test_delta_spark import FAST, _gen_files
+from tests.spark.test_differential import _canon_value, _expected
+
+pytest.importorskip("pyspark")
+pyiceberg_table = pytest.importorskip("pyiceberg.table")
+
+
+def _proc(connector: Runner, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return connector.run(["spark-apply", *args, "--format", "iceberg", "--json"], 600)
+
+
+def _ok(proc: subprocess.CompletedProcess[bytes]) -> dict[str, Any]:
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    summary: dict[str, Any] = orjson.loads(proc.stdout)
+    assert summary["engine"] == "iceberg/spark"
+    return summary
+
+
+def _run(connector: Runner, *args: str) -> dict[str, Any]:
+    return _ok(_proc(connector, *args))
+
+
+def read_iceberg(path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """An Iceberg table's rows and its current snapshot's summary, as pyiceberg reads them (its
+    newest metadata file; deletion vectors applied)."""
+    versions = sorted(path.glob("metadata/v*.metadata.json"), key=lambda p: int(p.name[1:].split(".")[0]))
+    table = pyiceberg_table.StaticTable.from_metadata(str(versions[-1]))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    return table.scan().to_arrow().to_pylist(), dict(snapshot.summary.additional_properties)
+
+
+def _read(path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    rows, summary = read_iceberg(path)
+    return sorted(rows, key=lambda r: r["id"]), summary
+
+
+def _got(t: Any, target: Path) -> list[str]:
+    path = target / table_dir_name(t.schema, t.name)
+    rows = read_iceberg(path)[0] if path.exists() else []
+    return sorted(repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in rows)
+
+
+def test_two_runs_and_a_rerun(tmp_path: Path, connector: Runner) -> None:
+    """A new table, then a MERGE (update, delete, insert) with the position in its snapshot's
+    summary and a deletion vector instead of a rewritten file; a re-run changes nothing."""
+    target = tmp_path / "lake"
+    first = _write(
+        tmp_path / "1.jsonl",
+        [
+            _rel("t"),
+            *_txn("0/1000", *[_row("insert", "t", "0/1000", f"0/{0x100 + i:X}", i, f"a{i}") for i in range(100)]),
+        ],
+    )
+    s1 = _run(connector, str(first), "--target", str(target))
+    assert s1["tables"][0]["applied_lsn"] == "0/1000"
+    second = _write(
+        tmp_path / "2.jsonl",
+        [
+            _rel("t"),
+            *_txn(
+                "0/2000",
+                _row("update", "t", "0/2000", "0/1F00", 5, "new5"),
+                _row("delete", "t", "0/2000", "0/1F01", 7),
+                _row("insert", "t", "0/2000", "0/1F02", 500, "ins"),
+            ),
+        ],
+    )
+    s2 = _run(connector, str(first), str(second), "--target", str(target))
+    t = s2["tables"][0]
+    assert (t["status"], t["inserts"], t["updates"], t["deletes"], t["applied_lsn"]) == ("applied", 1, 1, 1, "0/2000")
+    rows, summary = _read(target / "s.t")
+    assert summary["pgrecv.applied-lsn"] == str(0x2000)
+    assert summary.get("added-dvs") == "1" and summary.get("added-data-files") == "1"
+    expected = {i: f"a{i}" for i in range(100) if i != 7} | {5: "new5", 500: "ins"}
+    assert {r["id"]: r["x"] for r in rows} == expected
+    again = _run(connector, str(first), str(second), "--target", str(target))
+    assert [r["status"] for r in again["tables"]] == ["up to date"]
+
+    # a batch that updates 40 of the 99 rows (the one pass): one overwrite, no deletion vector
+    third = _write(
+        tmp_path / "3.jsonl",
+        [
+            _rel("t"),
+            *_txn("0/3000", *[_row("update", "t", "0/3000", f"0/{0x2F00 + i:X}", i, f"c{i}") for i in range(40)]),
+        ],
+    )
+    s3 = _run(connector, str(first), str(second), str(third), "--target", str(target))
+    assert s3["tables"][0]["applied_lsn"] == "0/3000"
+    rows, summary = _read(target / "s.t")
+    assert summary["pgrecv.applied-lsn"] == str(0x3000) and "added-dvs" not in summary
+    assert {r["id"]: r["x"] for r in rows} == expected | {i: f"c{i}" for i in range(40)}
+
+
+@pytest.mark.parametrize("seed", [22])  # seed 7: test_a_killed_run_is_completed_by_the_next
+def test_random_streams_equal_the_truth(tmp_path: Path, connector: Runner, seed: int) -> None:
+    """The differential test's streams (six tables: keys, REPLICA IDENTITY FULL, TOAST, TRUNCATE,
+    streamed and two-phase transactions), applied in two runs: the tables equal the truth."""
+    gen, files = _gen_files(tmp_path / "a dir ü", seed, 22)
+    target = tmp_path / "lake"
+    _run(connector, str(files[0]), "--target", str(target))
+    summary = _run(connector, *map(str, files), "--target", str(target))
+    assert not summary["warnings"], summary["warnings"]
+    truth = gen.truth()
+    for t in gen.tables:
+        assert _got(t, target) == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
+
+
+def test_history_mode_equals_the_truth(tmp_path: Path, connector: Runner) -> None:
+    """--mode history: the live versions are the true tables, each key's versions form one chain,
+    and the table records the mode it was made with (a --mode latest run onto it is refused)."""
+    gen, files = _gen_files(tmp_path / "h", 15, 105)
+    target = tmp_path / "lake"
+    for fs in ([files[0]], files):
+        assert not _run(connector, *map(str, fs), "--target", str(target), "--mode", "history")["warnings"]
+    truth = gen.truth()
+    for t in gen.tables:
+        path = target / table_dir_name(t.schema, t.name)
+        got = read_iceberg(path)[0] if path.exists() else []
+        assert all("_deleted" not in r for r in got)  # (Iceberg keeps the name: stored as _is_deleted)
+        live = [r for r in got if r["_current"] and not r["_is_deleted"]]
+        name = f"{t.schema}.{t.name} ({t.kind})"
+        assert sorted(
+            repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in live
+        ) == _expected(t, truth[(t.schema, t.name)]), name
+        key = [c["name"] for c in t.columns] if t.kind == "full" else t.key
+        chains: dict[str, list[dict[str, Any]]] = {}
+        for r in got:
+            chains.setdefault(repr([_canon_value(r[k]) for k in key]), []).append(r)
+        for versions in chains.values():
+            versions.sort(key=lambda r: (r["_start_lsn"], r["_start_change_lsn"]))
+            assert [r["_current"] for r in versions] == [False] * (len(versions) - 1) + [True], name
+            for a, b in itertools.pairwise(versions):
+                assert (a["_end_lsn"], a["_end_change_lsn"]) == (b["_start_lsn"], b["_start_change_lsn"]), name
+    latest = _proc(connector, *map(str, files), "--target", str(target), "--mode", "latest")
+    assert latest.returncode != 0 and b"is a history-mode table: use the same --mode" in latest.stderr
+
+
+def test_bad_values_null_and_text(tmp_path: Path, connector: Runner) -> None:
+    """--bad-values: a numeric NaN in a numeric(10,2) column fails the table (exit 15), or is
+    stored as NULL, or its column is text."""
+    rel = {**_rel("n"), "columns": [
+        {"name": "id", "type": "integer", "typmod": -1, "key": True},
+        {"name": "x", "type": "numeric", "typmod": (10 << 16 | 2) + 4, "key": False},
+    ]}  # fmt: skip
+    rows = [
+        {"op": "insert", "schema": "s", "table": "n", "commit_lsn": "0/100", "lsn": f"0/{i}",
+         "new": {"id": i, "x": x}, "unchanged_toast": []}
+        for i, x in ((1, "1.25"), (2, "NaN"))
+    ]  # fmt: skip
+    src = _write(tmp_path / "n.jsonl", [rel, *_txn("0/100", *rows)])
+    failed = _proc(connector, str(src), "--target", str(tmp_path / "fail"))
+    assert failed.returncode == 15, failed.stderr.decode()[-2000:]
+    for policy, want in (("null", None), ("text", "NaN")):
+        summary = _run(connector, str(src), "--target", str(tmp_path / policy), "--bad-values", policy)
+        assert summary["tables"][0]["values_changed"] == 1
+        got = {r["id"]: r["x"] for r in _read(tmp_path / policy / table_dir_name("s", "n"))[0]}
+        assert got[2] == want
+        assert str(got[1]) == "1.25"
+
+
+def test_names_with_backticks_and_dots_and_the_replays_own(tmp_path: Path, connector: Runner) -> None:
+    """A table and columns named with backticks, dots and the replay's own column names: created,
+    then merged into (an update that leaves a TOASTed value unchanged, a delete, a key change)."""
+    cols = ["i`d", "a`b", "x.y", "`", "_kind", "_k0", "_pgrecv_k0", "_pgrecv_kind", "t"]
+    rel = {"op": "relation", "schema": "s", "table": "we`ird.t", "replica_identity": "default", "key": ["i`d"],
+           "columns": [{"name": c, "type": "integer" if c == "i`d" else "text", "typmod": -1, "key": c == "i`d"}
+                       for c in cols]}  # fmt: skip
+
+    def row(op: str, commit: str, lsn: int, i: int, **values: str | None) -> dict[str, Any]:
+        rec: dict[str, Any] = {"op": op, "schema": "s", "table": "we`ird.t", "commit_lsn": commit, "lsn": f"0/{lsn:X}"}
+        if op == "delete":
+            rec["old"] = {"i`d": i}
+        else:
+            rec["new"] = {"i`d": i, **values}
+            rec["unchanged_toast"] = [c for c in cols if c != "i`d" and c not in values]
+        return rec
+
+    first = _write(tmp_path / "1.jsonl", [rel, *_txn("0/1000", *[
+        row("insert", "0/1000", 0x100 + i, i, **{c: f"{c}{i}" for c in cols[1:]}) for i in range(10)
+    ])])  # fmt: skip
+    second = _write(tmp_path / "2.jsonl", [rel, *_txn("0/2000",
+        row("update", "0/2000", 0x1F00, 3, **{c: f"new{c}" for c in cols[2:]}),  # a`b unchanged (TOAST)
+        row("delete", "0/2000", 0x1F01, 4),
+        row("delete", "0/2000", 0x1F02, 5),
+        row("insert", "0/2000", 0x1F03, 105, **{c: f"{c}5" for c in cols[1:]}),  # 5's key changed
+    )])  # fmt: skip
+    target = tmp_path / "lake"
+    for files in ([first], [first, second]):
+        summary = _run(connector, *map(str, files), "--target", str(target))
+        assert [t["status"] for t in summary["tables"]] == ["applied"]
+    want = {i: {c: f"{c}{i}" for c in cols[1:]} for i in range(10) if i not in (4, 5)}
+    want[3] = {"a`b": "a`b3", **{c: f"new{c}" for c in cols[2:]}}
+    want[105] = {c: f"{c}5" for c in cols[1:]}
+    rows, summary_props = read_iceberg(target / table_dir_name("s", "we`ird.t"))
+    assert {r["i`d"]: {c: r[c] for c in cols[1:]} for r in rows} == want
+    assert summary_props["pgrecv.applied-lsn"] == str(0x2000)
+
+
+def test_without_the_runtime_iceberg_is_refused(tmp_path: Path, spark: Any) -> None:
+    """In a session without Iceberg's jars (the test session's), --format iceberg is a usage
+    error that names the jars, and nothing is written."""
+    src = _write(tmp_path / "1.jsonl", [_rel("t"), *_txn("0/1000", _row("insert", "t", "0/1000", "0/100", 1, "a"))])
+    proc = _here("spark-apply", str(src), "--target", str(tmp_path / "lake"), "--format", "iceberg")
+    assert proc.returncode == 2, proc.stderr
+    assert b"--format iceberg: Apache Iceberg's Spark runtime is not in this Spark session" in proc.stderr
+    assert b"Traceback" not in proc.stderr
+    assert not (tmp_path / "lake" / "s.t").exists()
+
+
+def test_a_killed_run_is_completed_by_the_next(tmp_path: Path, spark_jars_conf: str, connector: Runner) -> None:
+    """SIGKILL while the second batch is being applied (once a table has a new metadata file),
+    then a run to the end: the tables equal the truth, whatever the kill interrupted."""
+    gen, files = _gen_files(tmp_path / "k", 7, 40)
+    target = tmp_path / "lake"
+    _run(connector, str(files[0]), "--target", str(target))
+    cmd = [sys.executable, "-m", "pgrecv", "spark-apply", *map(str, files), "--target", str(target), "--format",
+           "iceberg", *FAST, "--conf", f"spark.jars={spark_jars_conf}"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    metas = [target / table_dir_name(t.schema, t.name) / "metadata" for t in gen.tables]
+
+    def count(d: Path) -> int:
+        return len(list(d.glob("*.metadata.json"))) if d.exists() else 0
+
+    before = {d: count(d) for d in metas}
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(count(d) > before[d] for d in metas):
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    summary = _run(connector, *map(str, files), "--target", str(target))
+    assert not summary["warnings"], summary["warnings"]
+    truth = gen.truth()
+    for t in gen.tables:
+        assert _got(t, target) == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
+
+
+def test_a_column_named_as_icebergs_metadata_is_held_back_alone(tmp_path: Path, connector: Runner) -> None:
+    """Spark reads no column named as one of Iceberg's metadata columns (``_pos``) from an Iceberg
+    table: that table is held back with what to do, the others are applied."""
+    pos = {**_rel("p"), "columns": [*_rel("p")["columns"], {"name": "_pos", "type": "integer", "typmod": -1}]}
+    src = _write(tmp_path / "1.jsonl", [
+        _rel("t"), pos,
+        *_txn("0/1000", _row("insert", "t", "0/1000", "0/100", 1, "a"), _row("insert", "p", "0/1000", "0/101", 1, "b")),
+    ])  # fmt: skip
+    proc = _proc(connector, str(src), "--target", str(tmp_path / "lake"))
+    assert proc.returncode != 0 and b"Traceback" not in proc.stderr
+    summary = orjson.loads(proc.stdout)
+    got = {t["table"]: (t["status"], t.get("error") or "") for t in summary["tables"]}
+    assert got["s.t"] == ("applied", "")
+    assert (
+        got["s.p"][0] == "held back"
+        and "column _pos has the name of one of Iceberg's metadata columns" in got["s.p"][1]
+    )
+    assert [r["x"] for r in _read(tmp_path / "lake" / "s.t")[0]] == ["a"]
