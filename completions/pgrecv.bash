@@ -92,10 +92,11 @@ _pgrecv() {
                 --conf) return ;;
                 --mode) COMPREPLY=($(compgen -W "latest history" -- "$cur")); return ;;
                 --delta-engine) COMPREPLY=($(compgen -W "auto delta-rs spark" -- "$cur")); return ;;
+                --iceberg-catalog) return ;;
                 --key) return ;;
                 --bad-values) COMPREPLY=($(compgen -W "fail null text" -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --key --append-only --bad-values --json --list-applied -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --iceberg-catalog --key --append-only --bad-values --json --list-applied -v --verbose -q --quiet" -- "$cur")) ;;
         start)
             case "$prev" in
                 -S|--slot) return ;;

@@ -10,7 +10,7 @@ _pgrecv() {
         'peek:Read a slot'\''s pending changes through the SQL interface, decoded.'
         'slots:List replication slots with their positions, lag and retained WAL, or check their health.'
         'snapshot:Create a slot and copy every published table'\''s rows as of its start (an initial snapshot).'
-        'spark-apply:Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.'
+        'spark-apply:Apply JSONL change files to Delta, Parquet or Iceberg tables with Spark, exactly and idempotently.'
         'start:Stream a slot'\''s changes over the replication protocol, like pg_recvlogical --start.'
     )
     if (( CURRENT == 2 )); then
@@ -132,6 +132,7 @@ _pgrecv() {
                 '*--conf[Spark configuration (repeatable).]:key=value: ' \
                 '--mode[latest\: the tables as they are; history\: every version (SCD type 2).]:value:(latest history)' \
                 '--delta-engine[Who commits Delta tables\: delta-rs, or Delta Lake'\''s Spark connector (its jars given with --conf spark.jars=... or spark.jars.packages=...; deletion vectors on). auto\: the connector when its jars are in the session, else delta-rs.]:value:(auto delta-rs spark)' \
+                '--iceberg-catalog[--format iceberg\: the session'\''s Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default\: a Hadoop catalog under --target.]:name: ' \
                 '*--key[Key columns (comma-separated) of a table whose input names none, as test_decoding'\''s may not (repeatable; double-quote names holding . , = or ").]:schema.table=columns: ' \
                 '--append-only[Tables without any key\: append their inserts.]' \
                 '--bad-values[Values the target type cannot hold (numeric NaN, dates past 9999, ...)\: fail (hold the table back), null (store NULL), text (a new column becomes a string column holding the value'\''s text). Changed values are counted in the summary.]:value:(fail null text)' \

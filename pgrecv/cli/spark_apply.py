@@ -53,6 +53,13 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
     "session, else delta-rs.",
 )
 @click.option(
+    "--iceberg-catalog",
+    "catalog",
+    metavar="NAME",
+    help="--format iceberg: the session's Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its "
+    "type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default: a Hadoop catalog under --target.",
+)
+@click.option(
     "--key",
     "keys",
     multiple=True,
@@ -88,6 +95,7 @@ def _spark_apply(
     confs: tuple[str, ...],
     mode: Mode,
     delta_engine: DeltaEngine,
+    catalog: str | None,
     keys: tuple[str, ...],
     append_only: bool,
     replay: str | None,
@@ -95,7 +103,7 @@ def _spark_apply(
     as_json: bool,
     list_applied: bool,
 ) -> None:
-    """Apply JSONL change files to Delta or Parquet tables with Spark, exactly and idempotently.
+    """Apply JSONL change files to Delta, Parquet or Iceberg tables with Spark, exactly and idempotently.
 
     SOURCE: files, globs or `pgrecv start --output-dir` directories (finalised files only).
     Each table goes to PATH/SCHEMA.TABLE. Re-running on the same files changes nothing; a run
@@ -114,6 +122,8 @@ def _spark_apply(
     if replay is not None:
         log("warning: --replay is deprecated and does nothing: spark-apply always replays in Spark", 0)
 
+    if catalog is not None and fmt != "iceberg":
+        raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
     target_path = Path(target)
     if not target_path.parent.is_dir():  # a typo must not grow a new directory tree
         raise UsageError(f"--target {target}: its parent directory does not exist: create it first")
@@ -131,6 +141,7 @@ def _spark_apply(
         append_only=append_only,
         keys=parse_keys(keys),
         bad_values=bad_values,
+        catalog=catalog,
     )
     if list_applied:
         from pgrecv.output.files import write_stdout

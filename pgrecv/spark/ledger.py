@@ -134,6 +134,8 @@ class Unread:
 def split(config: ApplyConfig, files: list[Path]) -> Unread:
     """The files this run reads: every file but those at or below their directory's through."""
     options = options_of(config)
+    if config.catalog is not None:  # its tables' positions are read through Spark only: every file is read
+        return Unread(files, [], Ledger(options=options))
     ledger = load(config.target, options)
     if ledger is None or not ledger.through.keys() & _source_dirs(config):
         return Unread(files, [], ledger or Ledger(options=options))
@@ -156,6 +158,8 @@ def split(config: ApplyConfig, files: list[Path]) -> Unread:
 def advance(config: ApplyConfig, unread: Unread, summary: Summary) -> None:
     """Records what this run applied: each SOURCE directory's new through, when the run applied
     every table and left no transaction incomplete; each table's position as it is now."""
+    if config.catalog is not None:
+        return
     ledger = unread.ledger
     for t in summary.tables:
         if t.applied_lsn is not None:

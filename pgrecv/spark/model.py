@@ -40,6 +40,9 @@ class ApplyConfig:
     bad_values: BadValues = "fail"
     # --key: key columns for tables whose input names none (pgrecv/spark/keys.py)
     keys: dict[Name, tuple[str, ...]] = field(default_factory=dict)
+    # --iceberg-catalog: the session's Iceberg catalog the tables are in (None: a Hadoop catalog
+    # under the target)
+    catalog: str | None = None
 
 
 @dataclass(frozen=True)

@@ -279,3 +279,62 @@ def test_a_column_named_as_icebergs_metadata_is_held_back_alone(tmp_path: Path, 
         and "column _pos has the name of one of Iceberg's metadata columns" in got["s.p"][1]
     )
     assert [r["x"] for r in _read(tmp_path / "lake" / "s.t")[0]] == ["a"]
+
+
+def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tcp_dsn: str) -> None:
+    """--iceberg-catalog: a catalog of the session, here Iceberg's JDBC catalog with its pointers
+    in PostgreSQL (over TCP, through the driver jvm/pom.xml fetches) and its warehouse a local
+    directory: tables NAME.schema.table, a MERGE run and a re-run, read back by pyiceberg from the
+    metadata the catalog points to; nothing under --target but pgrecv's own state. A catalog the
+    session does not have, or the option with another format: exit 2."""
+    import secrets
+
+    import psycopg
+
+    from pgrecv.spark.files import file_url
+
+    info = psycopg.conninfo.conninfo_to_dict(tcp_dsn)
+    password = Path(str(info["passfile"])).read_text().strip().rsplit(":", 1)[1]
+    name = f"lake_{secrets.token_hex(4)}"  # (the runner's session keeps every catalog it loaded)
+    key = f"spark.sql.catalog.{name}"
+    conf = {
+        key: "org.apache.iceberg.spark.SparkCatalog",
+        f"{key}.type": "jdbc",
+        f"{key}.uri": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
+        f"{key}.jdbc.user": str(info["user"]),
+        f"{key}.jdbc.password": password,
+        f"{key}.warehouse": file_url(tmp_path / "warehouse"),
+    }
+    args = [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
+    target = tmp_path / "state"
+    first = _write(tmp_path / "1.jsonl", [
+        _rel("t"), *_txn("0/1000", *[_row("insert", "t", "0/1000", f"0/{0x100 + i:X}", i, f"a{i}") for i in range(20)]),
+    ])  # fmt: skip
+    second = _write(tmp_path / "2.jsonl", [_rel("t"), *_txn(
+        "0/2000", _row("update", "t", "0/2000", "0/1F00", 5, "new5"), _row("delete", "t", "0/2000", "0/1F01", 7),
+    )])  # fmt: skip
+    s1 = _run(connector, str(first), "--target", str(target), "--iceberg-catalog", name, *args)
+    assert s1["tables"][0]["applied_lsn"] == "0/1000"
+    s2 = _run(connector, str(first), str(second), "--target", str(target), "--iceberg-catalog", name, *args)
+    assert [(t["status"], t["updates"], t["deletes"]) for t in s2["tables"]] == [("applied", 1, 1)]
+    again = _run(connector, str(first), str(second), "--target", str(target), "--iceberg-catalog", name, *args)
+    assert [t["status"] for t in again["tables"]] == ["up to date"]
+    with psycopg.connect(tcp_dsn) as conn:
+        found = conn.execute(
+            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 's' "
+            "AND table_name = 't'",
+            (name,),
+        ).fetchone()
+    assert found is not None
+    table = pyiceberg_table.StaticTable.from_metadata(found[0])
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary.additional_properties["pgrecv.applied-lsn"] == str(0x2000)
+    rows = {r["id"]: r["x"] for r in table.scan().to_arrow().to_pylist()}
+    assert rows == {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}
+    assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
+
+    missing = _proc(connector, str(first), "--target", str(tmp_path / "x"), "--iceberg-catalog", "nosuch")
+    assert missing.returncode == 2 and b"--iceberg-catalog nosuch: the Spark session has no catalog" in missing.stderr
+    other = _here("spark-apply", str(first), "--target", str(tmp_path / "y"), "--format", "delta",
+                  "--iceberg-catalog", name)  # fmt: skip
+    assert other.returncode == 2 and b"--iceberg-catalog" in other.stderr and b"Traceback" not in other.stderr

@@ -153,9 +153,9 @@ def run_frames(
     carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
     if config.fmt == "iceberg":
         from pgrecv.spark.jars import ICEBERG_PACKAGE, iceberg_session
-        from pgrecv.spark.tables.iceberg import IcebergTable, use_catalog
+        from pgrecv.spark.tables.iceberg import iceberg_writer, use_catalog
 
-        writer: type[Table] = IcebergTable
+        writer: type[Table] = iceberg_writer(config.catalog)
         if spark is not None:
             if not iceberg_session(spark):
                 raise UsageError(
@@ -163,7 +163,7 @@ def run_frames(
                     "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
                     f"spark.jars.packages={ICEBERG_PACKAGE})"
                 )
-            use_catalog(spark, config.target)
+            use_catalog(spark, config.target, config.catalog)
     else:
         writer = ParquetTable if config.fmt == "parquet" else delta_writer(spark, config.engine)
     summary = Summary(
@@ -228,7 +228,8 @@ def run_frames(
             # absolute: data files are matched against the paths Spark reports
             path = config.target.resolve() / table_dir_name(s, t)
             target = writer(path, app_id(f"{s}.{t}"), spark)
-            if path.exists() and (changed is None or (s, t) in changed):
+            target.names = (s, t)
+            if (changed is None or (s, t) in changed) and target.exists():
                 target.open()
             targets[(s, t)] = target
         lean_table = None

@@ -142,6 +142,12 @@ class Table(ABC):
         # "latest" or "history", as recorded when the table was made (MODE_PROPERTY; None: not
         # recorded, by a version before it was, or no table yet): never guessed from its columns
         self.mode: str | None = None
+        # the PostgreSQL (schema, table): a catalog's name for it (Iceberg's --iceberg-catalog)
+        self.names: tuple[str, str] | None = None
+
+    def exists(self) -> bool:
+        """Whether the table exists before the batch (to be opened)."""
+        return self.path.exists()
 
     @abstractmethod
     def open(self) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import orjson
 import pyarrow as pa
 
-from pgrecv.errors import InputError
+from pgrecv.errors import InputError, UsageError
 from pgrecv.spark.files import file_url
 from pgrecv.spark.schema import TablePlan, quoted
 from pgrecv.spark.sparkops import spark_schema
@@ -86,14 +86,31 @@ def catalog_of(target: Path) -> str:
     return f"pgrecv_iceberg_{digest}"
 
 
-def use_catalog(spark: SparkSession, target: Path) -> None:
-    """The run's Iceberg catalog: a Hadoop catalog whose warehouse is the target. Its table cache
-    is off: another process (a run killed midway, another tool) may have committed meanwhile."""
+def use_catalog(spark: SparkSession, target: Path, catalog: str | None = None) -> None:
+    """The run's Iceberg catalog: ``catalog`` as the session has it (--iceberg-catalog), else a
+    Hadoop catalog whose warehouse is the target, its table cache off (another process, a run
+    killed midway or another tool, may have committed meanwhile)."""
+    if catalog is not None:
+        if not spark.conf.get(f"spark.sql.catalog.{catalog}", None):
+            raise UsageError(
+                f"--iceberg-catalog {catalog}: the Spark session has no catalog of that name: set it with --conf "
+                f"spark.sql.catalog.{catalog}=org.apache.iceberg.spark.SparkCatalog and its type, uri and warehouse "
+                f"(--conf spark.sql.catalog.{catalog}.type=jdbc, ...)"
+            )
+        return
     key = f"spark.sql.catalog.{catalog_of(target)}"
     spark.conf.set(key, "org.apache.iceberg.spark.SparkCatalog")
     spark.conf.set(f"{key}.type", "hadoop")
     spark.conf.set(f"{key}.warehouse", file_url(target.resolve()))
     spark.conf.set(f"{key}.cache-enabled", "false")
+
+
+def iceberg_writer(catalog: str | None) -> type[Table]:
+    """The Iceberg writer of a run: tables in the session's ``catalog``, or (None) in the
+    target's Hadoop catalog."""
+    if catalog is None:
+        return IcebergTable
+    return type("CatalogIcebergTable", (IcebergTable,), {"catalog": catalog})
 
 
 def _metadata(path: Path) -> Json | None:
@@ -138,7 +155,11 @@ def _out(rows: DataFrame) -> DataFrame:
 
 
 class IcebergTable(Table):
-    """An Iceberg table written by Iceberg's Spark runtime."""
+    """An Iceberg table written by Iceberg's Spark runtime: in the target's Hadoop catalog, its
+    state read from its metadata files, or (``catalog`` set) in a catalog of the session, its
+    state read through Spark (its ``refs``, ``snapshots`` and properties)."""
+
+    catalog: str | None = None
 
     def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
         super().__init__(path, app_id, spark)
@@ -146,9 +167,18 @@ class IcebergTable(Table):
 
     @property
     def ident(self) -> str:
-        return f"{catalog_of(self.path.parent)}.{quoted(self.path.name)}"
+        if self.catalog is None:
+            return f"{catalog_of(self.path.parent)}.{quoted(self.path.name)}"
+        assert self.names is not None
+        return ".".join(map(quoted, (self.catalog, *self.names)))
+
+    def exists(self) -> bool:
+        return self.path.exists() if self.catalog is None else bool(self.spark.catalog.tableExists(self.ident))
 
     def open(self) -> None:
+        if self.catalog is not None:
+            self._open_in_catalog()
+            return
         refuse_other_format(self.path, "iceberg")
         meta = _metadata(self.path)
         if meta is None:
@@ -158,13 +188,28 @@ class IcebergTable(Table):
         self.mode = mode if isinstance(mode, str) else None
         snap = current_snapshot(self.path, meta)
         sid = snap.get("snapshot-id") if snap is not None else None
-        if not isinstance(sid, int):
+        if isinstance(sid, int):
+            self._opened(sid, summary_of(snap))
+
+    def _open_in_catalog(self) -> None:
+        if not self.exists():
             return
-        self.version = sid
-        self._summary = summary_of(snap)
-        self.applied = position_of(snap)
+        props = {r["key"]: r["value"] for r in self.spark.sql(f"SHOW TBLPROPERTIES {self.ident}").collect()}
+        self.mode = props.get(MODE)
+        main = self.spark.sql(f"SELECT snapshot_id FROM {self.ident}.refs WHERE name = 'main'").collect()
+        if not main:
+            return
+        sid = int(main[0]["snapshot_id"])
+        rows = self.spark.sql(f"SELECT summary FROM {self.ident}.snapshots WHERE snapshot_id = {sid}").collect()
+        self._opened(sid, {str(k): str(v) for k, v in (rows[0]["summary"] if rows else {}).items()})
+
+    def _opened(self, sid: int, summary: dict[str, str]) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
+        self.version = sid
+        self._summary = summary
+        value = summary.get(POSITION)
+        self.applied = int(value) if value is not None and value.isdigit() else None
         schema = to_arrow_schema(self.spark.table(self.ident).schema)
         self.schema = pa.schema([f.with_name("_deleted") if f.name == STORED_DELETED else f for f in schema])
 
@@ -186,7 +231,7 @@ class IcebergTable(Table):
         return rows.withColumnRenamed(STORED_DELETED, "_deleted") if self.mode == "history" else rows
 
     def write_frames(self, batch: Batch) -> int:
-        made = missing_dirs(self.path)
+        made = missing_dirs(self.path) if self.catalog is None else []
         kept = frames.settled(batch) if batch.settle is not None else None
         try:
             self._write(batch)
@@ -206,11 +251,13 @@ class IcebergTable(Table):
 
         position = {f"snapshot-property.{POSITION}": str(batch.position)}
         if self.version is None:
+            if self.catalog is not None and self.names is not None:
+                self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quoted(self.catalog)}.{quoted(self.names[0])}")
             w = _out(frames.new_rows(batch)).writeTo(self.ident).using("iceberg").options(**position)
             mode = "history" if batch.history else "latest"
             for k, v in {**NEW_TABLE, MODE: mode}.items():
                 w = w.tableProperty(k, v)
-            w.createOrReplace()
+            w.create()  # (never replaces a table: one made meanwhile fails the batch)
             return
         self._add_columns(batch)
         if batch.truncate:
