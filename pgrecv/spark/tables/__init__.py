@@ -8,10 +8,12 @@ applies it in ONE atomic step that also records the batch's position, so a run k
 moment leaves each table either before or after the batch, and a re-run skips what is applied.
 
 Writers (one module each): :mod:`.parquet` (a new version directory, then an atomic pointer
-switch) and :mod:`.delta` (Spark writes the data files, delta-rs commits them with the app
-transaction ``pgrecv:<schema>.<table>``). A new format is a subclass of :class:`Table` with
-``open``, ``data_files`` and ``write_frames``; :mod:`.rewrite` decides which current files a
-batch replaces and writes the new ones.
+switch), :mod:`.delta` (Spark writes the data files, delta-rs commits them with the app
+transaction ``pgrecv:<schema>.<table>``), :mod:`.delta_spark` (Delta's Spark connector commits)
+and :mod:`.iceberg` (Iceberg's Spark runtime commits, the position in the snapshot's summary). A
+new format is a subclass of :class:`Table` with ``open``, ``data_files`` and ``write_frames``;
+:mod:`.rewrite` decides which current files a batch replaces and writes the new ones (the first
+two), :mod:`.frames` what a batch gives a writer that commits through Spark (the last two).
 """
 
 from __future__ import annotations
