@@ -140,7 +140,7 @@ def _read(path: Path, fmt: str, spark: Any) -> list[dict[str, Any]]:
     if fmt == "iceberg":
         from tests.spark.test_iceberg import read_iceberg
 
-        rows = read_iceberg(path)[0]
+        rows = read_iceberg(path)[0]  # (uuid columns, of Iceberg's uuid type, as text)
         for r in rows:  # history mode's _deleted, as Iceberg stores it
             if "_is_deleted" in r:
                 r["_deleted"] = r.pop("_is_deleted")

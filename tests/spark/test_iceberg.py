@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,20 @@ def read_iceberg(path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
     table = pyiceberg_table.StaticTable.from_metadata(str(versions[-1]))
     snapshot = table.current_snapshot()
     assert snapshot is not None
-    return table.scan().to_arrow().to_pylist(), dict(snapshot.summary.additional_properties)
+    rows = table.scan().to_arrow().to_pylist()
+    kept = uuids(table)
+    for r in rows:  # Iceberg's uuid columns: 16 bytes each, as PostgreSQL's text
+        for k, v in r.items():
+            if isinstance(v, uuid.UUID) or (isinstance(v, bytes) and k in kept):
+                r[k] = str(v if isinstance(v, uuid.UUID) else uuid.UUID(bytes=v))
+    return rows, dict(snapshot.summary.additional_properties)
+
+
+def uuids(table: Any) -> set[str]:
+    """The names of an Iceberg table's columns of Iceberg's uuid type (pyiceberg's view)."""
+    from pyiceberg.types import UUIDType
+
+    return {f.name for f in table.schema().fields if isinstance(f.field_type, UUIDType)}
 
 
 def _read(path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -338,3 +352,29 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
     other = _here("spark-apply", str(first), "--target", str(tmp_path / "y"), "--format", "delta",
                   "--iceberg-catalog", name)  # fmt: skip
     assert other.returncode == 2 and b"--iceberg-catalog" in other.stderr and b"Traceback" not in other.stderr
+
+
+def test_uuid_columns_are_icebergs_uuid(tmp_path: Path, connector: Runner) -> None:
+    """A uuid column is of Iceberg's uuid type (exact, 16 bytes), in a new table and as a column a
+    later batch adds; Spark writes and merges its PostgreSQL text, pyiceberg reads it back."""
+    cols = [{"name": "id", "type": "integer", "typmod": -1, "key": True}, {"name": "u", "type": "uuid", "typmod": -1}]
+    rel = {**_rel("g"), "columns": cols}
+    rel2 = {**_rel("g"), "columns": [*cols, {"name": "w", "type": "uuid", "typmod": -1}]}
+    ids = [str(uuid.UUID(int=(i + 1) * 0x1234567890ABCDEF)) for i in range(4)]
+
+    def ins(commit: str, lsn: str, i: int, **values: str | None) -> dict[str, Any]:
+        return {"op": "insert", "schema": "s", "table": "g", "commit_lsn": commit, "lsn": lsn,
+                "new": {"id": i, **values}, "unchanged_toast": []}  # fmt: skip
+
+    first = _write(tmp_path / "1.jsonl", [rel, *_txn("0/1000", ins("0/1000", "0/100", 1, u=ids[0]))])
+    upd = {**ins("0/2000", "0/1F00", 1, u=ids[1], w=ids[2]), "op": "update"}
+    second = _write(tmp_path / "2.jsonl", [rel2, *_txn("0/2000", upd, ins("0/2000", "0/1F01", 2, u=ids[3], w=None))])
+    target = tmp_path / "lake"
+    _run(connector, str(first), "--target", str(target))
+    summary = _run(connector, str(first), str(second), "--target", str(target))
+    assert [t["status"] for t in summary["tables"]] == ["applied"]
+    path = target / table_dir_name("s", "g")
+    versions = sorted(path.glob("metadata/v*.metadata.json"), key=lambda p: int(p.name[1:].split(".")[0]))
+    assert uuids(pyiceberg_table.StaticTable.from_metadata(str(versions[-1]))) == {"u", "w"}
+    rows, _ = _read(path)
+    assert rows == [{"id": 1, "u": ids[1], "w": ids[2]}, {"id": 2, "u": ids[3], "w": None}]

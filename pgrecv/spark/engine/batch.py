@@ -63,6 +63,7 @@ def build_batch(
 
     names = list(plan.columns)
     schema = pa.schema([(n, plan.columns[n].arrow) for n in names])
+    types = {n: ct.pg_type for n, ct in plan.columns.items()}
     truncate = facts["truncate_at"] is not None
     if plan.append_only:
         rows = changes.where((F.col("schema") == plan.schema) & (F.col("table") == plan.table))
@@ -84,7 +85,9 @@ def build_batch(
         )
         ev, plan = apply_policy(typed_rows(ev, plan), plan, target, config, result)
         schema = pa.schema([(n, plan.columns[n].arrow) for n in names])
-        return Batch(schema, [], False, truncate, ev.select("tv.*"), None, facts["position"], append_only=True)
+        return Batch(
+            schema, [], False, truncate, ev.select("tv.*"), None, facts["position"], append_only=True, pg_types=types
+        )
     toast = [c for c in facts["toast"] if c in plan.columns]
     events = rev.table_changes(changes, plan, target.applied, facts["truncate_at"], dedupe=bool(toast))
     if one_pass and one_pass_fits(facts, target, config, toast):
@@ -107,7 +110,16 @@ def build_batch(
             .where(F.when(F.col("_bad"), F.raise_error(F.lit(ONE_PASS_FAILED))).otherwise(F.lit(True)))
         )
         return Batch(
-            schema, plan.key_cols, plan.full, truncate, None, None, facts["position"], final=final, flat_key=bool(flat)
+            schema,
+            plan.key_cols,
+            plan.full,
+            truncate,
+            None,
+            None,
+            facts["position"],
+            final=final,
+            flat_key=bool(flat),
+            pg_types=types,
         )
     final = rev.final_changes(events, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
     final = typed_rows(final, plan)
@@ -140,6 +152,7 @@ def build_batch(
         rows.select(*[F.col(quoted(n)) for n in names]),
         keys,
         facts["position"],
+        pg_types=types,
     )
 
 
@@ -260,6 +273,7 @@ def history_batch(
         facts["position"],
         history=True,
         closes=closes,
+        pg_types={n: ct.pg_type for n, ct in plan.columns.items()},
     )
 
 

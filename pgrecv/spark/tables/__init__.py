@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +76,8 @@ class Batch:
     # the table's whole content after the batch, merged by the driver (a small table of a group:
     # pgrecv.spark.engine.together); every current file is replaced by one file of these rows
     arrow: pa.Table | None = None
+    # each column's PostgreSQL type, where a format has a type of its own for it (Iceberg's uuid)
+    pg_types: dict[str, str] = field(default_factory=dict)
 
 
 # how a Delta table records the --mode it was made with: an app transaction of this id and the

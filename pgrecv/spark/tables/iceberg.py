@@ -40,7 +40,9 @@ from pgrecv.spark.tables import Batch, Table, frames, refuse_other_format
 from pgrecv.spark.tables.rewrite import END_COLS, missing_dirs, unmake
 
 if TYPE_CHECKING:
+    from py4j.java_gateway import JavaObject, JVMView
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 # a table's metadata and snapshots, as Iceberg's JSON holds them
 Json = dict[str, object]
@@ -149,6 +151,16 @@ def position_of(snapshot: Json | None) -> int | None:
         return None
 
 
+def _uuid_columns(batch: Batch) -> set[str]:
+    """The batch's uuid columns (strings), which a new Iceberg table or column makes of Iceberg's
+    uuid type: exact, and 16 bytes instead of 36 characters."""
+    return {
+        n
+        for n in batch.schema.names
+        if batch.pg_types.get(n) == "uuid" and pa.types.is_string(batch.schema.field(n).type)
+    }
+
+
 def _out(rows: DataFrame) -> DataFrame:
     """Rows as an Iceberg table stores them (history mode's ``_deleted`` renamed)."""
     return rows.withColumnRenamed("_deleted", STORED_DELETED)
@@ -253,11 +265,20 @@ class IcebergTable(Table):
         if self.version is None:
             if self.catalog is not None and self.names is not None:
                 self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quoted(self.catalog)}.{quoted(self.names[0])}")
-            w = _out(frames.new_rows(batch)).writeTo(self.ident).using("iceberg").options(**position)
-            mode = "history" if batch.history else "latest"
-            for k, v in {**NEW_TABLE, MODE: mode}.items():
-                w = w.tableProperty(k, v)
-            w.create()  # (never replaces a table: one made meanwhile fails the batch)
+            props = {**NEW_TABLE, MODE: "history" if batch.history else "latest"}
+            rows = _out(frames.new_rows(batch))
+            uuids = _uuid_columns(batch)
+            if not uuids:
+                w = rows.writeTo(self.ident).using("iceberg").options(**position)
+                for k, v in props.items():
+                    w = w.tableProperty(k, v)
+                w.create()  # (never replaces a table: one made meanwhile fails the batch)
+                return
+            # Spark has no uuid type: the table is made by Iceberg's API, then written (a run killed
+            # in between leaves it without a snapshot, and the next writes it)
+            if not self.spark.catalog.tableExists(self.ident):
+                self._create(rows.schema, uuids, props)
+            rows.writeTo(self.ident).options(**position).append()
             return
         self._add_columns(batch)
         if batch.truncate:
@@ -276,12 +297,61 @@ class IcebergTable(Table):
 
     def _add_columns(self, batch: Batch) -> None:
         """Columns the batch adds, each an ALTER TABLE (a metadata commit without a snapshot: a run
-        killed after it finds the columns there and merges again)."""
+        killed after it finds the columns there and merges again); a uuid column by Iceberg's API."""
         have = set(self.schema.names) if self.schema is not None else set()
+        uuids = _uuid_columns(batch)
         for f in spark_schema(batch.schema):
-            if f.name not in have:
+            if f.name in have:
+                continue
+            if f.name in uuids:
+                jvm = self._jvm()
+                table = self._iceberg_catalog().loadTable(self._table_identifier())
+                table.updateSchema().addColumn(f.name, jvm.org.apache.iceberg.types.Types.UUIDType.get()).commit()
+            else:
                 add = f"{quoted(_stored(f.name))} {f.dataType.simpleString()}"
                 self.spark.sql(f"ALTER TABLE {self.ident} ADD COLUMN {add}")
+
+    def _jvm(self) -> JVMView:
+        jvm = self.spark.sparkContext._jvm
+        assert jvm is not None
+        return jvm
+
+    def _iceberg_catalog(self) -> JavaObject:
+        """The catalog's Iceberg ``Catalog`` (its Spark catalog's ``icebergCatalog()``)."""
+        name = self.catalog if self.catalog is not None else catalog_of(self.path.parent)
+        return self.spark._jsparkSession.sessionState().catalogManager().catalog(name).icebergCatalog()
+
+    def _table_identifier(self) -> JavaObject:
+        """The table's Iceberg ``TableIdentifier``: its directory's name in the Hadoop catalog's
+        empty namespace, else ``schema``.``table``."""
+        jvm = self._jvm()
+        catalog = jvm.org.apache.iceberg.catalog
+        if self.catalog is None:
+            return catalog.TableIdentifier.of(catalog.Namespace.empty(), self.path.name)
+        assert self.names is not None
+        levels = self.spark.sparkContext._gateway.new_array(jvm.java.lang.String, 1)  # type: ignore[union-attr]
+        levels[0] = self.names[0]
+        return catalog.TableIdentifier.of(catalog.Namespace.of(levels), self.names[1])
+
+    def _create(self, schema: StructType, uuids: set[str], props: dict[str, str]) -> None:
+        """Makes the table by Iceberg's API: Spark's schema as Iceberg converts it, the ``uuids``
+        columns of Iceberg's uuid type (Spark reads and writes them as strings)."""
+        jvm = self._jvm()
+        types = jvm.org.apache.iceberg.types.Types
+        converted = jvm.org.apache.iceberg.spark.SparkSchemaUtil.convert(
+            self.spark._jsparkSession.parseDataType(schema.json())
+        )
+        fields = jvm.java.util.ArrayList()
+        for f in converted.columns():
+            uuid = f.name() in uuids
+            fields.add(types.NestedField.optional(f.fieldId(), f.name(), types.UUIDType.get()) if uuid else f)
+        properties = jvm.java.util.HashMap()
+        for k, v in props.items():
+            properties.put(k, v)
+        spec = jvm.org.apache.iceberg.PartitionSpec.unpartitioned()
+        self._iceberg_catalog().createTable(
+            self._table_identifier(), jvm.org.apache.iceberg.Schema(fields), spec, properties
+        )
 
     def _merge_latest(self, batch: Batch) -> None:
         """MERGE of the final events: a key's delete deletes its row, an upsert updates or inserts it."""
