@@ -15,7 +15,14 @@ from typing import Any, Final
 
 import orjson
 
-from pgrecv.output.values import BinaryConverter, TextConverter, binary_converter, bool_from_text, text_converter
+from pgrecv.output.values import (
+    BinaryConverter,
+    TextConverter,
+    binary_converter,
+    bool_from_text,
+    int_from_text,
+    text_converter,
+)
 
 FORMAT_VERSION: Final = 1
 
@@ -58,14 +65,14 @@ def column_kind(type_oid: int, type_name: str) -> tuple[Kind, TextConverter | No
 
     Derived from :func:`pgrecv.output.values.text_converter`, so no second table of types can drift
     from the reference: a type the reference keeps as text is TEXT (or QUOTE where its output is
-    known to need no escaping), one it parses with ``int`` is RAW, one it parses with the same
+    known to need no escaping), one it parses with ``int_from_text`` is RAW, one it parses with the same
     converter as ``float8`` is FLOAT, and so on; an array is ARRAY when :func:`array_element`
     knows its elements.
     """
     conv = text_converter(type_oid, type_name)
     if conv is None:
         return (Kind.QUOTE if type_oid in QUOTE_OIDS else Kind.TEXT), None
-    if conv is int:
+    if conv is int_from_text:
         return Kind.RAW, None
     if conv is bool_from_text:
         return Kind.BOOL, None
@@ -100,7 +107,7 @@ def _array_parts(conv: TextConverter) -> tuple[Kind, str] | None:
     if elem is None:
         return Kind.TEXT, delim
     for kind in (Kind.RAW, Kind.BOOL):
-        if elem is (int if kind is Kind.RAW else bool_from_text):
+        if elem is (int_from_text if kind is Kind.RAW else bool_from_text):
             return kind, delim
     scalar = _BY_CONVERTER.get(id(elem))
     return (scalar, delim) if scalar is not None else None

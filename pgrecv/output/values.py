@@ -53,6 +53,7 @@ __all__ = [
     "ValueFormatError",
     "binary_converter",
     "bool_from_text",
+    "int_from_text",
     "parse_array",
     "text_converter",
 ]
@@ -332,15 +333,26 @@ def _unquoted_escaped(text: str, i: int, delim: str) -> tuple[str, int]:
 
 # --- text converters by type ------------------------------------------------------------------
 
+
+def int_from_text(text: str) -> int:
+    """An integer type's value: ``int()``, within what JSON (orjson) carries, -2^63 to 2^64-1
+    (xid8's top). Only a garbled message holds one past it, which is then malformed instead of
+    stopping the encoder with orjson's TypeError."""
+    value = int(text)
+    if not -(2**63) <= value <= 2**64 - 1:
+        raise ValueFormatError(f"integer value out of range: {text[:40]!r}")
+    return value
+
+
 _TEXT_SCALARS: Final[dict[int, TextConverter]] = {
     16: bool_from_text,
-    20: int,
-    21: int,
-    23: int,
-    26: int,  # oid
-    28: int,  # xid
-    29: int,  # cid
-    5069: int,  # xid8
+    20: int_from_text,
+    21: int_from_text,
+    23: int_from_text,
+    26: int_from_text,  # oid
+    28: int_from_text,  # xid
+    29: int_from_text,  # cid
+    5069: int_from_text,  # xid8
     700: _float_from_text,
     701: _float_from_text,
     114: _json_from_text,

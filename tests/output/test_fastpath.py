@@ -466,3 +466,24 @@ def test_row_encoder_declines_while_it_is_busy() -> None:
     assert inner == [None]
     assert copyfast.encode_row(msg, 0x10, plan, heads) == line  # and it is free again afterwards
     assert inner == [None, None]
+
+
+@pytest.mark.parametrize(
+    "value", [b"-9223373000000000000", b"18446744073709551616", b"99999999999999999999999", b"-9223372036854775808"]
+)
+def test_integers_past_what_json_carries_are_malformed_not_a_crash(value: bytes) -> None:
+    """An integer column's text past orjson's range (-2^63 to 2^64-1; only a garbled message has
+    one) is a malformed value the reference reports, and the fast path agrees: found by
+    test_malformed_rows_are_declined_or_identical in CI on 2026-12-05, where orjson's TypeError
+    escaped the encoder."""
+    rel = (
+        b"R\x00\x00\x00cpublic\x00t\x00d\x00\x02\x00a\x00\x00\x00\x00\x14\xff\xff\xff\xff"
+        b"\x00b\x00\x00\x00\x00\x17\xff\xff\xff\xff"
+    )
+    row = b"I\x00\x00\x00cN\x00\x02t" + len(value).to_bytes(4, "big") + value + b"t\x00\x00\x00\x010"
+    msgs = _transaction(rel, [row])
+    reference, _ = run(msgs, 1, fast=False, assemble=False)
+    fast, _ = run(msgs, 1, fast=True, assemble=False)
+    assert fast == reference
+    fits = -(2**63) <= int(value) <= 2**64 - 1
+    assert (b"ERR cannot convert column a (bigint) of public.t: integer value" in reference) != fits, reference
