@@ -9,8 +9,10 @@ JVM when there is nothing to read) runs as a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -244,11 +246,9 @@ def test_parquet_run_keeps_spark_quiet(tmp_path: Path) -> None:
     assert sorted(rows, key=lambda r: r["id"]) == [{"id": 1, "x": "u1"}, {"id": 2, "x": None}]
 
 
-def test_second_run_on_a_busy_target_is_refused(tmp_path: Path) -> None:
-    """Two runs on one target would both apply the same changes (``--append-only`` appended them
-    twice): while one holds the target, another says so in one line, exit 8, and writes nothing."""
-    src = _first(tmp_path)
-    target = tmp_path / "lake"
+@contextlib.contextmanager
+def held_target(target: Path) -> Iterator[None]:
+    """``target``'s lock held by another process (as a run holds it) while the block runs."""
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -265,13 +265,26 @@ def test_second_run_on_a_busy_target_is_refused(tmp_path: Path) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
-        proc = _apply(str(src), "--target", str(target))
-        assert proc.returncode == 8, err(proc)
-        lines = proc.stderr.decode().strip().splitlines()
-        assert len(lines) == 1 and "another spark-apply run is applying to this target" in lines[0], lines
-        assert not (target / table_dir_name("s", "t")).exists()
+        yield
     finally:
         holder.communicate(b"")
+
+
+def assert_busy(proc: subprocess.CompletedProcess[bytes]) -> None:
+    """A run refused because another holds its target: one line, exit 8."""
+    assert proc.returncode == 8, err(proc)
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "another spark-apply run is applying to this target" in lines[0], lines
+
+
+def test_second_run_on_a_busy_target_is_refused(tmp_path: Path) -> None:
+    """Two runs on one target would both apply the same changes (``--append-only`` appended them
+    twice): while one holds the target, another says so in one line, exit 8, and writes nothing."""
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    with held_target(target):
+        assert_busy(_apply(str(src), "--target", str(target)))
+        assert not (target / table_dir_name("s", "t")).exists()
     # the holder is gone: the lock went with it (also when a run is killed)
     proc = _apply(str(src), "--target", str(target))
     assert proc.returncode == 0, err(proc)

@@ -66,6 +66,27 @@ def _canon_value(v: Any) -> Any:
     return v
 
 
+def assert_history(t: TableModel, got: list[dict[str, Any]], truth: list[dict[str, Any]], name: str) -> None:
+    """A history-mode table's versions ``got``: its live versions are the true rows, and each
+    key's versions form one chain (each ends where the next starts, the last is current and open)."""
+    deleted = "_is_deleted" if got and "_is_deleted" in got[0] else "_deleted"  # (Iceberg's name)
+    live = [r for r in got if r["_current"] and not r[deleted]]
+    assert sorted(
+        repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in live
+    ) == _expected(t, truth), name
+    key = [c["name"] for c in t.columns] if t.kind == "full" else t.key
+    chains: dict[str, list[dict[str, Any]]] = {}
+    for r in got:
+        chains.setdefault(repr([_canon_value(r[k]) for k in key]), []).append(r)
+    for versions in chains.values():
+        versions.sort(key=lambda r: (r["_start_lsn"], r["_start_change_lsn"]))
+        assert [r["_current"] for r in versions] == [False] * (len(versions) - 1) + [True], name
+        for a, b in itertools.pairwise(versions):
+            ends = (a["_end_lsn"], a["_end_change_lsn"], a["_end_time"])
+            assert ends == (b["_start_lsn"], b["_start_change_lsn"], b["_start_time"]), name
+        assert versions[-1]["_end_lsn"] is None, name
+
+
 def _expected(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for row in rows:
@@ -227,24 +248,7 @@ def test_history_equals_the_truth(
     for t in gen.tables:
         name = f"{t.schema}.{t.name} ({t.kind}), seed {seed}, cut {cut}"
         got = _versions(t, targets["spark"], fmt)
-        live = [r for r in got if r["_current"] and not r["_deleted"]]
-        assert sorted(
-            repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in live
-        ) == _expected(t, truth[(t.schema, t.name)]), name
-        key = [c["name"] for c in t.columns] if t.kind == "full" else t.key
-        chains: dict[str, list[dict[str, Any]]] = {}
-        for r in got:
-            chains.setdefault(repr([_canon_value(r[k]) for k in key]), []).append(r)
-        for versions in chains.values():
-            versions.sort(key=lambda r: (r["_start_lsn"], r["_start_change_lsn"]))
-            assert [r["_current"] for r in versions] == [False] * (len(versions) - 1) + [True], name
-            for a, b in itertools.pairwise(versions):
-                assert (a["_end_lsn"], a["_end_change_lsn"], a["_end_time"]) == (
-                    b["_start_lsn"],
-                    b["_start_change_lsn"],
-                    b["_start_time"],
-                ), name
-            assert versions[-1]["_end_lsn"] is None, name
+        assert_history(t, got, truth[(t.schema, t.name)], name)
         assert _version_set(t, got) == _version_set(t, _versions(t, targets["driver"], fmt)), name
 
 

@@ -6,7 +6,6 @@ PostgreSQL itself is the oracle of the types (tests/spark/test_apply_server.py, 
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
@@ -21,9 +20,9 @@ import pytest
 
 from pgrecv.spark.model import table_dir_name
 from tests.spark.connector_runner import Runner
-from tests.spark.test_command import _here, _rel, _row, _txn, _write
+from tests.spark.test_command import _here, _rel, _row, _txn, _write, assert_busy, held_target
 from tests.spark.test_delta_spark import FAST, _gen_files
-from tests.spark.test_differential import _canon_value, _expected
+from tests.spark.test_differential import _canon_value, _expected, assert_history
 
 pytest.importorskip("pyspark")
 pyiceberg_table = pytest.importorskip("pyiceberg.table")
@@ -70,6 +69,17 @@ def uuids(table: Any) -> set[str]:
 def _read(path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
     rows, summary = read_iceberg(path)
     return sorted(rows, key=lambda r: r["id"]), summary
+
+
+def _change(
+    op: str, table: str, commit: str, lsn: str, key: dict[str, Any], values: dict[str, Any], toast: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A row change of table ``s.TABLE``: a delete's old key, or the new image (``key`` and
+    ``values``) with the columns whose TOASTed values it leaves unchanged."""
+    rec: dict[str, Any] = {"op": op, "schema": "s", "table": table, "commit_lsn": commit, "lsn": lsn}
+    if op == "delete":
+        return {**rec, "old": key}
+    return {**rec, "new": {**key, **values}, "unchanged_toast": list(toast)}
 
 
 def _got(t: Any, target: Path) -> list[str]:
@@ -155,20 +165,8 @@ def test_history_mode_equals_the_truth(tmp_path: Path, connector: Runner) -> Non
         path = target / table_dir_name(t.schema, t.name)
         got = read_iceberg(path)[0] if path.exists() else []
         assert all("_deleted" not in r for r in got)  # (Iceberg keeps the name: stored as _is_deleted)
-        live = [r for r in got if r["_current"] and not r["_is_deleted"]]
         name = f"{t.schema}.{t.name} ({t.kind})"
-        assert sorted(
-            repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in live
-        ) == _expected(t, truth[(t.schema, t.name)]), name
-        key = [c["name"] for c in t.columns] if t.kind == "full" else t.key
-        chains: dict[str, list[dict[str, Any]]] = {}
-        for r in got:
-            chains.setdefault(repr([_canon_value(r[k]) for k in key]), []).append(r)
-        for versions in chains.values():
-            versions.sort(key=lambda r: (r["_start_lsn"], r["_start_change_lsn"]))
-            assert [r["_current"] for r in versions] == [False] * (len(versions) - 1) + [True], name
-            for a, b in itertools.pairwise(versions):
-                assert (a["_end_lsn"], a["_end_change_lsn"]) == (b["_start_lsn"], b["_start_change_lsn"]), name
+        assert_history(t, got, truth[(t.schema, t.name)], name)
     latest = _proc(connector, *map(str, files), "--target", str(target), "--mode", "latest")
     assert latest.returncode != 0 and b"is a history-mode table: use the same --mode" in latest.stderr
 
@@ -205,13 +203,8 @@ def test_names_with_backticks_and_dots_and_the_replays_own(tmp_path: Path, conne
                        for c in cols]}  # fmt: skip
 
     def row(op: str, commit: str, lsn: int, i: int, **values: str | None) -> dict[str, Any]:
-        rec: dict[str, Any] = {"op": op, "schema": "s", "table": "we`ird.t", "commit_lsn": commit, "lsn": f"0/{lsn:X}"}
-        if op == "delete":
-            rec["old"] = {"i`d": i}
-        else:
-            rec["new"] = {"i`d": i, **values}
-            rec["unchanged_toast"] = [c for c in cols if c != "i`d" and c not in values]
-        return rec
+        toast = tuple(c for c in cols if c != "i`d" and c not in values)
+        return _change(op, "we`ird.t", commit, f"0/{lsn:X}", {"i`d": i}, values, toast)
 
     first = _write(tmp_path / "1.jsonl", [rel, *_txn("0/1000", *[
         row("insert", "0/1000", 0x100 + i, i, **{c: f"{c}{i}" for c in cols[1:]}) for i in range(10)
@@ -232,6 +225,18 @@ def test_names_with_backticks_and_dots_and_the_replays_own(tmp_path: Path, conne
     rows, summary_props = read_iceberg(target / table_dir_name("s", "we`ird.t"))
     assert {r["i`d"]: {c: r[c] for c in cols[1:]} for r in rows} == want
     assert summary_props["pgrecv.applied-lsn"] == str(0x2000)
+
+
+def test_a_second_run_on_a_busy_target_is_refused(tmp_path: Path, connector: Runner) -> None:
+    """While another run holds the target, an Iceberg run says so in one line, exit 8, and
+    writes nothing; once it is free, the run applies."""
+    src = _write(tmp_path / "1.jsonl", [_rel("t"), *_txn("0/1000", _row("insert", "t", "0/1000", "0/100", 1, "a"))])
+    target = tmp_path / "lake"
+    with held_target(target):
+        assert_busy(_proc(connector, str(src), "--target", str(target)))
+        assert not (target / table_dir_name("s", "t")).exists()
+    assert _run(connector, str(src), "--target", str(target))["tables"][0]["status"] == "applied"
+    assert [(r["id"], r["x"]) for r in read_iceberg(target / table_dir_name("s", "t"))[0]] == [(1, "a")]
 
 
 def test_without_the_runtime_iceberg_is_refused(tmp_path: Path, spark: Any) -> None:
@@ -363,8 +368,7 @@ def test_uuid_columns_are_icebergs_uuid(tmp_path: Path, connector: Runner) -> No
     ids = [str(uuid.UUID(int=(i + 1) * 0x1234567890ABCDEF)) for i in range(4)]
 
     def ins(commit: str, lsn: str, i: int, **values: str | None) -> dict[str, Any]:
-        return {"op": "insert", "schema": "s", "table": "g", "commit_lsn": commit, "lsn": lsn,
-                "new": {"id": i, **values}, "unchanged_toast": []}  # fmt: skip
+        return _change("insert", "g", commit, lsn, {"id": i}, values)
 
     first = _write(tmp_path / "1.jsonl", [rel, *_txn("0/1000", ins("0/1000", "0/100", 1, u=ids[0]))])
     upd = {**ins("0/2000", "0/1F00", 1, u=ids[1], w=ids[2]), "op": "update"}

@@ -144,11 +144,13 @@ def summary_of(snapshot: Json | None) -> dict[str, str]:
 
 def position_of(snapshot: Json | None) -> int | None:
     """The position a snapshot's summary records (None: none)."""
-    value = summary_of(snapshot).get(POSITION)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+    return _position(summary_of(snapshot))
+
+
+def _position(summary: dict[str, str]) -> int | None:
+    """The position in a snapshot's summary (None: none, or not an LSN's number)."""
+    value = summary.get(POSITION)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _uuid_columns(batch: Batch) -> set[str]:
@@ -220,8 +222,7 @@ class IcebergTable(Table):
 
         self.version = sid
         self._summary = summary
-        value = summary.get(POSITION)
-        self.applied = int(value) if value is not None and value.isdigit() else None
+        self.applied = _position(summary)
         schema = to_arrow_schema(self.spark.table(self.ident).schema)
         self.schema = pa.schema([f.with_name("_deleted") if f.name == STORED_DELETED else f for f in schema])
 
