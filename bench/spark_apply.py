@@ -211,6 +211,7 @@ def main() -> None:
         floor = min(floor_run(1 + i) for i in range(repeat))
         old_floor = min(floor_run(100 + i, grouped=False) for i in range(repeat))
         results: dict[str, list[float]] = {}
+        reads: dict[str, set[str]] = {}  # how each round read its input (lean, direct, staged)
         for fmt in fmts:
             for i in range(repeat):
                 target = base / f"{fmt}-{i}"
@@ -219,8 +220,9 @@ def main() -> None:
                 else:
                     shutil.copytree(base / fmt, target, symlinks=True)  # the existing table, as it was
                 t0 = time.monotonic()
-                run_apply(config((str(changes),), fmt, target), spark=spark)
+                summary = run_apply(config((str(changes),), fmt, target), spark=spark)
                 results.setdefault(fmt, []).append(time.monotonic() - t0)
+                reads.setdefault(fmt, set()).add(summary.input_read)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         f"events {args.events}, keys {args.keys}, tables {args.tables}, {args.txn_size} a transaction, local[2], "
@@ -233,7 +235,7 @@ def main() -> None:
         secs = min(rounds)
         print(
             f"spark-apply {fmt}: {secs:.2f} s (best of {n}; rounds {', '.join(f'{r:.2f}' for r in rounds)})  "
-            f"ratio {secs / floor:.2f}  (to the old floor: {secs / old_floor:.2f})"
+            f"ratio {secs / floor:.2f}  (to the old floor: {secs / old_floor:.2f}); read {'/'.join(sorted(reads[fmt]))}"
         )
     print(f"peak RSS of the driver's Python process: {rss:.0f} MB")
     spark.stop()

@@ -83,6 +83,22 @@ def driver_defaults(conf: dict[str, str]) -> dict[str, str]:
     return {"spark.driver.defaultJavaOptions": DRIVER_GC}
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
+_BYTE_UNITS |= {"t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
+
+
+def byte_conf(spark: SparkSession, key: str) -> int | None:
+    """A size from the session's conf, in Spark's spelling (``134217728b``, ``128m``, ``1g``);
+    None when it is not set or not one."""
+    try:
+        value = spark.conf.get(key)  # (with a default given, Spark's own default is not read)
+    except Exception:  # not set, and no default
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", value or "")
+    unit = _BYTE_UNITS.get(m.group(2).lower()) if m else None
+    return int(m.group(1)) * unit if m and unit else None
+
+
 def spark_schema(schema: pa.Schema) -> StructType:
     from pyspark.sql.types import StructType, _parse_datatype_string
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,13 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
+CONF: dict[str, str] = {}  # the runs' --conf
+
+
 def _run(src: list[Path], target: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, lean: bool, fmt: str) -> Summary:
     monkeypatch.setattr(direct, "LEAN_MIN_BYTES", 0)
-    return run_apply(ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt), spark=spark, tuning=Tuning(lean=lean))
+    config = ApplyConfig(tuple(str(s) for s in src), target, fmt=fmt, conf=dict(CONF))
+    return run_apply(config, spark=spark, tuning=Tuning(lean=lean))
 
 
 def _table(target: Path, fmt: str, table: str = "t") -> list[dict[str, Any]]:
@@ -68,14 +73,16 @@ def _both(
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 def test_the_lean_read_applies_what_the_direct_read_applies(
-    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, fmt: str
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, fmt: str, mode: str
 ) -> None:
     lines = _cut_input()
     a = _write(tmp_path / "a.jsonl", lines)
     rest = _write(tmp_path / "b.jsonl", _txn("0/300", [_insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}')]))
     # the second run applies the rest once; the third finds nothing new (the lean read leaves that
-    # to the first pass, whose counts say so exactly)
-    summaries, rows = _both([[a], [a, rest], [a, rest]], tmp_path, spark, monkeypatch, fmt, ["lean", "lean", "direct"])
+    # to the first pass, whose counts say so exactly). The keyed pass leaves a transaction with
+    # changes in two files (the cut copy, then the whole one) to the ordinary way.
+    reads = ["lean", "lean" if mode == "few" else "direct", "direct"]
+    summaries, rows = _both([[a], [a, rest], [a, rest]], tmp_path, spark, monkeypatch, fmt, reads)
     assert summaries[0][1:3] == (2, 1)  # two transactions, one incomplete
     assert summaries[0][0] == len(lines)
     assert summaries[0][4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
@@ -366,3 +373,61 @@ def test_a_row_image_that_is_not_an_object_holds_its_table_back_named_with_json_
     assert got[True] == [
         ("held back", f"{src}:6: insert with a row image that is not a JSON object: the file is corrupt")
     ]
+
+
+@pytest.fixture
+def small_splits(spark: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Spark splits each input file into pieces of 256 bytes (as ``--conf`` would: the run's own
+    split size does not replace it), read by several tasks: the structural passes find each
+    line's place across splits and files."""
+    monkeypatch.setitem(CONF, "spark.sql.files.maxPartitionBytes", "256b")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "256b")
+    try:
+        yield
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+
+@pytest.mark.usefixtures("small_splits")
+@pytest.mark.parametrize("fmt", ["parquet"])
+def test_the_lean_read_of_many_splits_applies_what_the_direct_read_applies(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, fmt: str, mode: str
+) -> None:
+    """Transactions that cross the splits of a file: each change's place is still found, and a
+    copy cut by a file's end then the whole one (in two files) is applied once (the keyed pass
+    leaves that to the ordinary way)."""
+    a = _write(tmp_path / "a.jsonl", _cut_input())
+    rest = _write(tmp_path / "b.jsonl", _txn("0/300", [_insert("t", "0/300", "0/250", '{"id":9,"v":"late","n":"1"}')]))
+    assert a.stat().st_size > 4 * 256
+    reads = ["lean", "lean" if mode == "few" else "direct"]
+    summaries, rows = _both([[a], [a, rest]], tmp_path, spark, monkeypatch, fmt, reads)
+    assert summaries[0][4] == [("public.t", "applied", 5, 1, 0, 0, "0/200")]
+    assert summaries[1][4] == [("public.t", "applied", 2, 0, 0, 0, "0/300")]
+    assert [(r["id"], r["v"]) for r in rows] == [(0, "a0"), (1, "b"), (2, "a2"), (3, "a3"), (4, "a4"), (9, "late")]
+
+
+@pytest.mark.parametrize("splits", ["one split", "small splits"])
+@pytest.mark.parametrize("where", ["after its commit", "in another transaction"])
+def test_a_row_change_outside_its_transaction_is_refused_as_the_ordinary_way_does(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, where: str, splits: str, request: pytest.FixtureRequest
+) -> None:
+    """A change of commit LSN 0/100 placed after that transaction's commit (next to the begin of
+    0/200, or inside 0/200) is not applied with it: the lean read checks each change's place as
+    the first pass does, so the run goes the ordinary way, which names the line, and nothing is
+    applied."""
+    if splits == "small splits":
+        request.getfixturevalue("small_splits")
+    lines = _plain_input()
+    stray = _insert("t", "0/100", "0/20", '{"id":8,"v":"stray","n":"1"}')
+    at = 8 if where == "after its commit" else 10
+    lines.insert(at, stray)
+    src = _write(tmp_path / "a.jsonl", lines)
+    line = at + 1
+    errors = {}
+    for lean in (True, False):
+        with pytest.raises(InputError) as exc:
+            _run([src], tmp_path / f"lake-{lean}", spark, monkeypatch, lean, "delta")
+        errors[lean] = exc.value.message
+        assert not (tmp_path / f"lake-{lean}" / table_dir_name("public", "t")).exists()
+    assert errors[True] == errors[False]
+    assert f"{src}:{line}:" in errors[True] and "transaction" in errors[True], errors[True]

@@ -84,8 +84,9 @@ class Plain:
     # None when there are more than UNCOMMITTED_LISTED of them
     uncommitted: list[int] | None
     # the lean read (:func:`pgrecv.spark.read.lean.read_lean`): its structural pass's count of row
-    # changes and its checksum of each line's part and commit LSN (:func:`lean_checksum`), which
-    # the main job's must equal; else None
+    # changes and its checksum of each line's part and commit LSN (:func:`lean_checksum`; of few
+    # transactions, of each change's place, :func:`begun_checksum`), which the main job's must
+    # equal; else None
     lean_sums: tuple[int, int, int] | None = None
     # the lean read of few transactions (:func:`pgrecv.spark.read.lean.read_lean`): the commit LSN
     # of every transaction whose begin its structural pass saw, by its text (a row change of any
@@ -221,8 +222,8 @@ class Plain:
             F.count(F.when(~row, 1)).alias("others"),
             *[F.count(F.when(live & (F.col("op") == o), 1)).alias(o) for o in rp.ROW_OPS],
             F.max(F.when(live, F.col("commit_lsn_i"))).alias("position"),
-            # (of few transactions, the join checked each row change's commit LSN instead)
-            *(sums if self.lean_sums is not None else []),
+            # (of few transactions, each change's joined commit LSN against its place's)
+            *(sums if self.lean_begins is None else begun_checksum(F.when(row, F.col("commit_lsn_i")))),
         )
 
     def observed(self) -> dict[str, Any]:
@@ -505,6 +506,27 @@ def lean_checksum(terms: list[tuple[Column, Column]]) -> list[Column]:
         return F.sum(out)
 
     return [total(F.xxhash64).alias("h1"), total(F.hash).alias("h2")]
+
+
+_MOD2 = 2147483629  # the other prime of begun_checksum
+
+
+def begun_checksum(lsn: Column) -> list[Column]:
+    """Two sums over the row changes' commit LSNs (bigint), which the main job of the lean read of
+    few transactions takes and :func:`begun_sums` gives from the structural pass's count per
+    transaction: equal sums say that each change's commit LSN is that of the transaction it lies
+    in (``lean._spans``). Integer arithmetic, exact on both sides (each term below 2^31)."""
+    from pyspark.sql import functions as F
+
+    a = F.pmod(lsn, F.lit(_MOD2))
+    return [F.sum(F.pmod(lsn, F.lit(_MOD))).alias("h1"), F.sum(F.pmod(a * a, F.lit(_MOD2))).alias("h2")]
+
+
+def begun_sums(counts: dict[int, int]) -> tuple[int, int]:
+    """:func:`begun_checksum` of ``counts`` row changes of each commit LSN."""
+    h1 = sum(n * (lsn % _MOD) for lsn, n in counts.items())
+    h2 = sum(n * ((lsn % _MOD2) ** 2 % _MOD2) for lsn, n in counts.items())
+    return h1, h2
 
 
 def _lsn_ok(c: Column) -> Column:

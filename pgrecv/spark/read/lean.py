@@ -7,9 +7,13 @@ their first bytes, and takes their commit LSN's text from after their first ``"c
 and reduces them by commit LSN to what the driver needs: the relation records, the transactions
 with a begin and no commit (few: a transaction cut at a file's end), the highest commit per file,
 and a checksum of each line's part and commit LSN. An input of few transactions (estimated from
-its head) takes a cheaper structural pass instead, which skips the row changes by their first
-bytes and collects every begin's commit LSN (at most :data:`LEAN_BEGUN`), which the main job
-joins each row change to. The main job
+its head) takes a cheaper structural pass instead, which takes the row changes by their first
+bytes without reading them, collects every begin's commit LSN (at most :data:`LEAN_BEGUN`), which
+the main job joins each row change to, and counts the row changes that lie in each transaction
+(:func:`_spans`), which the main job's checksum of their own commit LSNs must match. Either pass
+finds a change after its transaction's commit or inside another (as ``direct._outside`` does), by
+the places of one Spark job's lines; the pass of few transactions cannot tell two changes of two
+transactions that swapped places (its counts stay equal). The main job
 (:meth:`pgrecv.spark.read.direct.Plain.records`), which reads every line anyway, checks each line
 as the first pass would, and counts the table's changes, the other lines and the same checksum
 over what it parsed (an Observation). A line it would refuse, or anything the lean read does not
@@ -27,6 +31,7 @@ need not pay (bench/NOTES.md, 2026-12-05).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,12 +45,14 @@ from pgrecv.spark.read.direct import (
     Plain,
     _lsn_ok,
     _past_name,
+    begun_sums,
     lean_checksum,
     lean_class,
 )
 from pgrecv.spark.read.direct import heads as direct_heads
 from pgrecv.spark.read.envelope import JSON_LIMITS, LSN_PATTERN, lsn_expr
 from pgrecv.spark.replay import committed as rp
+from pgrecv.spark.sparkops import byte_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -132,15 +139,18 @@ def _parsed(
             F.from_json(parsed, narrow, {"mode": "FAILFAST", **JSON_LIMITS}).alias("_j"),
             F.col("_metadata.file_path").alias("_f"),
             F.col("_metadata.file_block_start").alias("_b"),
+            # the line's place within its split, counted after the filter above (Spark moves no
+            # filter below a nondeterministic column): consecutive in the split (_lean_spans)
+            F.monotonically_increasing_id().alias("_m"),
         )
-        .select(*["_c", "_k"][: len(extra)], "_j.*", "_f", "_b")
+        .select(*["_c", "_k"][: len(extra)], "_j.*", "_f", "_b", "_m")
     )
 
 
 def _relation() -> Column:
     from pyspark.sql import functions as F
 
-    pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.monotonically_increasing_id().alias("m"))
+    pos = F.struct(F.col("_f").alias("f"), F.col("_b").alias("b"), F.col("_m").alias("m"))
     return F.struct(pos.alias("p"), "schema", "table", "replica_identity", "key", "columns")
 
 
@@ -154,9 +164,11 @@ def _structure(st: rp.Structure, rels: list[Row], rank: dict[str, int]) -> bool:
 
 
 def _read_begins(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
-    """The structural pass of few transactions: row changes are skipped by pgrecv's first bytes
-    (written otherwise, they are parsed and grouped by their op alone); the driver gets each
-    begin's and commit's commit LSN and the relation records."""
+    """The structural pass of few transactions: row changes are taken by pgrecv's first bytes,
+    not parsed, and counted per split of the input (written otherwise, they are parsed); the
+    driver gets every other line with its place (each begin's and commit's commit LSN, the
+    relation records) and gives each transaction the changes that lie in it (:func:`_spans`),
+    which the main job checks against each change's own commit LSN (``begun_checksum``)."""
     from pyspark.sql import functions as F
 
     urls = input_urls(files, links)
@@ -165,20 +177,24 @@ def _read_begins(spark: SparkSession, files: list[Path], links: Path) -> Plain |
     skip = F.lit(False)
     for head in _firsts(rp.ROW_OPS):
         skip = skip | text.startswith(head)
-    # no filter on the parsed op, which Spark would move into the filter above, out of its
+    # no filter on the parsed op, which Spark would move into the text's filter, out of its
     # generated code (2.2 s for 1M lines)
-    lines = _parsed(spark, urls, where=~skip)
+    lines = _parsed(spark, urls, taken=(F.when(skip, F.lit("r")), F.lit(None).cast("string")))
+    taken = F.col("_c").isNotNull()
     fit = _fit(op) & (~op.isin("begin", "commit") | F.col("commit_lsn").isNotNull())
     most = 2 * LEAN_BEGUN + 1000
     try:
         rows = (
             lines.groupBy(
+                F.col("_c").alias("c"),
+                F.when(~taken, F.col("_m")).alias("m"),  # every other line a group of its own
+                F.col("_f").alias("f"),
+                F.col("_b").alias("b"),
                 F.when(fit, op).alias("op"),
                 F.when(fit & op.isin("begin", "commit"), F.col("commit_lsn")).alias("k"),
-                F.when(fit & (op == "commit"), F.col("_f")).alias("f"),
                 F.when(fit & (op == "relation"), _relation()).alias("r"),
             )
-            .agg(F.count(F.lit(1)).alias("n"))
+            .agg(F.count(F.lit(1)).alias("n"), F.min("_m").alias("m0"), F.max("_m").alias("m1"))
             .limit(most)
             .collect()
         )
@@ -186,9 +202,9 @@ def _read_begins(spark: SparkSession, files: list[Path], links: Path) -> Plain |
         return None
     if len(rows) >= most:
         raise _TooMany
-    if any(r["op"] is None for r in rows):
+    if any(r["op"] is None and r["c"] is None for r in rows) or any(r["f"] not in rank for r in rows):
         return None
-    st = rp.Structure(lines=sum(r["n"] for r in rows if r["op"] not in rp.ROW_OPS))
+    st = rp.Structure(lines=sum(1 for r in rows if r["c"] is None and r["op"] not in rp.ROW_OPS))
     begun: dict[str, int] = {}  # each begin's commit LSN, by its text
     commits: set[int] = set()
     for r in rows:
@@ -206,10 +222,79 @@ def _read_begins(spark: SparkSession, files: list[Path], links: Path) -> Plain |
         return None
     if not _structure(st, [r["r"] for r in rows if r["op"] == "relation"], rank):
         return None
+    spans = _spans(rows, rank)
+    if spans is None:
+        return None  # a change outside every transaction: the ordinary way names it
     st.transactions = len(commits)
     st.incomplete = len(open_)
     last = max(commits) if commits else None
-    return Plain(spark, urls, st, None, 0, 0, None, last, sorted(open_), lean_begins=begun)
+    counts: dict[int, int] = {}
+    for k, n in spans.items():
+        counts[begun[k]] = counts.get(begun[k], 0) + n
+    sums = (sum(counts.values()), *begun_sums(counts))
+    return Plain(spark, urls, st, None, 0, 0, None, last, sorted(open_), lean_sums=sums, lean_begins=begun)
+
+
+def _spans(rows: list[Row], rank: dict[str, int]) -> dict[str, int] | None:
+    """The row changes that lie in each transaction (by its begin's commit LSN text), from the
+    structural pass's groups: the lines of a split are numbered consecutively (``_m``), so the
+    changes taken by their first bytes fill the gaps between the split's other lines. A change
+    lies in the transaction of the last begin before it with no commit since (a begin again
+    starts it anew: a copy cut by a file's end, then the whole one). None: a change with no
+    transaction begun before it, a commit of another transaction than the begun one, or a split
+    whose numbers do not add up (the ordinary way decides)."""
+    others: dict[tuple[str, int], list[Row]] = {}
+    taken: dict[tuple[str, int], Row] = {}
+    for r in rows:
+        if r["c"] is not None:
+            taken[(r["f"], r["b"])] = r
+        else:
+            others.setdefault((r["f"], r["b"]), []).append(r)
+    spans: dict[str, int] = {}
+    current: str | None = None
+    for split in sorted({*others, *taken}, key=lambda s: (rank[s[0]], s[1])):
+        lines = sorted(others.get(split, []), key=lambda r: r["m"])
+        t = taken.get(split)
+        lo = min([r["m"] for r in lines] + ([t["m0"]] if t else []))
+        hi = max([r["m"] for r in lines] + ([t["m1"]] if t else []))
+        if hi - lo + 1 != len(lines) + (t["n"] if t else 0):
+            return None
+        at = lo
+        ends: list[Row | None] = [*lines, None]  # None: the split's end
+        for x in ends:
+            m = hi + 1 if x is None else x["m"]
+            changes = m - at + (1 if x is not None and x["op"] in rp.ROW_OPS else 0)
+            if changes:
+                if current is None:
+                    return None
+                spans[current] = spans.get(current, 0) + changes
+            at = m + 1
+            if x is not None and x["op"] == "begin":
+                current = x["k"]
+            elif x is not None and x["op"] == "commit":
+                if current != x["k"]:
+                    return None
+                current = None
+    return spans
+
+
+_M_LOW = (1 << 33) - 1  # a line's number within its Spark partition (monotonically_increasing_id's low bits)
+
+
+def _split_bits(spark: SparkSession, files: list[Path]) -> int | None:
+    """The low bits of a split's start that the keyed pass's places drop: Spark splits a file at
+    multiples of at least min(maxPartitionBytes, openCostInBytes), so the rest tells a file's
+    splits apart, in order. None (no lean read) when the confs are not sizes, or a file is too
+    large for the 30 bits left."""
+    sizes = [byte_conf(spark, f"spark.sql.files.{k}") for k in ("maxPartitionBytes", "openCostInBytes")]
+    if any(s is None or s < 1 for s in sizes):
+        return None
+    shift = min(int(s).bit_length() - 1 for s in sizes if s is not None)
+    sizes_ = []
+    for f in files:
+        with contextlib.suppress(OSError):  # (gone meanwhile: the read says so)
+            sizes_.append(f.stat().st_size)
+    return shift if max(sizes_, default=0) < 1 << (30 + shift) else None
 
 
 def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
@@ -242,6 +327,13 @@ def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | 
     cls = F.coalesce(F.col("_c"), lean_class(op))
     key = F.when(cls.isNotNull(), F.coalesce(F.col("_k"), F.col("commit_lsn"))).alias("k")
     commit = cls == "c"
+    shift = _split_bits(spark, files)
+    if shift is None:
+        return None
+    # a line's place in its file, as one long (a struct in an aggregate's buffer would make Spark
+    # sort every line: 1.1 s more per 3M lines): its split's start, then its number in the split
+    pos = F.shiftleft(F.shiftright(F.col("_b"), shift), 33).bitwiseOR(F.col("_m").bitwiseAND(F.lit(_M_LOW)))
+    file_ = F.xxhash64(F.col("_f"))
     # per commit LSN's text (NULL: a line of no transaction, by its op; NULL op: one the first pass
     # would not take, or a change, begin or commit without a commit LSN): its begins, commits, row
     # changes, and the files of its commits
@@ -254,10 +346,23 @@ def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | 
         *[F.count(F.when(cls == c, 1)).alias(f"n_{c}") for c in _PARTS],
         F.min(F.when(commit, files_[F.col("_f")])).alias("f0"),
         F.max(F.when(commit, files_[F.col("_f")])).alias("f1"),
+        # where its lines are (as direct._outside): its first begin, last commit, first and last
+        # change, and its files
+        F.min(F.when(cls == "b", pos)).alias("bpos"),
+        F.max(F.when(commit, pos)).alias("cpos"),
+        F.min(F.when(cls == "r", pos)).alias("lo"),
+        F.max(F.when(cls == "r", pos)).alias("hi"),
+        F.min(file_).alias("h0"),
+        F.max(file_).alias("h1"),
     )
     k = F.col("k")
     good = k.rlike(LSN_PATTERN) & (F.col("n_b") > 0)
-    ok = good & (F.col("n_c") > 0) & (F.col("f0") == F.col("f1"))
+    # a change before its transaction's first begin or after its last commit, or a transaction
+    # with changes in more than one file (a copy cut by a file's end, then the whole one: places
+    # in two files are not compared here): the ordinary way judges it
+    one_file = F.col("h0") == F.col("h1")
+    inside = F.col("lo").isNull() | (one_file & (F.col("bpos") < F.col("lo")) & (F.col("hi") < F.col("cpos")))
+    ok = good & (F.col("n_c") > 0) & (F.col("f0") == F.col("f1")) & inside
     kind = F.when(k.isNull(), "-").when(ok, "ok").when(good & (F.col("n_c") == 0), "open").otherwise("bad")
     listed = LEAN_OPEN
     try:
