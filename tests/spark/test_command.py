@@ -10,6 +10,7 @@ JVM when there is nothing to read) runs as a subprocess.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -291,6 +292,43 @@ def test_second_run_on_a_busy_target_is_refused(tmp_path: Path) -> None:
     assert _rows(target, "t") == [{"id": 1, "x": "b"}]
     assert oct((target / "_pgrecv").stat().st_mode & 0o777) == "0o700"
     assert oct((target / "_pgrecv" / "lock").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize(("fmt", "extra"), [("parquet", ()), ("delta", ("--append-only",))])
+def test_two_runs_started_at_once_under_load(tmp_path: Path, fmt: str, extra: tuple[str, ...]) -> None:
+    """Two runs started together on one target while busy loops load every core (issue 54 saw a
+    traceback from one of them on a loaded machine): each ends with exit 0 or the one-line
+    refusal (exit 8), never a traceback, and the table holds each change once."""
+    src = _first(tmp_path)
+    target = tmp_path / "lake"
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        cmd = [sys.executable, "-m", "pgrecv", "spark-apply", str(src), "--target", str(target), "--format", fmt]
+        runs = [subprocess.Popen([*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+        done = [(r.wait(timeout=600), r.communicate()[1].decode()) for r in runs]
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert all(code in (0, 8) and "Traceback" not in stderr for code, stderr in done), done
+    assert 0 in [code for code, _ in done], done
+    for code, stderr in done:
+        if code == 8:
+            assert "another spark-apply run is applying to this target" in stderr and len(stderr.splitlines()) == 1
+    # the table one run alone makes
+    alone = tmp_path / "alone"
+    assert subprocess.run([*cmd[:6], str(alone), *cmd[7:], *extra], capture_output=True).returncode == 0
+    for table in ("t", "u"):
+        if fmt == "delta":
+            assert _rows(target, table) == _rows(alone, table)
+        else:
+            import pyarrow.parquet as pq
+
+            def rows(lake: Path, table: str = table) -> list[dict[str, Any]]:
+                got = pq.read_table(lake / table_dir_name("s", table) / "current").to_pylist()
+                return sorted(got, key=lambda r: r["id"])
+
+            assert rows(target) == rows(alone)
 
 
 @pytest.mark.parametrize(
