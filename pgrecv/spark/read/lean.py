@@ -140,7 +140,7 @@ def _parsed(
             F.col("_metadata.file_path").alias("_f"),
             F.col("_metadata.file_block_start").alias("_b"),
             # the line's place within its split, counted after the filter above (Spark moves no
-            # filter below a nondeterministic column): consecutive in the split (_lean_spans)
+            # filter below a nondeterministic column): consecutive in the split (_spans)
             F.monotonically_increasing_id().alias("_m"),
         )
         .select(*["_c", "_k"][: len(extra)], "_j.*", "_f", "_b", "_m")
@@ -290,11 +290,11 @@ def _split_bits(spark: SparkSession, files: list[Path]) -> int | None:
     if any(s is None or s < 1 for s in sizes):
         return None
     shift = min(int(s).bit_length() - 1 for s in sizes if s is not None)
-    sizes_ = []
+    largest = 0
     for f in files:
         with contextlib.suppress(OSError):  # (gone meanwhile: the read says so)
-            sizes_.append(f.stat().st_size)
-    return shift if max(sizes_, default=0) < 1 << (30 + shift) else None
+            largest = max(largest, f.stat().st_size)
+    return shift if largest < 1 << (30 + shift) else None
 
 
 def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
