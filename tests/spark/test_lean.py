@@ -431,3 +431,26 @@ def test_a_row_change_outside_its_transaction_is_refused_as_the_ordinary_way_doe
         assert not (tmp_path / f"lake-{lean}" / table_dir_name("public", "t")).exists()
     assert errors[True] == errors[False]
     assert f"{src}:{line}:" in errors[True] and "transaction" in errors[True], errors[True]
+
+
+@pytest.mark.parametrize("splits", ["one split", "small splits"])
+def test_two_changes_that_swapped_transactions_are_refused_as_the_ordinary_way_does(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, splits: str, request: pytest.FixtureRequest
+) -> None:
+    """A change of 0/100 inside 0/200 and one of 0/200 inside 0/100: each transaction keeps its
+    number of changes, and still the lean read leaves the input to the ordinary way, which names
+    the first misplaced line."""
+    if splits == "small splits":
+        request.getfixturevalue("small_splits")
+    lines = _plain_input()
+    lines[3] = _insert("t", "0/200", "0/151", '{"id":8,"v":"swapped","n":"1"}')  # in 0/100's span
+    lines.insert(10, _insert("t", "0/100", "0/11", '{"id":1,"v":"a1","n":"1.5"}'))  # in 0/200's span
+    src = _write(tmp_path / "a.jsonl", lines)
+    errors = {}
+    for lean in (True, False):
+        with pytest.raises(InputError) as exc:
+            _run([src], tmp_path / f"lake-{lean}", spark, monkeypatch, lean, "delta")
+        errors[lean] = exc.value.message
+        assert not (tmp_path / f"lake-{lean}" / table_dir_name("public", "t")).exists()
+    assert errors[True] == errors[False]
+    assert "transaction" in errors[True], errors[True]

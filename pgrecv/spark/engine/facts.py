@@ -171,7 +171,7 @@ def lean_settle(plain: direct.Plain, batch: Batch, result: TableResult) -> Calla
         got = plain.observed()
         if got["position"] is None or got["others"] != plain.structure.lines:
             raise direct.LeanDeclined
-        if plain.lean_sums is not None and plain.lean_sums != (got["rows"], got["h1"] or 0, got["h2"] or 0):
+        if not direct.sums_match(plain, got):
             raise direct.LeanDeclined  # other commit LSNs than the structural pass took
         plain.counts = got
         batch.position = got["position"]

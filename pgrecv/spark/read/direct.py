@@ -161,7 +161,9 @@ class Plain:
         if lean:
             begun = self.lean_begins is not None
             if begun:
-                lines = self._lean_begun(lines)
+                # each line's number, as the structural pass numbered it (read_begins): the same
+                # files in the same splits, one row per line that is not blank
+                lines = self._lean_begun(lines.withColumn(_NUM, F.monotonically_increasing_id()))
             ok = _lean_ok([_name(f) for f in fields], begun)
             # a change of another table (no relation record of it: the staged read names it)
             (schema, table), *_ = self.structure.relations
@@ -179,13 +181,14 @@ class Plain:
         # any order: the positions that order them in the staged copy are constants here.
         out = lines.select(
             *[F.col(f"`{_name(f)}`") for f in fields if _name(f) in _WANTED],
+            *([F.col(_NUM)] if lean and self.lean_begins is not None else []),
             path.alias("_path"),
             F.lit(0).alias("_rank"),
             F.lit(0).cast("bigint").alias("_blk"),
             F.lit(0).cast("bigint").alias("_mid"),
             *[lsns[n].alias(f"{n}_i") for n in LSN_FIELDS],
         )
-        return self._lean_counted(out, applied) if lean else out
+        return self._lean_counted(out, applied).drop(_NUM) if lean else out
 
     def _lean_begun(self, lines: DataFrame) -> DataFrame:
         """The lean read's lines with ``_BEGUN``: the commit LSN of the transaction whose begin
@@ -223,7 +226,7 @@ class Plain:
             *[F.count(F.when(live & (F.col("op") == o), 1)).alias(o) for o in rp.ROW_OPS],
             F.max(F.when(live, F.col("commit_lsn_i"))).alias("position"),
             # (of few transactions, each change's joined commit LSN against its place's)
-            *(sums if self.lean_begins is None else begun_checksum(F.when(row, F.col("commit_lsn_i")))),
+            *(sums if self.lean_begins is None else begun_checksum(F.col("commit_lsn_i"), F.col(_NUM), row)),
         )
 
     def observed(self) -> dict[str, Any]:
@@ -509,24 +512,41 @@ def lean_checksum(terms: list[tuple[Column, Column]]) -> list[Column]:
 
 
 _MOD2 = 2147483629  # the other prime of begun_checksum
+_NUM = "_num"  # the lean read of few transactions: a line's number in its Spark partition
 
 
-def begun_checksum(lsn: Column) -> list[Column]:
-    """Two sums over the row changes' commit LSNs (bigint), which the main job of the lean read of
-    few transactions takes and :func:`begun_sums` gives from the structural pass's count per
-    transaction: equal sums say that each change's commit LSN is that of the transaction it lies
-    in (``lean._spans``). Integer arithmetic, exact on both sides (each term below 2^31)."""
+def begun_checksum(lsn: Column, num: Column, row: Column) -> list[Column]:
+    """Two sums over the row changes, each term its commit LSN's weight times its line's number
+    (both mod a prime), which the main job of the lean read of few transactions takes and
+    :func:`begun_sums` gives from the structural pass's runs of changes in each transaction: equal
+    sums say that each change's commit LSN is that of the transaction it lies in (``lean._spans``),
+    also where two changes swapped places. Integer arithmetic, each term below 2^31: the sums are
+    compared mod their prime (:func:`sums_match`)."""
     from pyspark.sql import functions as F
 
-    a = F.pmod(lsn, F.lit(_MOD2))
-    return [F.sum(F.pmod(lsn, F.lit(_MOD))).alias("h1"), F.sum(F.pmod(a * a, F.lit(_MOD2))).alias("h2")]
+    def total(p: int) -> Column:
+        weight = F.pmod(lsn, F.lit(p)) + F.lit(1)
+        return F.sum(F.when(row, F.pmod(weight * F.pmod(num, F.lit(p)), F.lit(p))))
+
+    return [total(_MOD).alias("h1"), total(_MOD2).alias("h2")]
 
 
-def begun_sums(counts: dict[int, int]) -> tuple[int, int]:
-    """:func:`begun_checksum` of ``counts`` row changes of each commit LSN."""
-    h1 = sum(n * (lsn % _MOD) for lsn, n in counts.items())
-    h2 = sum(n * ((lsn % _MOD2) ** 2 % _MOD2) for lsn, n in counts.items())
-    return h1, h2
+def begun_sums(runs: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """:func:`begun_checksum` (with the count of changes) of ``runs``: (commit LSN, first and
+    last line number) of consecutive lines that are changes of one transaction."""
+    count = sum(hi - lo + 1 for _, lo, hi in runs)
+    h = [sum((lsn % p + 1) * ((lo + hi) * (hi - lo + 1) // 2) for lsn, lo, hi in runs) % p for p in (_MOD, _MOD2)]
+    return count, h[0], h[1]
+
+
+def sums_match(plain: Plain, got: dict[str, Any]) -> bool:
+    """Whether the lean main job's counts ``got`` give the structural pass's sums."""
+    if plain.lean_sums is None:
+        return True
+    h1, h2 = got["h1"] or 0, got["h2"] or 0
+    if plain.lean_begins is not None:
+        h1, h2 = h1 % _MOD, h2 % _MOD2
+    return plain.lean_sums == (got["rows"], h1, h2)
 
 
 def _lsn_ok(c: Column) -> Column:

@@ -9,11 +9,11 @@ with a begin and no commit (few: a transaction cut at a file's end), the highest
 and a checksum of each line's part and commit LSN. An input of few transactions (estimated from
 its head) takes a cheaper structural pass instead, which takes the row changes by their first
 bytes without reading them, collects every begin's commit LSN (at most :data:`LEAN_BEGUN`), which
-the main job joins each row change to, and counts the row changes that lie in each transaction
-(:func:`_spans`), which the main job's checksum of their own commit LSNs must match. Either pass
-finds a change after its transaction's commit or inside another (as ``direct._outside`` does), by
-the places of one Spark job's lines; the pass of few transactions cannot tell two changes of two
-transactions that swapped places (its counts stay equal). The main job
+the main job joins each row change to, and finds the numbers of the lines that lie in each
+transaction (:func:`_spans`), which the main job's checksum of each change's own commit LSN and
+line number must match (it numbers its lines as this pass does: the same files in the same
+splits). Either pass finds a change after its transaction's commit or inside another (as
+``direct._outside`` does). The main job
 (:meth:`pgrecv.spark.read.direct.Plain.records`), which reads every line anyway, checks each line
 as the first pass would, and counts the table's changes, the other lines and the same checksum
 over what it parsed (an Observation). A line it would refuse, or anything the lean read does not
@@ -228,17 +228,15 @@ def _read_begins(spark: SparkSession, files: list[Path], links: Path) -> Plain |
     st.transactions = len(commits)
     st.incomplete = len(open_)
     last = max(commits) if commits else None
-    counts: dict[int, int] = {}
-    for k, n in spans.items():
-        counts[begun[k]] = counts.get(begun[k], 0) + n
-    sums = (sum(counts.values()), *begun_sums(counts))
+    sums = begun_sums([(begun[k], lo, hi) for k, lo, hi in spans])
     return Plain(spark, urls, st, None, 0, 0, None, last, sorted(open_), lean_sums=sums, lean_begins=begun)
 
 
-def _spans(rows: list[Row], rank: dict[str, int]) -> dict[str, int] | None:
-    """The row changes that lie in each transaction (by its begin's commit LSN text), from the
-    structural pass's groups: the lines of a split are numbered consecutively (``_m``), so the
-    changes taken by their first bytes fill the gaps between the split's other lines. A change
+def _spans(rows: list[Row], rank: dict[str, int]) -> list[tuple[str, int, int]] | None:
+    """The row changes that lie in each transaction, as runs of consecutive line numbers (``_m``)
+    and the commit LSN text of the transaction they lie in, from the structural pass's groups: the
+    lines of a split are numbered consecutively, so the changes taken by their first bytes fill
+    the gaps between the split's other lines. A change
     lies in the transaction of the last begin before it with no commit since (a begin again
     starts it anew: a copy cut by a file's end, then the whole one). None: a change with no
     transaction begun before it, a commit of another transaction than the begun one, or a split
@@ -250,7 +248,7 @@ def _spans(rows: list[Row], rank: dict[str, int]) -> dict[str, int] | None:
             taken[(r["f"], r["b"])] = r
         else:
             others.setdefault((r["f"], r["b"]), []).append(r)
-    spans: dict[str, int] = {}
+    spans: list[tuple[str, int, int]] = []
     current: str | None = None
     for split in sorted({*others, *taken}, key=lambda s: (rank[s[0]], s[1])):
         lines = sorted(others.get(split, []), key=lambda r: r["m"])
@@ -263,11 +261,11 @@ def _spans(rows: list[Row], rank: dict[str, int]) -> dict[str, int] | None:
         ends: list[Row | None] = [*lines, None]  # None: the split's end
         for x in ends:
             m = hi + 1 if x is None else x["m"]
-            changes = m - at + (1 if x is not None and x["op"] in rp.ROW_OPS else 0)
-            if changes:
+            last = m if x is not None and x["op"] in rp.ROW_OPS else m - 1  # (a change written otherwise)
+            if last >= at:
                 if current is None:
                     return None
-                spans[current] = spans.get(current, 0) + changes
+                spans.append((current, at, last))
             at = m + 1
             if x is not None and x["op"] == "begin":
                 current = x["k"]
