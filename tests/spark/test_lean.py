@@ -406,6 +406,19 @@ def test_the_lean_read_of_many_splits_applies_what_the_direct_read_applies(
     assert [(r["id"], r["v"]) for r in rows] == [(0, "a0"), (1, "b"), (2, "a2"), (3, "a3"), (4, "a4"), (9, "late")]
 
 
+def _refused_alike(src: Path, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs ``src`` with the lean read allowed and without: both refuse it with one message (the
+    ordinary way's), and neither writes the table; returns the message."""
+    errors = {}
+    for lean in (True, False):
+        with pytest.raises(InputError) as exc:
+            _run([src], tmp_path / f"lake-{lean}", spark, monkeypatch, lean, "delta")
+        errors[lean] = exc.value.message
+        assert not (tmp_path / f"lake-{lean}" / table_dir_name("public", "t")).exists()
+    assert errors[True] == errors[False]
+    return errors[True]
+
+
 @pytest.mark.parametrize("splits", ["one split", "small splits"])
 @pytest.mark.parametrize("where", ["after its commit", "in another transaction"])
 def test_a_row_change_outside_its_transaction_is_refused_as_the_ordinary_way_does(
@@ -423,14 +436,8 @@ def test_a_row_change_outside_its_transaction_is_refused_as_the_ordinary_way_doe
     lines.insert(at, stray)
     src = _write(tmp_path / "a.jsonl", lines)
     line = at + 1
-    errors = {}
-    for lean in (True, False):
-        with pytest.raises(InputError) as exc:
-            _run([src], tmp_path / f"lake-{lean}", spark, monkeypatch, lean, "delta")
-        errors[lean] = exc.value.message
-        assert not (tmp_path / f"lake-{lean}" / table_dir_name("public", "t")).exists()
-    assert errors[True] == errors[False]
-    assert f"{src}:{line}:" in errors[True] and "transaction" in errors[True], errors[True]
+    message = _refused_alike(src, tmp_path, spark, monkeypatch)
+    assert f"{src}:{line}:" in message and "transaction" in message, message
 
 
 @pytest.mark.parametrize("splits", ["one split", "small splits"])
@@ -446,11 +453,5 @@ def test_two_changes_that_swapped_transactions_are_refused_as_the_ordinary_way_d
     lines[3] = _insert("t", "0/200", "0/151", '{"id":8,"v":"swapped","n":"1"}')  # in 0/100's span
     lines.insert(10, _insert("t", "0/100", "0/11", '{"id":1,"v":"a1","n":"1.5"}'))  # in 0/200's span
     src = _write(tmp_path / "a.jsonl", lines)
-    errors = {}
-    for lean in (True, False):
-        with pytest.raises(InputError) as exc:
-            _run([src], tmp_path / f"lake-{lean}", spark, monkeypatch, lean, "delta")
-        errors[lean] = exc.value.message
-        assert not (tmp_path / f"lake-{lean}" / table_dir_name("public", "t")).exists()
-    assert errors[True] == errors[False]
-    assert "transaction" in errors[True], errors[True]
+    message = _refused_alike(src, tmp_path, spark, monkeypatch)
+    assert f"{src}:4:" in message and "transaction" in message, message  # the first misplaced line
