@@ -108,7 +108,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -s v -l verbose 
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -s q -l quiet -d 'Print no progress or notices.'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -s S -l slot -x -d 'Name of the logical replication slot.'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -s f -l file -r -F -d 'Append to this file (\'-\' for stdout, the default). A regular file must be the user\'s own and named directly, not through a symbolic link (links to devices such as /dev/stdout are fine); so must its state file .FILE.pgrecv-state.'
-complete -c pgrecv -n '__fish_seen_subcommand_from start' -l output-dir -r -a '(__fish_complete_directories)' -d 'Write rotated files here, named by LSN (batch consumers).'
+complete -c pgrecv -n '__fish_seen_subcommand_from start' -l output-dir -r -a '(__fish_complete_directories)' -d 'Write rotated files here, named by LSN (batch consumers); s3://BUCKET/PREFIX uploads each file once final (credentials and endpoint: AWS_* variables, profiles).'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -l rotate-size -x -d '--output-dir: start a new file past this size (e.g. 64MB).'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -l rotate-interval -x -d '--output-dir: start a new file after this long (e.g. 5m).'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -l format -x -a 'auto jsonl pretty raw debezium debezium-schema' -d 'auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; debezium[-schema] is Debezium\'s JSON envelope (docs/debezium.md).'

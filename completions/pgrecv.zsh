@@ -145,7 +145,7 @@ _pgrecv() {
                 '--help[show help]' \
                 '(-S --slot)'{-S,--slot}'[Name of the logical replication slot.]:slot: ' \
                 '(-f --file)'{-f,--file}'[Append to this file ('\''-'\'' for stdout, the default). A regular file must be the user'\''s own and named directly, not through a symbolic link (links to devices such as /dev/stdout are fine); so must its state file .FILE.pgrecv-state.]:file:_files' \
-                '--output-dir[Write rotated files here, named by LSN (batch consumers).]:directory:_files -/' \
+                '--output-dir[Write rotated files here, named by LSN (batch consumers); s3\://BUCKET/PREFIX uploads each file once final (credentials and endpoint\: AWS_* variables, profiles).]:directory:_files -/' \
                 '--rotate-size[--output-dir\: start a new file past this size (e.g. 64MB).]:rotate_size: ' \
                 '--rotate-interval[--output-dir\: start a new file after this long (e.g. 5m).]:rotate_interval: ' \
                 '--format[auto is pretty on a terminal and jsonl otherwise; raw is what the plugin wrote; debezium\[-schema\] is Debezium'\''s JSON envelope (docs/debezium.md).]:value:(auto jsonl pretty raw debezium debezium-schema)' \

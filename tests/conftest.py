@@ -281,3 +281,71 @@ def spark_cluster() -> Iterator[SparkCluster]:
         for p in reversed(procs):
             _stop_group(p)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@dataclass
+class S3Server:
+    """A real S3-compatible HTTP server on 127.0.0.1 (moto's standalone server, from PyPI):
+    ``env`` points AWS's SDKs at it (any key is accepted; it checks none)."""
+
+    endpoint: str
+    proc: subprocess.Popen[bytes]
+    _names: Iterator[int]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "pgrecv-test-key",
+            "AWS_SECRET_ACCESS_KEY": "pgrecv-test-secret-do-not-print",
+            "AWS_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def client(self) -> Any:
+        import boto3
+
+        e = self.env
+        return boto3.session.Session(
+            aws_access_key_id=e["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=e["AWS_SECRET_ACCESS_KEY"],
+            region_name=e["AWS_REGION"],
+        ).client("s3", endpoint_url=self.endpoint)
+
+    def bucket(self) -> str:
+        """A new, empty bucket."""
+        name = f"pgrecv-test-{os.getpid()}-{next(self._names)}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+def start_s3_server() -> S3Server:
+    """moto_server on a free loopback port, in its own process group; returns once it answers."""
+    moto_server = Path(sys.executable).with_name("moto_server")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(moto_server), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(endpoint + "/moto-api/", timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop_group(proc)  # type: ignore[arg-type]
+                raise RuntimeError(f"moto_server did not start on {endpoint}") from None
+            time.sleep(0.1)
+    return S3Server(endpoint, proc, itertools.count())
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One S3 server per test process (installed by the test extra: a missing one fails, never skips)."""
+    server = start_s3_server()
+    yield server
+    _stop_group(server.proc)

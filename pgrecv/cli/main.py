@@ -415,7 +415,11 @@ def _formatter(fmt: str, out: Any) -> tuple[Any, Any, Callable[[], Any]]:
     "its state file .FILE.pgrecv-state.",
 )
 @click.option(
-    "--output-dir", type=PathType(), metavar="DIR", help="Write rotated files here, named by LSN (batch consumers)."
+    "--output-dir",
+    type=PathType(),
+    metavar="DIR",
+    help="Write rotated files here, named by LSN (batch consumers); s3://BUCKET/PREFIX uploads each file "
+    "once final (credentials and endpoint: AWS_* variables, profiles).",
 )
 @click.option("--rotate-size", type=POSITIVE_SIZE, help="--output-dir: start a new file past this size (e.g. 64MB).")
 @click.option(
@@ -541,6 +545,12 @@ def start(
     refused start creates nothing: the file, its state file and the directory are made only once
     every check has passed.
 
+    --output-dir s3://BUCKET/PREFIX (any S3-compatible store: AWS_ENDPOINT_URL) writes the same
+    files: each is written in a private directory under $TMPDIR and uploaded whole under its final
+    name (never over an existing object) before its position is confirmed; each object carries its
+    position and stream as metadata, and PREFIX/.pgrecv-state the record above. A restart resumes
+    from the listing of the prefix. Needs boto3 (pip install 'pgrecv[s3]').
+
     Synchronous standby: with --synchronous the output is made durable and reported at every
     transaction boundary; commits that arrive together share one fsync and one status update. Name
     pgrecv in synchronous_standby_names by the application_name of its connection (-d
@@ -554,6 +564,7 @@ def start(
     the data without one of its own, and a restart after a crash reads the lines past it.
     """
     from pgrecv.decode.plugins import PgOutputSettings, parse_options
+    from pgrecv.output.remote import StoreDirSink, is_store_url
     from pgrecv.output.sinks import make_sink
     from pgrecv.pg.slots import create_slot, ensure_publication_for
     from pgrecv.stream.pipeline import parse_ops
@@ -647,7 +658,11 @@ def start(
         suffix, make_formatter = SUFFIX, debezium_factory(opts, fmt, slot)
     # durable at every boundary into JSONL: one fsync each, the state record left to writeback
     tail = "jsonl" if fmt == "jsonl" and config.durable_at_every_boundary else None
-    sink = make_sink(file, output_dir, rotate_size, rotate_interval, suffix, tail)
+    sink = (
+        StoreDirSink(output_dir, rotate_size, rotate_interval, suffix)
+        if output_dir is not None and is_store_url(output_dir)
+        else make_sink(file, output_dir, rotate_size, rotate_interval, suffix, tail)
+    )
     status = None
     if fmt == "pretty" and to_terminal and sys.stderr.isatty() and not STATE.quiet:
         from pgrecv.output.status_line import StatusLine

@@ -105,8 +105,22 @@ def _snapshot(
 snapshot: click.Command = _snapshot
 
 
+def _local_only(output_dir: str) -> None:
+    """A snapshot is written to a local directory (refused before anything is made)."""
+    from pgrecv.errors import UsageError
+    from pgrecv.output.store import is_store_url
+
+    if is_store_url(output_dir):
+        raise UsageError(
+            f"pgrecv snapshot writes to a local directory, not {output_dir} (not supported yet): write it to a "
+            "local directory, upload that directory with its .pgrecv-state (e.g. aws s3 sync DIR URL), then "
+            f"pgrecv start --output-dir {output_dir}"
+        )
+
+
 def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> None:
     """Run the snapshot with a progress bar on a terminal, and say what it wrote."""
+    _local_only(output_dir)
     from pgrecv.cli.options import warn_divergence
     from pgrecv.lsn import lsn_str
     from pgrecv.snapshot.core import run_snapshot
@@ -139,6 +153,7 @@ def create_with_snapshot(
     from pgrecv.pg.conn import connect, server_major
     from pgrecv.pg.slots import drop_publication, ensure_publication, get_slot
 
+    _local_only(output_dir)
     if if_not_exists:
         raise UsageError("--snapshot needs a new slot: it cannot go with --if-not-exists")
     if tables and not publication:

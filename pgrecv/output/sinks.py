@@ -753,6 +753,7 @@ class DirSink(_BufferedSink):
 
     STATE_NAME = STATE_NAME
     LOCK_NAME = LOCK_NAME
+    SYNC_PARTS = True  # parts are synced as they grow (the file itself is the durable copy)
 
     def __init__(
         self,
@@ -959,11 +960,15 @@ class DirSink(_BufferedSink):
             "confirmed: move it out of the directory and run again"
         )
 
+    def where(self) -> tuple[str, str]:
+        """The output and its state record, as messages name them."""
+        return str(self.directory), str(self.directory / self.STATE_NAME)
+
     def check_owner(self, owner: Owner) -> None:
-        state = self.directory / self.STATE_NAME
+        output, state = self.where()
         if self._owner is not None and self._owner != owner:
             raise ForeignOutput(
-                f"{state} says {self.directory} holds the output of {self._owner.describe()}, not of "
+                f"{state} says {output} holds the output of {self._owner.describe()}, not of "
                 f"{owner.describe()}: resuming there would skip changes; nothing was confirmed: "
                 "give each slot an --output-dir of its own"
             )
@@ -990,7 +995,7 @@ class DirSink(_BufferedSink):
             raise self._raw.fail(exc, "create") from None
         tmp = Path(name)
         self._tmp = tmp
-        self._fdraw.attach(fd, 0, str(self.directory))
+        self._fdraw.attach(fd, 0, str(self.directory), sync=self.SYNC_PARTS)
         self._b_off = 0
         self._first = None
         self._last_end = None
@@ -1076,10 +1081,22 @@ class DirSink(_BufferedSink):
             self._first = None
             return
         name = f"{first:016X}-{self._max_commit:016X}{self.suffix}"
-        final = self.directory / name
         tmp = self._tmp
         assert tmp is not None
         self._flush()
+        self._publish(tmp, name)
+        self._tmp = None
+        self._final_commit, self._final_end, self._final_name = self._max_commit, self._last_end, name
+        self._run_end = self._last_end
+        self._first = None
+        if not last:
+            self._new_file()
+            self.file_started += 1
+
+    def _publish(self, tmp: Path, name: str) -> None:
+        """The finished part (flushed, no partial unit) made the file ``name``, durably: fsync'd,
+        on record in the state, renamed, the directory fsync'd."""
+        final = self.directory / name
         try:
             os.fsync(self._fdraw.fd)
             self._fdraw.settle()
@@ -1095,16 +1112,9 @@ class DirSink(_BufferedSink):
             # leaves the part, which the next open() renames
             self._write_state(self._max_commit, self._last_end, name, tmp.name, size)
             os.rename(tmp, final)
-            self._tmp = None
             fsync_dir(self.directory)
         except OSError as exc:
             raise self._raw.fail(exc, "publish") from None
-        self._final_commit, self._final_end, self._final_name = self._max_commit, self._last_end, name
-        self._run_end = self._last_end
-        self._first = None
-        if not last:
-            self._new_file()
-            self.file_started += 1
 
     def close(self) -> None:
         if not self._begun:  # looked at, never begun (a refused start): nothing to write
@@ -1165,31 +1175,37 @@ def _busy(path: Path) -> str:
 
 def _final_ranges(directory: Path) -> list[tuple[int, int, str]]:
     """(FIRST, LAST, name) of the final files, checked: names parse, ranges do not overlap."""
-    ranges: list[tuple[int, int, str]] = []
     with os.scandir(directory) as it:
-        for entry in it:
-            m = FINAL_RE.fullmatch(entry.name)
-            if m is None:
-                if LOOKS_FINAL_RE.fullmatch(entry.name) is not None:
-                    raise OutputError(
-                        f"cannot resume from {directory}: {entry.name} looks like an output file but does not "
-                        "parse (FIRST-LAST, 16 upper-case hexadecimal digits each, then a suffix of letters, "
-                        "digits, '.', '_' or '-'): rename or move it out of the directory"
-                    )
-                continue
-            first, last = int(m.group(1), 16), int(m.group(2), 16)
-            if first > last:
+        return final_ranges([entry.name for entry in it], str(directory))
+
+
+def final_ranges(names: list[str], where: str) -> list[tuple[int, int, str]]:
+    """(FIRST, LAST, name) of the final names among ``names`` (of the directory or prefix
+    ``where``), checked: names parse, ranges do not overlap."""
+    ranges: list[tuple[int, int, str]] = []
+    for name in names:
+        m = FINAL_RE.fullmatch(name)
+        if m is None:
+            if LOOKS_FINAL_RE.fullmatch(name) is not None:
                 raise OutputError(
-                    f"cannot resume from {directory}: {entry.name} starts after it ends; "
-                    "it is not pgrecv's: move it out of the directory"
+                    f"cannot resume from {where}: {name} looks like an output file but does not "
+                    "parse (FIRST-LAST, 16 upper-case hexadecimal digits each, then a suffix of letters, "
+                    "digits, '.', '_' or '-'): rename or move it out of the directory"
                 )
-            ranges.append((first, last, entry.name))
+            continue
+        first, last = int(m.group(1), 16), int(m.group(2), 16)
+        if first > last:
+            raise OutputError(
+                f"cannot resume from {where}: {name} starts after it ends; "
+                "it is not pgrecv's: move it out of the directory"
+            )
+        ranges.append((first, last, name))
     ranges.sort()
     top: tuple[int, int, str] | None = None  # the range reaching furthest so far
     for r in ranges:
         if top is not None and r[0] < top[1] and r[:2] != top[:2]:  # an identical range is a copy
             raise OutputError(
-                f"cannot resume from {directory}: the LSN ranges of {top[2]} and {r[2]} overlap, so one "
+                f"cannot resume from {where}: the LSN ranges of {top[2]} and {r[2]} overlap, so one "
                 "of them is not from this stream: move it out of the directory"
             )
         if top is None or r[1] > top[1]:
@@ -1309,6 +1325,14 @@ def _read_state(
     text = _read_own_state(path)
     if text is None:
         return None
+    return parse_state(text, str(path), what=str(what), has_offset=has_offset, versions=versions)
+
+
+def parse_state(
+    text: bytes, path: str, *, what: str, has_offset: bool = False, versions: tuple[int, ...] = (STATE_VERSION,)
+) -> dict[str, Any]:
+    """A state record's JSON (of the file or object ``path``, recording where ``what`` ends),
+    checked; see :func:`_read_state`."""
     try:
         doc = json.loads(text)
         if not isinstance(doc, dict) or doc.get("version") not in versions:
