@@ -89,6 +89,7 @@ _pgrecv() {
                 --format) COMPREPLY=($(compgen -W "delta parquet iceberg" -- "$cur")); return ;;
                 --table) return ;;
                 --master) return ;;
+                --remote) return ;;
                 --conf) return ;;
                 --mode) COMPREPLY=($(compgen -W "latest history" -- "$cur")); return ;;
                 --delta-engine) COMPREPLY=($(compgen -W "auto delta-rs spark" -- "$cur")); return ;;
@@ -96,7 +97,7 @@ _pgrecv() {
                 --key) return ;;
                 --bad-values) COMPREPLY=($(compgen -W "fail null text" -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--help --target --format --table --master --conf --mode --delta-engine --iceberg-catalog --key --append-only --bad-values --json --list-applied -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help --target --format --table --master --remote --conf --mode --delta-engine --iceberg-catalog --key --append-only --bad-values --json --list-applied -v --verbose -q --quiet" -- "$cur")) ;;
         start)
             case "$prev" in
                 -S|--slot) return ;;

@@ -95,6 +95,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l target -x -d 
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l format -x -a 'delta parquet iceberg' -d 'Table format.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l table -x -d 'Only these tables (schema.table glob).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l master -x -d 'Spark master (default local[*], or spark-submit\'s).'
+complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l remote -x -d 'Run the job on a Spark Connect server instead (default: $SPARK_REMOTE); Parquet and delta-rs.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l conf -x -d 'Spark configuration (repeatable).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l mode -x -a 'latest history' -d 'latest: the tables as they are; history: every version (SCD type 2).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l delta-engine -x -a 'auto delta-rs spark' -d 'Who commits Delta tables: delta-rs, or Delta Lake\'s Spark connector (its jars given with --conf spark.jars=... or spark.jars.packages=...; deletion vectors on). auto: the connector when its jars are in the session, else delta-rs.'

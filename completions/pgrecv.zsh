@@ -129,6 +129,7 @@ _pgrecv() {
                 '--format[Table format.]:value:(delta parquet iceberg)' \
                 '*--table[Only these tables (schema.table glob).]:glob: ' \
                 '--master[Spark master (default local\[*\], or spark-submit'\''s).]:url: ' \
+                '--remote[Run the job on a Spark Connect server instead (default\: $SPARK_REMOTE); Parquet and delta-rs.]:sc\://host\:port: ' \
                 '*--conf[Spark configuration (repeatable).]:key=value: ' \
                 '--mode[latest\: the tables as they are; history\: every version (SCD type 2).]:value:(latest history)' \
                 '--delta-engine[Who commits Delta tables\: delta-rs, or Delta Lake'\''s Spark connector (its jars given with --conf spark.jars=... or spark.jars.packages=...; deletion vectors on). auto\: the connector when its jars are in the session, else delta-rs.]:value:(auto delta-rs spark)' \

@@ -349,3 +349,64 @@ def s3_server() -> Iterator[S3Server]:
     server = start_s3_server()
     yield server
     _stop_group(server.proc)
+
+
+@dataclass
+class ConnectServer:
+    """A Spark Connect server from the pyspark wheel (local[2], its own JVM) on 127.0.0.1."""
+
+    url: str
+    log: Path
+
+
+@pytest.fixture(scope="session")
+def spark_connect() -> Iterator[ConnectServer]:
+    """``spark-submit --class …SparkConnectServer`` (what the distribution's start-connect-server.sh
+    runs), bound to loopback on a free port, with a private configuration and scratch directory;
+    its Python workers (pgrecv's Arrow UDF) run this interpreter. Yields once it listens."""
+    pyspark = pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
+    spark_home = os.path.dirname(pyspark.__file__)
+    base = Path(tempfile.mkdtemp(prefix="pgrecv-spark-connect-"))
+    conf_dir, local_dir = base / "conf", base / "local"
+    for d in (conf_dir, local_dir):
+        d.mkdir(mode=0o700)
+    port = _free_port()
+    env = {
+        **os.environ,
+        "SPARK_HOME": spark_home,
+        "SPARK_CONF_DIR": str(conf_dir),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_DIRS": str(local_dir),
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    env.pop("SPARK_REMOTE", None)
+    args = [os.path.join(spark_home, "bin", "spark-submit"), "--class"]
+    args += ["org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]"]
+    for k, v in {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
+    }.items():
+        args += ["--conf", f"{k}={v}"]
+    log = base / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            args, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"Spark Connect server exited during start-up\n{log.read_text()[-3000:]}", pytrace=False)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"Spark Connect server did not listen\n{log.read_text()[-3000:]}", pytrace=False)
+            time.sleep(0.5)
+        yield ConnectServer(f"sc://127.0.0.1:{port}", log)
+    finally:
+        _stop_group(proc)
+        shutil.rmtree(base, ignore_errors=True)

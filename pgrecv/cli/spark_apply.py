@@ -35,6 +35,12 @@ def _conf(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob).")
 @click.option("--master", metavar="URL", help="Spark master (default local[*], or spark-submit's).")
+@click.option(
+    "--remote",
+    metavar="sc://HOST:PORT",
+    envvar="SPARK_REMOTE",
+    help="Run the job on a Spark Connect server instead (default: $SPARK_REMOTE); Parquet and delta-rs.",
+)
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Spark configuration (repeatable).")
 @click.option(
     "--mode",
@@ -92,6 +98,7 @@ def _spark_apply(
     fmt: Format,
     tables: tuple[str, ...],
     master: str | None,
+    remote: str | None,
     confs: tuple[str, ...],
     mode: Mode,
     delta_engine: DeltaEngine,
@@ -122,6 +129,11 @@ def _spark_apply(
     if replay is not None:
         log("warning: --replay is deprecated and does nothing: spark-apply always replays in Spark", 0)
 
+    if remote is not None:
+        if master is not None:
+            raise UsageError(f"--master {master} and --remote {remote} (or SPARK_REMOTE) exclude each other: pick one")
+        if not remote.startswith("sc://"):
+            raise UsageError(f"--remote {remote}: a Spark Connect URL is sc://HOST:PORT")
     if catalog is not None and fmt != "iceberg":
         raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
     target_path = Path(target)
@@ -137,6 +149,7 @@ def _spark_apply(
         mode=mode,
         engine=delta_engine,
         master=master,
+        remote=remote,
         conf=_conf(confs),
         append_only=append_only,
         keys=parse_keys(keys),

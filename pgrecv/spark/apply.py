@@ -51,10 +51,11 @@ def run_apply(
             from pgrecv.spark.jars import session_conf
             from pgrecv.spark.sparkops import start_session
 
-            # spark-submit's session is active, its static configuration fixed: only a new one gets the connector's
-            active = SparkSession.getActiveSession() is not None
-            conf = config.conf if active else session_conf(config.conf, config.fmt, config.engine)
-            spark = start_session(config.master, conf)
+            # spark-submit's session is active, its static configuration fixed: only a new one gets the
+            # connector's (a Spark Connect server's is fixed too)
+            fixed = SparkSession.getActiveSession() is not None or config.remote is not None
+            conf = config.conf if fixed else session_conf(config.conf, config.fmt, config.engine)
+            spark = start_session(config.master, conf, remote=config.remote)
         from pgrecv.spark.engine.run import run_frames
 
         try:

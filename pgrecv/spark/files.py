@@ -59,10 +59,28 @@ def file_url(path: Path) -> str:
 
 def spelling(spark: SparkSession, url: str) -> str:
     """How Spark's ``_metadata.file_path`` spells the file at ``url``: ``file:`` and the URI's raw path."""
-    jvm = spark._jvm
-    assert jvm is not None  # a session of this process (not Spark Connect)
-    uri = jvm.org.apache.hadoop.fs.Path(url).toUri()
-    return "file:" + str(uri.getRawPath())
+    assert url.startswith("file://")
+    return "file:" + java_raw_path(url[len("file://") :])
+
+
+# java.net.URI leaves these ASCII characters of a path as they are (unreserved, punct, '/', '@')
+_URI_PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-!.~'()*,;:$&+=/@")
+
+
+def java_raw_path(path: str) -> str:
+    """``new java.net.URI("file", null, path, null, null).getRawPath()``, as Hadoop's Path
+    makes it: what java.net.URI quotes is quoted (as %XX of its UTF-8 bytes); other
+    non-ASCII characters stay, unless they are control or space characters."""
+    import unicodedata
+
+    out = []
+    for ch in path:
+        o = ord(ch)
+        if ch in _URI_PATH_SAFE or (o > 0x7F and not (o <= 0x9F or unicodedata.category(ch) in ("Zs", "Zl", "Zp"))):
+            out.append(ch)
+        else:
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")))
+    return "".join(out)
 
 
 def local_path(uri: str) -> str:

@@ -34,6 +34,7 @@ class ApplyConfig:
     mode: Mode = "latest"
     engine: DeltaEngine = "auto"
     master: str | None = None
+    remote: str | None = None  # a Spark Connect server (sc://HOST:PORT): no JVM in this process
     conf: dict[str, str] = field(default_factory=dict)
     append_only: bool = False
     # values the target type cannot hold: fail (hold the table back), null, text

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pgrecv.errors import SparkStartError
+from pgrecv.errors import SparkStartError, UsageError
 from pgrecv.spark.schema import quoted, spark_ddl
 
 if TYPE_CHECKING:
@@ -245,10 +245,15 @@ def private_defaults(master: str | None, conf: dict[str, str]) -> dict[str, str]
     return out
 
 
-def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) -> SparkSession:
-    """A SparkSession: the active one (spark-submit), else a new one with quiet defaults."""
+def start_session(
+    master: str | None, conf: dict[str, str], quiet: bool = True, remote: str | None = None
+) -> SparkSession:
+    """A SparkSession: one of the Spark Connect server ``remote``, the active one (spark-submit),
+    else a new one with quiet defaults."""
     from pyspark.sql import SparkSession
 
+    if remote is not None:
+        return connect_session(remote, conf)
     active = SparkSession.getActiveSession()
     if active is not None:
         for k, v in conf.items():
@@ -273,3 +278,91 @@ def start_session(master: str | None, conf: dict[str, str], quiet: bool = True) 
     spark = _launch(builder, quiet, master or "local[*]")
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+# what pgrecv sets in a Spark Connect session (a server's static configuration is its own)
+CONNECT_CONF = {k: DEFAULT_CONF[k] for k in ("spark.sql.session.timeZone", "spark.sql.parquet.outputTimestampType")}
+
+
+def connect_session(remote: str, conf: dict[str, str]) -> SparkSession:
+    """A session on the Spark Connect server ``remote``, with ``conf`` set in it: runtime settings
+    only (a static one, such as ``spark.jars``, is the server's: refused in one line)."""
+    from pyspark.sql import SparkSession
+
+    try:
+        import pyspark.sql.connect.session  # noqa: F401 - its dependencies, checked before anything starts
+    except ImportError as exc:
+        raise UsageError(
+            f"--remote {remote}: Spark Connect's client needs pyspark's connect extras ({exc.name} is missing): "
+            "pip install 'pgrecv[connect]'"
+        ) from None
+    _reachable(remote)
+    try:
+        # PySpark's own builder (not the client class's): it also switches pyspark.sql.functions to
+        # Spark Connect's implementations for this process
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        spark.conf.set(*next(iter(CONNECT_CONF.items())))  # the first call that reaches the server
+    except Exception as exc:
+        raise SparkStartError(
+            f"Spark Connect at {remote} did not answer ({_first_line(exc)}): check --remote and that the server runs"
+        ) from None
+    for k, v in {**CONNECT_CONF, **conf}.items():
+        try:
+            spark.conf.set(k, v)
+        except Exception as exc:
+            raise UsageError(
+                f"--conf {k}: the Spark Connect server does not let a session set it ({_first_line(exc)}): "
+                "set it where the server starts"
+            ) from None
+    return spark
+
+
+def _reachable(remote: str) -> None:
+    """Something listens at the URL's host and port: the client would otherwise retry for
+    minutes before it says that nothing answers."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(remote.replace("sc://", "http://", 1))
+    try:
+        with socket.create_connection((where.hostname or "localhost", where.port or 15002), timeout=10):
+            pass
+    except (OSError, ValueError) as exc:
+        raise SparkStartError(
+            f"Spark Connect at {remote}: nothing answers there ({_first_line(exc)}): check --remote and that "
+            "the server runs"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """A Spark Connect session (``--remote``): no JVM in this process, no SparkContext."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def cores(spark: SparkSession) -> int:
+    """The session's default parallelism (its cores, on local[N]). Spark Connect has no
+    SparkContext to ask: a range without a partition count is split in that many parts."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    from pyspark.sql import functions as F
+
+    return int(spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).distinct().count())
+
+
+def shuffle_partitions(spark: SparkSession) -> int:
+    """The tasks of a repartition by column: the setting, or adaptive execution's initial number."""
+    if not is_connect(spark):
+        return int(spark._jsparkSession.sessionState().conf().numShufflePartitions())
+    adaptive = all(
+        (spark.conf.get(k, "true") or "").lower() == "true"
+        for k in ("spark.sql.adaptive.enabled", "spark.sql.adaptive.coalescePartitions.enabled")
+    )
+    initial = spark.conf.get("spark.sql.adaptive.coalescePartitions.initialPartitionNum", None)
+    if adaptive and initial:
+        return int(initial)
+    return int(spark.conf.get("spark.sql.shuffle.partitions") or "200")

@@ -285,9 +285,7 @@ def test_a_snapshot_uploaded_with_its_state_is_continued_on_the_store(
     proc = start(table, "s", f"s3://{bucket}/p", s3_server)
     assert proc.returncode == 0, err(proc)
     found = objects(s3_server, bucket, "p")
-    snapshot_rows = [
-        orjson.loads(line) for n in sorted(found) if ".snapshot-" in n for line in found[n].splitlines()
-    ]
+    snapshot_rows = [orjson.loads(line) for n in sorted(found) if ".snapshot-" in n for line in found[n].splitlines()]
     changes = committed(records(joined({n: b for n, b in found.items() if ".snapshot" not in n})))
     ids = [r["new"]["id"] for r in snapshot_rows if r["op"] == "snapshot"] + [
         r["new"]["id"] for t in changes for r in t
@@ -303,8 +301,20 @@ def test_a_second_writer_on_the_prefix_stops_the_first(table: str, s3_server: S3
     c = s3_server.client()
     stderr = tmp_path / "stderr"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pgrecv", "start", "-d", table, "--slot", "s", "--output-dir", f"s3://{bucket}/p"]
-        + ["-F", "100ms"],
+        [
+            sys.executable,
+            "-m",
+            "pgrecv",
+            "start",
+            "-d",
+            table,
+            "--slot",
+            "s",
+            "--output-dir",
+            f"s3://{bucket}/p",
+            "-F",
+            "100ms",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=open(stderr, "wb"),  # noqa: SIM115
         env={**os.environ, **s3_server.env},

@@ -50,6 +50,7 @@ from pgrecv.spark.read.staged import check_input, read_records
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import delta_names
 from pgrecv.spark.schema import plan as table_plan
+from pgrecv.spark.sparkops import is_connect
 from pgrecv.spark.tables import Table, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
 from pgrecv.spark.tables.delta_spark import DeltaSparkTable, delta_writer
@@ -156,6 +157,12 @@ def run_frames(
         from pgrecv.spark.tables.iceberg import iceberg_writer, use_catalog
 
         writer: type[Table] = iceberg_writer(config.catalog)
+        if spark is not None and is_connect(spark):
+            raise UsageError(
+                "--format iceberg through Spark Connect (--remote) is not supported: pgrecv keeps each table's "
+                "applied position in its snapshots' summaries through Iceberg's Java API (CommitMetadata, over "
+                "py4j), which Spark Connect does not offer; run it with --master instead"
+            )
         if spark is not None:
             if not iceberg_session(spark):
                 raise UsageError(
@@ -322,7 +329,8 @@ def run_frames(
                 f["truncate"],
             )
             # each thread's jobs are its own group in Spark's UI (and its description in logs)
-            spark.sparkContext.setJobDescription(f"pgrecv spark-apply {s}.{t}")
+            if not is_connect(spark):  # Spark Connect has no SparkContext (its jobs are named by the server)
+                spark.sparkContext.setJobDescription(f"pgrecv spark-apply {s}.{t}")
             try:
                 # checked even when nothing is left to apply: a wrong --mode fails on the first run
                 made = mode_of(target)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pgrecv.spark.sparkops import cores
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -25,7 +27,7 @@ def size_shuffles(spark: SparkSession, config: ApplyConfig, files: list[Path]) -
     default 1 GB heap died of OutOfMemoryError. One partition per 64 MB of input (at least one per
     core) keeps a task's share constant; adaptive execution still merges the small ones."""
     key = "spark.sql.shuffle.partitions"
-    parallel = spark.sparkContext.defaultParallelism
+    parallel = cores(spark)
     return for_run(
         spark, config, key, max(_int_conf(spark, key), parallel, -(-input_bytes(files) // SHUFFLE_INPUT_BYTES))
     )
@@ -52,8 +54,8 @@ def size_delta_snapshots(spark: SparkSession, config: ApplyConfig) -> Callable[[
     """Delta's connector rebuilds a table's state in 50 tasks by default, sized for clusters and
     logs of many files; a run sizes it to the session's cores, at most 50. Each MERGE or write
     rebuilds it several times: on local[2], four such jobs took 0.4-0.5 s each (bench/NOTES.md)."""
-    cores = int(spark.sparkContext.defaultParallelism)
-    return for_run(spark, config, DELTA_SNAPSHOT_PARTITIONS, max(1, min(50, cores)))
+    n = cores(spark)
+    return for_run(spark, config, DELTA_SNAPSHOT_PARTITIONS, max(1, min(50, n)))
 
 
 def for_run(spark: SparkSession, config: ApplyConfig, key: str, value: int | str) -> Callable[[], None]:
@@ -82,4 +84,4 @@ def _int_conf(spark: SparkSession, key: str) -> int:
     try:
         return int(spark.conf.get(key) or "")
     except (TypeError, ValueError):
-        return int(spark.sparkContext.defaultParallelism)
+        return cores(spark)

@@ -22,6 +22,7 @@ import pyarrow as pa
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.files import file_url
 from pgrecv.spark.schema import quoted
+from pgrecv.spark.sparkops import is_connect
 from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, frames, refuse_other_format
 from pgrecv.spark.tables.delta import read_log
 from pgrecv.spark.tables.rewrite import END_COLS, ROWS_PER_FILE, missing_dirs, unmake
@@ -266,6 +267,15 @@ def delta_writer(spark: Any, engine: str) -> type[Table]:
     from pgrecv.spark.tables.delta import DeltaRsTable
 
     if engine == "delta-rs" or spark is None:  # (no session: nothing to read, nothing written)
+        return DeltaRsTable
+    if is_connect(spark):
+        if engine == "spark":
+            raise UsageError(
+                "--delta-engine spark through Spark Connect (--remote) is not supported: pgrecv's MERGE goes "
+                "through Delta's Scala API (DeltaTable.merge, its app transaction in a cloned session's conf, over "
+                "py4j), which Spark Connect does not offer; use --delta-engine delta-rs (auto's choice under "
+                "--remote) or --master"
+            )
         return DeltaRsTable
     if delta_session(spark):
         return DeltaSparkTable

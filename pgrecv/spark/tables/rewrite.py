@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from pgrecv.spark.files import file_url, literal_read, local_path
 from pgrecv.spark.schema import quoted
-from pgrecv.spark.sparkops import spark_schema
+from pgrecv.spark.sparkops import shuffle_partitions, spark_schema
 from pgrecv.spark.tables import DATA_SUFFIX, Batch
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class Rewrite:
         if span is None:
             return None
         # the tasks of a repartition by column (the setting, or adaptive execution's initial number)
-        tasks = int(self.spark._jsparkSession.sessionState().conf().numShufflePartitions())
+        tasks = shuffle_partitions(self.spark)
         return task_of_key(self.spark, first, span, tasks)
 
     def _one_file(self, dropped: list[str]) -> bool:

@@ -1,0 +1,119 @@
+"""``spark-apply --remote sc://…``: the same job on a real Spark Connect server (the pyspark
+wheel's, local[2], on 127.0.0.1), which gives the same tables as local mode; what Spark Connect
+cannot do is refused in one line."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pgrecv.errors import ExitCode
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.files import java_raw_path
+from pgrecv.spark.model import ApplyConfig
+from tests.conftest import ConnectServer, _free_port
+from tests.spark.changegen import Gen
+from tests.spark.test_cluster import _counts
+from tests.spark.test_differential import _expected, _files, _got
+from tests.util import err, pgrecv
+
+pytest.importorskip("pyspark")
+SEED = 1111
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gen, list[Path]]:
+    where = tmp_path_factory.mktemp("connect-stream")
+    gen = Gen(SEED)
+    return gen, _files(gen.run(40), where, SEED)
+
+
+def apply_remote(connect: ConnectServer, files: list[Path], target: Path, *extra: str) -> Any:
+    return pgrecv(
+        "spark-apply", *map(str, files), "--target", str(target), *extra, "--json", "--remote", connect.url, timeout=900
+    )
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_connect_equals_local(
+    spark_connect: ConnectServer, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path, fmt: str
+) -> None:
+    gen, files = stream
+    remote, local = tmp_path / "remote", tmp_path / "local"
+    started = time.monotonic()
+    proc = apply_remote(spark_connect, files, remote, "--format", fmt)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
+    summary = orjson.loads(proc.stdout)
+    assert not summary["warnings"], summary["warnings"]
+    assert summary["engine"] != "delta/spark"
+    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt=fmt, engine="delta-rs"), spark=spark)
+    assert _counts(summary["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
+    truth = gen.truth()
+    rows = 0
+    for t in gen.tables:
+        got = _got(t, remote, fmt)
+        assert got == _got(t, local, fmt), f"{t.schema}.{t.name} ({t.kind}): Spark Connect and local differ"
+        assert got == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind}): not the truth"
+        rows += len(got)
+    assert rows > 0, "the stream left no rows: the comparison proves nothing"
+    # a second run through the server changes nothing
+    again = apply_remote(spark_connect, files, remote, "--format", fmt)
+    assert again.returncode == 0, err(again)
+    assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}, again.stdout
+    print(f"{fmt}: Spark Connect {seconds:.0f} s, {rows} rows")
+
+
+@pytest.mark.parametrize(
+    "extra,says",
+    [
+        (("--format", "iceberg"), "--format iceberg through Spark Connect"),
+        (("--format", "delta", "--delta-engine", "spark"), "--delta-engine spark through Spark Connect"),
+        (("--format", "parquet", "--conf", "spark.jars=/nowhere.jar"), "--conf spark.jars"),
+    ],
+)
+def test_what_spark_connect_cannot_do_is_one_line(
+    spark_connect: ConnectServer, stream: tuple[Gen, list[Path]], tmp_path: Path, extra: tuple[str, ...], says: str
+) -> None:
+    _, files = stream
+    proc = apply_remote(spark_connect, files, tmp_path / "t", *extra)
+    assert proc.returncode == ExitCode.USAGE, err(proc)
+    assert says in err(proc) and len(err(proc).strip().splitlines()) == 1 and "Traceback" not in err(proc)
+    assert not (tmp_path / "t").exists() or not any(p for p in (tmp_path / "t").iterdir() if p.name != "_pgrecv")
+
+
+def test_no_server_and_both_masters_are_one_line(stream: tuple[Gen, list[Path]], tmp_path: Path) -> None:
+    _, files = stream
+    nobody = f"sc://127.0.0.1:{_free_port()}"
+    args = ("spark-apply", *map(str, files), "--target", str(tmp_path / "t"), "--format", "parquet")
+    proc = pgrecv(*args, "--remote", nobody, timeout=300)
+    assert proc.returncode == ExitCode.SPARK, err(proc)
+    assert nobody in err(proc) and len(err(proc).strip().splitlines()) == 1
+    proc = pgrecv(*args, "--master", "local[1]", env={"SPARK_REMOTE": nobody})
+    assert proc.returncode == ExitCode.USAGE and "exclude each other" in err(proc)
+
+
+NAMES = ["a b", "a%20b", "a+b", "ü/é", "a#b", "a?b", "[x]", "{y}", "a;b=c,d", "@~!$&'()*", "tab\tx", "nbsp\u00a0x"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_spelling_without_the_jvm_is_hadoops(spark: Any, name: str) -> None:
+    """`_metadata.file_path` is matched against pgrecv's spelling of each file; under Spark
+    Connect it cannot ask Hadoop's Path, so it spells it as java.net.URI does: the same text."""
+    assert java_raw_path(f"/d/{name}") == _hadoop(spark, f"/d/{name}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00/"), min_size=1, max_size=12))
+def test_spelling_property(spark: Any, name: str) -> None:
+    assert java_raw_path(f"/d/{name}") == _hadoop(spark, f"/d/{name}")
+
+
+def _hadoop(spark: Any, path: str) -> str:
+    return str(spark._jvm.org.apache.hadoop.fs.Path("file://" + path).toUri().getRawPath())
