@@ -75,7 +75,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from slots' -s W -l password -d 'P
 complete -c pgrecv -n '__fish_seen_subcommand_from slots' -s v -l verbose -d 'More detail on stderr (repeat for more).'
 complete -c pgrecv -n '__fish_seen_subcommand_from slots' -s q -l quiet -d 'Print no progress or notices.'
 complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -s S -l slot -x -d 'Name of the new logical replication slot.'
-complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -l output-dir -r -a '(__fish_complete_directories)' -d 'Write the snapshot files here: a new or empty directory (anything in it but pgrecv\'s lock and an interrupted run\'s temporary files is refused, exit 8).'
+complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -l output-dir -r -a '(__fish_complete_directories)' -d 'Write the snapshot files here: a new or empty directory (anything in it but pgrecv\'s lock and an interrupted run\'s temporary files is refused, exit 8); or an empty s3://BUCKET/PREFIX, uploaded once complete.'
 complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -l table -x -d 'Only these tables (schema.table glob, repeatable).'
 complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -s j -l jobs -x -d 'Worker connections.'
 complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -l publication -x -d 'pgoutput: the publication (default: the only one).'

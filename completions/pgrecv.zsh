@@ -106,7 +106,7 @@ _pgrecv() {
             _arguments \
                 '--help[show help]' \
                 '(-S --slot)'{-S,--slot}'[Name of the new logical replication slot.]:slot: ' \
-                '--output-dir[Write the snapshot files here\: a new or empty directory (anything in it but pgrecv'\''s lock and an interrupted run'\''s temporary files is refused, exit 8).]:directory:_files -/' \
+                '--output-dir[Write the snapshot files here\: a new or empty directory (anything in it but pgrecv'\''s lock and an interrupted run'\''s temporary files is refused, exit 8); or an empty s3\://BUCKET/PREFIX, uploaded once complete.]:directory:_files -/' \
                 '*--table[Only these tables (schema.table glob, repeatable).]:glob: ' \
                 '(-j --jobs)'{-j,--jobs}'[Worker connections.]:jobs: ' \
                 '--publication[pgoutput\: the publication (default\: the only one).]:name: ' \

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +24,9 @@ from pgrecv.cli.options import (
     table_option,
 )
 
+if TYPE_CHECKING:
+    from pgrecv.snapshot.core import SnapshotResult
+
 
 @click.command("snapshot", cls=Command)
 @click.option("-S", "--slot", type=SLOT, required=True, help="Name of the new logical replication slot.")
@@ -32,7 +36,8 @@ from pgrecv.cli.options import (
     required=True,
     metavar="DIR",
     help="Write the snapshot files here: a new or empty directory (anything in it but pgrecv's lock and an "
-    "interrupted run's temporary files is refused, exit 8).",
+    "interrupted run's temporary files is refused, exit 8); or an empty s3://BUCKET/PREFIX, uploaded once "
+    "complete.",
 )
 @table_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker connections.")
@@ -105,28 +110,18 @@ def _snapshot(
 snapshot: click.Command = _snapshot
 
 
-def _local_only(output_dir: str) -> None:
-    """A snapshot is written to a local directory (refused before anything is made)."""
-    from pgrecv.errors import UsageError
-    from pgrecv.output.store import is_store_url
-
-    if is_store_url(output_dir):
-        raise UsageError(
-            f"pgrecv snapshot writes to a local directory, not {output_dir} (not supported yet): write it to a "
-            "local directory, upload that directory with its .pgrecv-state (e.g. aws s3 sync DIR URL), then "
-            f"pgrecv start --output-dir {output_dir}"
-        )
-
-
 def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> None:
     """Run the snapshot with a progress bar on a terminal, and say what it wrote."""
-    _local_only(output_dir)
     from pgrecv.cli.options import warn_divergence
     from pgrecv.lsn import lsn_str
+    from pgrecv.output.store import is_store_url
     from pgrecv.snapshot.core import run_snapshot
 
     progress = sys.stderr.isatty() and not STATE.quiet
-    result = run_snapshot(opts, slot, output_dir, progress=progress, log=log, **options)
+    if is_store_url(output_dir):
+        result = _to_store(opts, slot, output_dir, progress, **options)
+    else:
+        result = run_snapshot(opts, slot, output_dir, progress=progress, log=log, **options)
     # said once it worked, so that a failure stays the one line it was
     warn_divergence(opts, options.get("publication"), slot, pgoutput=options.get("plugin", "pgoutput") == "pgoutput")
     info(
@@ -134,6 +129,30 @@ def run_and_report(opts: Any, slot: str, output_dir: str, **options: Any) -> Non
         f"{result.rows} rows in {len(result.files)} files in {output_dir}; "
         f"continue with: pgrecv start --slot {slot} --output-dir {output_dir}"
     )
+
+
+def _to_store(opts: Any, slot: str, url: str, progress: bool, **options: Any) -> SnapshotResult:
+    """The snapshot written in a private local directory, then uploaded (files, manifest, state
+    last: pgrecv.output.remote.publish_snapshot); an upload that fails drops the new slot, as a
+    snapshot that fails does, so that a re-run starts over."""
+    import tempfile
+
+    from pgrecv.output.remote import check_empty, publish_snapshot
+    from pgrecv.output.store import ObjectStore, StoreURL
+    from pgrecv.pg.slots import drop_slot
+    from pgrecv.snapshot.core import run_snapshot
+
+    store = ObjectStore(StoreURL.parse(url))
+    check_empty(store)
+    with tempfile.TemporaryDirectory(prefix="pgrecv-snapshot-") as stage:
+        result = run_snapshot(opts, slot, stage, progress=progress, log=log, **options)
+        try:
+            publish_snapshot(store, Path(stage))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                drop_slot(opts, slot, if_exists=True)
+            raise
+    return result
 
 
 def create_with_snapshot(
@@ -153,7 +172,6 @@ def create_with_snapshot(
     from pgrecv.pg.conn import connect, server_major
     from pgrecv.pg.slots import drop_publication, ensure_publication, get_slot
 
-    _local_only(output_dir)
     if if_not_exists:
         raise UsageError("--snapshot needs a new slot: it cannot go with --if-not-exists")
     if tables and not publication:

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pgrecv.errors import ForeignOutput
+from pgrecv.errors import ForeignOutput, OutputError
 from pgrecv.lsn import LSN, lsn_str
-from pgrecv.output.files import STATE_NAME
+from pgrecv.output.files import MANIFEST_SUFFIX, STATE_NAME
 from pgrecv.output.sinks import (
     DIR_STATE_VERSION,
     STATE_RECORD_SIZE,
@@ -27,7 +27,7 @@ from pgrecv.output.sinks import (
 )
 from pgrecv.output.store import ObjectStore, StoreURL, is_store_url
 
-__all__ = ["StoreDirSink", "is_store_url"]
+__all__ = ["StoreDirSink", "check_empty", "is_store_url", "publish_snapshot"]
 
 # user metadata on each uploaded file (S3 sends it as x-amz-meta-*): where the stream stands after
 # the file's last unit, and whose stream it is, so that a file published after the state object
@@ -203,3 +203,37 @@ class StoreDirSink(DirSink):
             if self._staged:
                 shutil.rmtree(self.directory, ignore_errors=True)  # a part not published: never confirmed
                 self._staged = False
+
+
+def check_empty(store: ObjectStore) -> None:
+    """A snapshot starts a prefix of its own (checked before its slot is made), as it starts a
+    directory: its files must sort before every change of its slot."""
+    names = sorted(store.names())
+    if names:
+        raise OutputError(
+            f"{store.url} is not empty (it holds {names[0]}): a snapshot starts a prefix of its own; choose an "
+            "empty one"
+        )
+
+
+def publish_snapshot(store: ObjectStore, directory: Path) -> list[str]:
+    """A finished local snapshot uploaded: its files, then its manifest, then its state last, each
+    created only if the name is free. A reader (or `start`) sees a snapshot complete only once the
+    manifest is there, and `start` continues it only once the state is. On failure what this call
+    uploaded is removed (best effort) and the error raised. Returns the names uploaded."""
+    local = sorted(p.name for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+    manifests = [n for n in local if n.endswith(MANIFEST_SUFFIX)]
+    order = [n for n in local if n not in manifests] + manifests
+    if (directory / STATE_NAME).exists():
+        order.append(STATE_NAME)
+    done: list[str] = []
+    try:
+        for name in order:
+            store.create_from(name, directory / name, {})
+            done.append(name)
+    except BaseException:
+        for name in reversed(done):
+            with contextlib.suppress(Exception):
+                store.delete(name)
+        raise
+    return order

@@ -151,6 +151,12 @@ class ObjectStore:
             raise self.fail(exc, "write", name) from None
         return str(put["ETag"])
 
+    def delete(self, name: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.url.bucket, Key=self.url.key(name))
+        except Exception as exc:
+            raise self.fail(exc, "delete", name) from None
+
     def create_from(self, name: str, path: Path, metadata: dict[str, str]) -> None:
         """Upload a local file under a new name, whole or not at all; refused if the name exists."""
         size = path.stat().st_size

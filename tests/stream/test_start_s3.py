@@ -265,32 +265,44 @@ def test_a_large_file_goes_up_in_parts_and_never_over_another(s3_server: S3Serve
     assert s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
-def test_a_snapshot_uploaded_with_its_state_is_continued_on_the_store(
-    table: str, s3_server: S3Server, tmp_path: Path
-) -> None:
-    """`pgrecv snapshot` writes locally (an s3:// one is refused before anything is made); the
-    directory uploaded as it is, `start` continues it on the store: every row once."""
+@pytest.mark.parametrize("how", ["direct", "uploaded"])
+def test_a_snapshot_on_the_store_is_continued_there(table: str, s3_server: S3Server, tmp_path: Path, how: str) -> None:
+    """`pgrecv snapshot --output-dir s3://…` (written in a private directory, then uploaded: files,
+    manifest, state last), or a local snapshot directory uploaded as `aws s3 sync` would: `start`
+    continues it on the store, and every row is there once."""
     insert_txns(table, 1, 4)
     bucket = s3_server.bucket()
-    refused = pgrecv("snapshot", "-d", table, "--slot", "s", "--output-dir", f"s3://{bucket}/p", env=s3_server.env)
-    assert refused.returncode == ExitCode.USAGE and len(err(refused).strip().splitlines()) == 1
-    assert sql(table, "SELECT count(*) FROM pg_replication_slots")[0][0] == 0
-    snap = tmp_path / "snap"
-    assert pgrecv("snapshot", "-d", table, "--slot", "s", "--output-dir", str(snap)).returncode == 0
-    c = s3_server.client()
-    for f in snap.iterdir():  # what `aws s3 sync` does: every file, the hidden state too
-        if not f.name.startswith(".pgrecv.lock"):
+    url = f"s3://{bucket}/p"
+    if how == "direct":
+        stage = tmp_path / "stage"
+        stage.mkdir()
+        proc = pgrecv(
+            "snapshot", "-d", table, "--slot", "s", "--output-dir", url, env={**s3_server.env, "TMPDIR": str(stage)}
+        )
+        assert proc.returncode == 0, err(proc)
+        assert list(stage.iterdir()) == []
+    else:
+        snap = tmp_path / "snap"
+        assert pgrecv("snapshot", "-d", table, "--slot", "s", "--output-dir", str(snap)).returncode == 0
+        c = s3_server.client()
+        for f in snap.iterdir():  # what `aws s3 sync` does: every file, the hidden state too
             c.upload_file(str(f), bucket, f"p/{f.name}")
     insert_txns(table, 5, 3)
-    proc = start(table, "s", f"s3://{bucket}/p", s3_server)
+    proc = start(table, "s", url, s3_server)
     assert proc.returncode == 0, err(proc)
     found = objects(s3_server, bucket, "p")
+    assert any(n.endswith(".snapshot.manifest.json") for n in found)
     snapshot_rows = [orjson.loads(line) for n in sorted(found) if ".snapshot-" in n for line in found[n].splitlines()]
     changes = committed(records(joined({n: b for n, b in found.items() if ".snapshot" not in n})))
     ids = [r["new"]["id"] for r in snapshot_rows if r["op"] == "snapshot"] + [
         r["new"]["id"] for t in changes for r in t
     ]
     assert len(ids) == len(set(ids)) == 7 * 3
+    # a second snapshot into that prefix is refused before its slot is made
+    again = pgrecv("snapshot", "-d", table, "--slot", "s2", "--output-dir", url, env=s3_server.env)
+    assert again.returncode == ExitCode.OUTPUT and "not empty" in err(again), err(again)
+    assert len(err(again).strip().splitlines()) == 1
+    assert sql(table, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 's2'")[0][0] == 0
 
 
 def test_a_second_writer_on_the_prefix_stops_the_first(table: str, s3_server: S3Server, tmp_path: Path) -> None:
