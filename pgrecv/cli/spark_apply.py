@@ -134,6 +134,16 @@ def _spark_apply(
             raise UsageError(f"--master {master} and --remote {remote} (or SPARK_REMOTE) exclude each other: pick one")
         if not remote.startswith("sc://"):
             raise UsageError(f"--remote {remote}: a Spark Connect URL is sc://HOST:PORT")
+    from pgrecv.output.store import is_store_url
+
+    for given in (*sources, target):
+        if is_store_url(given):
+            what = "--target" if given == target else "SOURCE"
+            raise UsageError(
+                f"{what} {given}: spark-apply reads and writes paths on a POSIX file system (local, or a mount "
+                "every executor shares); object stores are not supported yet: copy the change files to such a "
+                "path first (e.g. aws s3 sync)"
+            )
     if catalog is not None and fmt != "iceberg":
         raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
     target_path = Path(target)

@@ -32,7 +32,8 @@ _BUCKET_RE: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 def is_store_url(text: str) -> bool:
-    return text.startswith(SCHEMES) or bool(re.match(r"[a-z][a-z0-9+.-]*://", text))
+    """An object store's URL (``s3://``, ``gs://``, …: a scheme other than ``file``)."""
+    return bool(re.match(r"[a-z][a-z0-9+.-]*://", text)) and not text.startswith("file://")
 
 
 @dataclass(frozen=True, slots=True)

@@ -352,3 +352,15 @@ def test_a_second_writer_on_the_prefix_stops_the_first(table: str, s3_server: S3
     txns = committed(records(joined(objects(s3_server, bucket, "p"))))
     ids = [r["new"]["id"] for t in txns for r in t]
     assert len(txns) == 4 and len(ids) == len(set(ids)) == 12
+
+
+@pytest.mark.parametrize("where", ["source", "target"])
+def test_spark_apply_names_object_store_paths_as_not_supported(tmp_path: Path, where: str) -> None:
+    source, target = str(tmp_path), str(tmp_path / "lake")
+    if where == "source":
+        source = "s3://bucket/cdc"
+    else:
+        target = "s3a://bucket/lake"
+    proc = pgrecv("spark-apply", source, "--target", target, "--format", "parquet")
+    assert proc.returncode == ExitCode.USAGE and "not supported yet" in err(proc), err(proc)
+    assert len(err(proc).strip().splitlines()) == 1
