@@ -382,3 +382,39 @@ def test_uuid_columns_are_icebergs_uuid(tmp_path: Path, connector: Runner) -> No
     assert uuids(pyiceberg_table.StaticTable.from_metadata(str(versions[-1]))) == {"u", "w"}
     rows, _ = _read(path)
     assert rows == [{"id": 1, "u": ids[1], "w": ids[2]}, {"id": 2, "u": ids[3], "w": None}]
+
+
+def test_a_run_killed_between_making_a_uuid_table_and_writing_it(
+    tmp_path: Path, spark_jars_conf: str, connector: Runner
+) -> None:
+    """A table with uuid columns is made by Iceberg's API, then written: a run killed in between
+    (PGRECV_ICEBERG_CREATED_DELAY holds it there) leaves a table without a snapshot, and the next
+    run writes it, once."""
+    cols = [{"name": "id", "type": "integer", "typmod": -1, "key": True}, {"name": "u", "type": "uuid", "typmod": -1}]
+    rel = {**_rel("g"), "columns": cols}
+    ids = [str(uuid.UUID(int=(i + 7) * 0x1234567890ABCDEF)) for i in range(2)]
+    changes = [_change("insert", "g", "0/1000", f"0/10{i}", {"id": i}, {"u": ids[i]}) for i in range(2)]
+    source = _write(tmp_path / "1.jsonl", [rel, *_txn("0/1000", *changes)])
+    target = tmp_path / "lake"
+    cmd = [sys.executable, "-m", "pgrecv", "spark-apply", str(source), "--target", str(target), "--format",
+           "iceberg", *FAST, "--conf", f"spark.jars={spark_jars_conf}"]  # fmt: skip
+    env = {**os.environ, "PGRECV_ICEBERG_CREATED_DELAY": "600"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    meta = target / table_dir_name("s", "g") / "metadata"
+    try:
+        deadline = time.monotonic() + 300
+        while not list(meta.glob("v*.metadata.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the table was never made"
+            time.sleep(0.05)
+        time.sleep(1)  # (a metadata file is written whole: a new name appears complete)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    made = sorted(meta.glob("v*.metadata.json"))
+    assert len(made) == 1 and orjson.loads(made[0].read_bytes()).get("current-snapshot-id") in (None, -1)
+    summary = _run(connector, str(source), "--target", str(target))
+    assert [t["status"] for t in summary["tables"]] == ["applied"]
+    rows, props = _read(target / table_dir_name("s", "g"))
+    assert rows == [{"id": 0, "u": ids[0]}, {"id": 1, "u": ids[1]}]
+    assert "pgrecv.applied-lsn" in props  # the position is on record with the snapshot
+    assert _run(connector, str(source), "--target", str(target))["tables"][0]["status"] == "up to date"

@@ -25,6 +25,7 @@ with the deletion vector applied.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 import orjson
 import pyarrow as pa
 
+from pgrecv import failpoints
 from pgrecv.errors import InputError, UsageError
 from pgrecv.spark.files import file_url
 from pgrecv.spark.schema import TablePlan, quoted
@@ -279,6 +281,8 @@ class IcebergTable(Table):
             # in between leaves it without a snapshot, and the next writes it)
             if not self.spark.catalog.tableExists(self.ident):
                 self._create(rows.schema, uuids, props)
+                if delay := failpoints.iceberg_created_delay():
+                    time.sleep(delay)
             rows.writeTo(self.ident).options(**position).append()
             return
         self._add_columns(batch)
