@@ -5,14 +5,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pgrecv.errors import ForeignOutput, OutputError
+from pgrecv.errors import ForeignOutput, OutputError, PgrecvError
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.output.files import MANIFEST_SUFFIX, STATE_NAME
 from pgrecv.output.sinks import (
@@ -43,9 +46,10 @@ class StoreDirSink(DirSink):
     an unpredictable name), as :class:`DirSink` writes it and at the same boundaries. Publishing
     it is one conditional upload under its final name (``If-None-Match: *``; a file over 5 GiB in
     parts, completed by one conditional call), so a listing of the prefix never shows a partial
-    file, and the file's position is durable, and confirmed to the server, only once the upload
-    has succeeded. The local copy is then deleted: at most the file being written and the one
-    being uploaded are on local disk.
+    file, and the file's position is durable, and confirmed to the server, only once its upload
+    and every earlier one have succeeded. Uploads run in a thread of their own, in order, while
+    the stream goes on (:class:`_Uploader`); the local copy is deleted once uploaded: at most
+    the file being written and :data:`_Uploader.PENDING` finished ones are on local disk.
 
     Each object carries, as user metadata, the commit and end LSN of its last unit and whose
     stream it is (:class:`Owner`). ``PREFIX/.pgrecv-state`` holds the same record as a local
@@ -77,6 +81,7 @@ class StoreDirSink(DirSink):
         super().__init__(Path(tempfile.gettempdir()), rotate_size, rotate_interval, suffix, clock=clock)
         self._etag: str | None = None  # of the state object as this run last saw or wrote it
         self._staged = False
+        self._uploader: _Uploader | None = None
 
     def where(self) -> tuple[str, str]:
         return str(self.store.url), self.store.where(STATE_NAME)
@@ -149,24 +154,50 @@ class StoreDirSink(DirSink):
         except OSError as exc:
             raise self._raw.fail(exc, "create a staging directory in") from None
         self._staged = True
+        self._uploader = _Uploader(self.store)
         self._new_file()
         self._begun = True
 
     # publishing
 
-    def _publish(self, tmp: Path, name: str) -> None:
-        try:
-            self._fdraw.detach()
-            fd, self._fdraw.fd = self._fdraw.fd, -1
-            os.close(fd)
-        except OSError as exc:
-            raise self._raw.fail(exc, "publish") from None
-        meta = {META_COMMIT: lsn_str(self._max_commit), META_END: lsn_str(self._last_end or 0)}
-        if self._owner is not None:
-            meta.update({META_OWNER[k]: getattr(self._owner, k) for k in META_OWNER})
-        self.store.create_from(name, tmp, meta)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    def _advance(self, tmp: Path | None, name: str | None) -> None:
+        """The finished part handed to the uploader (with the position it completes), or the
+        position alone: confirmed only once everything before it is uploaded (:meth:`durable`)."""
+        if tmp is not None:
+            try:
+                self._fdraw.detach()
+                fd, self._fdraw.fd = self._fdraw.fd, -1
+                os.close(fd)
+            except OSError as exc:
+                raise self._raw.fail(exc, "publish") from None
+        meta: dict[str, str] = {}
+        if name is not None:
+            meta = {META_COMMIT: lsn_str(self._max_commit), META_END: lsn_str(self._last_end or 0)}
+            if self._owner is not None:
+                meta.update({META_OWNER[k]: getattr(self._owner, k) for k in META_OWNER})
+        self._final_commit = self._max_commit  # (names: the next file's must be newer)
+        assert self._uploader is not None
+        self._uploader.put(_Upload(tmp, name, self._max_commit, self._last_end or 0, meta))
+
+    def durable(self) -> int | None:
+        """As for a directory, everything complete so far: the current file finished, and the
+        uploads handed over waited for (files rotated by size between two calls went up while
+        the stream went on); the state object is brought up to the last."""
+        self._raw.check()
+        if self._first is not None:
+            self._rotate_soon()
+        if self._uploader is None:
+            return None
+        self._uploader.wait()
+        done = self._uploader.done
+        if done is None:
+            return None
+        if done.name is not None:
+            self._final_name = done.name
+        self._final_end = done.end
+        if done.end != self._state_end:
+            self._write_state(done.commit, done.end, self._final_name)
+        return done.end
 
     def _write_state(
         self, commit: int | None, end: int | None, name: str | None, part: str | None = None, size: int = 0
@@ -189,11 +220,16 @@ class StoreDirSink(DirSink):
         if not self._begun:
             return
         self._begun = False
+        uploader = self._uploader
+        assert uploader is not None
         try:
-            self.discard_partial()
-            self._finish_file(last=True)
-            self.durable()
+            if uploader.error is None:
+                self.discard_partial()
+                self._finish_file(last=True)
+                uploader.wait()
+                self.durable()
         finally:
+            uploader.close()
             if self._fdraw.fd >= 0:
                 self._fdraw.detach()
                 os.close(self._fdraw.fd)
@@ -201,8 +237,75 @@ class StoreDirSink(DirSink):
             self._tmp = None
             self._drain()
             if self._staged:
-                shutil.rmtree(self.directory, ignore_errors=True)  # a part not published: never confirmed
+                shutil.rmtree(self.directory, ignore_errors=True)  # parts not uploaded: never confirmed
                 self._staged = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Upload:
+    """A finished file to upload (``tmp`` None: a position reached without a file), and the
+    position it completes."""
+
+    tmp: Path | None
+    name: str | None
+    commit: int
+    end: int
+    metadata: dict[str, str]
+
+
+class _Uploader:
+    """Uploads finished files in stream order in a thread of its own, so that the stream goes on
+    while a file goes up (measured: bench/NOTES.md). At most :data:`PENDING` wait, so local disk
+    holds a bounded number of files; after a failure nothing more is uploaded (a later file on
+    the store past a missing one would make a restart skip it), and the failure is raised at the
+    next :meth:`check`."""
+
+    PENDING = 2
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.done: _Upload | None = None  # the last upload finished: its end and all before are on the store
+        self.error: PgrecvError | None = None
+        self._queue: queue.Queue[_Upload | None] = queue.Queue(maxsize=self.PENDING)
+        self._thread = threading.Thread(target=self._run, name="pgrecv-upload", daemon=True)
+        self._thread.start()
+
+    def put(self, item: _Upload) -> None:
+        self.check()
+        self._queue.put(item)
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def wait(self) -> None:
+        """Every upload handed over so far finished; the first failure raised."""
+        self._queue.join()
+        self.check()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self.error is not None:
+                    continue
+                if item.tmp is not None and item.name is not None:
+                    self.store.create_from(item.name, item.tmp, item.metadata)
+                    with contextlib.suppress(OSError):
+                        item.tmp.unlink()
+                self.done = item
+            except PgrecvError as exc:
+                self.error = exc
+            except Exception as exc:  # an OSError reading the part, or a bug: stop here too
+                self.error = OutputError(f"cannot upload {self.store.where(item.name if item else None)}: {exc}")
+            finally:
+                self._queue.task_done()
 
 
 def check_empty(store: ObjectStore) -> None:

@@ -1076,22 +1076,28 @@ class DirSink(_BufferedSink):
         if self._final_commit is not None and self._max_commit <= self._final_commit:
             return  # nothing with a newer commit LSN (a lone ROLLBACK PREPARED): its name would clash
         if self._b_off == 0:  # complete units that wrote nothing: the position moves, no file
-            self._final_commit, self._final_end = self._max_commit, self._last_end
-            self._run_end = self._last_end
+            self._advance(None, None)
             self._first = None
             return
         name = f"{first:016X}-{self._max_commit:016X}{self.suffix}"
         tmp = self._tmp
         assert tmp is not None
         self._flush()
-        self._publish(tmp, name)
+        self._advance(tmp, name)
         self._tmp = None
-        self._final_commit, self._final_end, self._final_name = self._max_commit, self._last_end, name
-        self._run_end = self._last_end
         self._first = None
         if not last:
             self._new_file()
             self.file_started += 1
+
+    def _advance(self, tmp: Path | None, name: str | None) -> None:
+        """The stream's position moves to the last complete unit: with the finished part ``tmp``
+        published as the file ``name``, or (None, None) without a file."""
+        if tmp is not None and name is not None:
+            self._publish(tmp, name)
+            self._final_name = name
+        self._final_commit, self._final_end = self._max_commit, self._last_end
+        self._run_end = self._last_end
 
     def _publish(self, tmp: Path, name: str) -> None:
         """The finished part (flushed, no partial unit) made the file ``name``, durably: fsync'd,
