@@ -40,6 +40,7 @@ from pgrecv.spark.read.envelope import (
     lsn_expr,
     named_last,
 )
+from pgrecv.spark.read.places import place, ranked_bits
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import quoted
 
@@ -341,10 +342,15 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
     # other line, summed. The rows stay cached: their commit LSNs are what this run counts as
     # committed, and their counts are the tables' facts (``engine.facts.plain_facts``).
     row = op.isin(*rp.ROW_OPS)
-    # a line's place: its file's rank, split and row (comparable across files), and the file
+    # a line's place: its file's rank, split and row (comparable across files), as one long where
+    # the bits suffice (:mod:`.places`), else a struct (which makes Spark sort every line)
     ranks = F.create_map(*[F.lit(x) for kv in rank.items() for x in kv]) if rank else None
     file_rank = F.element_at(ranks, F.col("_f")) if ranks is not None else F.lit(0)
-    pos = F.struct(file_rank.alias("r"), F.col("_b").alias("b"), F.col("_m").alias("m"), F.col("_f").alias("f"))
+    bits = ranked_bits(spark, files)
+    if bits is not None:
+        pos = place(bits[0], file_rank, bits[1])
+    else:
+        pos = F.struct(file_rank.alias("r"), F.col("_b").alias("b"), F.col("_m").alias("m"))
     per = (
         narrow.groupBy(
             F.when(in_txn, lsn_expr(F.col("commit_lsn"), checked=True)).alias("k"),
@@ -354,7 +360,8 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
         )
         .agg(
             F.count(F.lit(1)).alias("n"),
-            F.count(F.when(bad, 1)).alias("bad"),
+            # a line of a file not in the list as Spark spells it: no place (the staged read)
+            F.count(F.when(bad | file_rank.isNull(), 1)).alias("bad"),
             # every field parsed: a value of the wrong type makes its line corrupt, as when staged
             F.count(F.when(_all_null([_name(f) for f in ENVELOPE_FIELDS if _name(f) != "_corrupt"]), 1)).alias(
                 "_parsed"
@@ -387,7 +394,8 @@ def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | N
     ).first()
     assert head is not None
     rels = head["r"] or []
-    if head["bad"] or head["other"] or any(r["p"]["f"] not in rank for r in rels) or _outside(per) or _beyond(per):
+    rank_of = F.shiftright("cpos", bits[1]) if bits is not None else F.col("cpos.r")
+    if head["bad"] or head["other"] or _outside(per) or _beyond(per, rank_of, list(rank)):
         per.unpersist()
         return None
     st = rp.Structure(lines=int(head["n"] or 0), transactions=head["transactions"], incomplete=head["incomplete"])
@@ -450,13 +458,14 @@ def _outside(per: DataFrame) -> bool:
     return bool(per_txn.where(lo.isNotNull() & (F.col("commits") > 0) & ~inside).limit(1).count())
 
 
-def _beyond(per: DataFrame) -> bool:
+def _beyond(per: DataFrame, rank_of: Column, names: list[str]) -> bool:
     """Whether a commit record lies past the last commit LSN its file's name claims
-    (``envelope.named_last``; the staged read names it): a row per file, from the cached rows."""
+    (``envelope.named_last``; the staged read names it): a row per file (``rank_of`` the last
+    commit's place: the file's rank, ``names[rank]`` its name), from the cached rows."""
     from pyspark.sql import functions as F
 
-    files = per.where(F.col("commits") > 0).groupBy(F.col("cpos.f").alias("f")).agg(F.max("k").alias("c"))
-    return any(_past_name(r["f"], r["c"]) for r in files.collect())
+    files = per.where(F.col("commits") > 0).groupBy(rank_of.alias("i")).agg(F.max("k").alias("c"))
+    return any(_past_name(names[r["i"]], r["c"]) for r in files.collect())
 
 
 def _past_name(path: str, commit: int | None) -> bool:

@@ -31,7 +31,6 @@ need not pay (bench/NOTES.md, 2026-12-05).
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,8 +50,8 @@ from pgrecv.spark.read.direct import (
 )
 from pgrecv.spark.read.direct import heads as direct_heads
 from pgrecv.spark.read.envelope import JSON_LIMITS, LSN_PATTERN, lsn_expr
+from pgrecv.spark.read.places import SPLIT_BITS, largest, place, split_shift
 from pgrecv.spark.replay import committed as rp
-from pgrecv.spark.sparkops import byte_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -276,23 +275,11 @@ def _spans(rows: list[Row], rank: dict[str, int]) -> list[tuple[str, int, int]] 
     return spans
 
 
-_M_LOW = (1 << 33) - 1  # a line's number within its Spark partition (monotonically_increasing_id's low bits)
-
-
 def _split_bits(spark: SparkSession, files: list[Path]) -> int | None:
-    """The low bits of a split's start that the keyed pass's places drop: Spark splits a file at
-    multiples of at least min(maxPartitionBytes, openCostInBytes), so the rest tells a file's
-    splits apart, in order. None (no lean read) when the confs are not sizes, or a file is too
-    large for the 30 bits left."""
-    sizes = [byte_conf(spark, f"spark.sql.files.{k}") for k in ("maxPartitionBytes", "openCostInBytes")]
-    if any(s is None or s < 1 for s in sizes):
-        return None
-    shift = min(int(s).bit_length() - 1 for s in sizes if s is not None)
-    largest = 0
-    for f in files:
-        with contextlib.suppress(OSError):  # (gone meanwhile: the read says so)
-            largest = max(largest, f.stat().st_size)
-    return shift if largest < 1 << (30 + shift) else None
+    """The low bits of a split's start that the keyed pass's places drop (:mod:`.places`); None
+    (no lean read) when the confs are not sizes, or a file is too large for the bits left."""
+    shift = split_shift(spark)
+    return shift if shift is not None and largest(files) < 1 << (SPLIT_BITS + shift) else None
 
 
 def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
@@ -330,7 +317,7 @@ def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | 
         return None
     # a line's place in its file, as one long (a struct in an aggregate's buffer would make Spark
     # sort every line: 1.1 s more per 3M lines): its split's start, then its number in the split
-    pos = F.shiftleft(F.shiftright(F.col("_b"), shift), 33).bitwiseOR(F.col("_m").bitwiseAND(F.lit(_M_LOW)))
+    pos = place(shift)
     file_ = F.xxhash64(F.col("_f"))
     # per commit LSN's text (NULL: a line of no transaction, by its op; NULL op: one the first pass
     # would not take, or a change, begin or commit without a commit LSN): its begins, commits, row
