@@ -28,17 +28,9 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.stream import INSERTS, TABLE  # noqa: E402  (the same workload as bench/stream.py's inserts)
 from pgrecv.pg.server import TempServer, find_installation, find_installations  # noqa: E402
 from tests.conftest import _stop_group, start_s3_server  # noqa: E402
-
-TABLE = """CREATE TABLE bench (
-    id bigint PRIMARY KEY, account int NOT NULL, amount numeric(12,2), note text,
-    created timestamptz NOT NULL DEFAULT now(), flag boolean)"""
-INSERTS = (
-    "INSERT INTO bench (id, account, amount, note, flag) "
-    "SELECT g, g %% 1000, (g %% 100000) / 100.0, 'note ' || g, g %% 2 = 0 "
-    "FROM generate_series(%s::bigint, %s::bigint) g"
-)
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:

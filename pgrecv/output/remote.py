@@ -99,14 +99,7 @@ class StoreDirSink(DirSink):
             state = parse_state(text, state_name, what=where, versions=(STATE_VERSION, DIR_STATE_VERSION))
         ranges = final_ranges(store.names(), where)
         newest = max(ranges, default=None, key=lambda r: r[1])
-        commit: int | None = None
-        end: int | None = None
-        source: str | None = None
-        if state is not None:
-            self._owner = state.get("owner")
-            if state["commit_lsn"] is not None:
-                commit, end, source = state["commit_lsn"], state["end_lsn"], state_name
-                self._final_name = state.get("file")
+        commit, end, source = self._on_record(state, state_name)
         self._state_end = end
         if newest is not None and (commit is None or newest[1] > commit):
             end = self._vouch_object(newest[2], newest[1], state_name if state is not None else None)

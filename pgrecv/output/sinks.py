@@ -869,14 +869,7 @@ class DirSink(_BufferedSink):
         except OSError as exc:
             raise output_error(exc, d, "read the output directory") from None
         newest = max(ranges, default=None, key=lambda r: r[1])
-        commit: int | None = None
-        end: int | None = None
-        source: str | None = None
-        if state is not None:
-            self._owner = state.get("owner")
-            if state["commit_lsn"] is not None:
-                commit, end, source = state["commit_lsn"], state["end_lsn"], str(state_path)
-                self._final_name = state.get("file")
+        commit, end, source = self._on_record(state, str(state_path))
         empty = False
         if newest is not None and (commit is None or newest[1] > commit):
             path = d / newest[2]
@@ -905,6 +898,17 @@ class DirSink(_BufferedSink):
         if commit is not None:
             self._max_commit = commit
         return Resume(commit, end, source, empty_source=empty)
+
+    def _on_record(self, state: dict[str, Any] | None, where: str) -> tuple[int | None, int | None, str | None]:
+        """What a state record (read from ``where``) says: whose stream it is (kept), and the
+        commit and end LSN of the last unit on record, with where that comes from."""
+        if state is None:
+            return None, None, None
+        self._owner = state.get("owner")
+        if state["commit_lsn"] is None:
+            return None, None, None
+        self._final_name = state.get("file")
+        return state["commit_lsn"], state["end_lsn"], where
 
     def _complete_rename(self, state: dict[str, Any]) -> None:
         """A crash between recording a file (its temporary name, its size) and renaming it: the

@@ -63,6 +63,20 @@ def _finished_app(cluster: Any, before: set[str]) -> dict[str, Any]:
         time.sleep(1)
 
 
+def assert_same_tables(gen: Gen, got_at: Path, local: Path, fmt: str, what: str) -> int:
+    """Every table under ``got_at`` (applied by ``what``) equals the local run's and the truth;
+    the number of rows compared (not 0: an empty comparison proves nothing)."""
+    truth = gen.truth()
+    rows = 0
+    for t in gen.tables:
+        got = _got(t, got_at, fmt)
+        assert got == _got(t, local, fmt), f"{t.schema}.{t.name} ({t.kind}): {what} and local differ"
+        assert got == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind}): not the truth"
+        rows += len(got)
+    assert rows > 0, "the stream left no rows: the comparison proves nothing"
+    return rows
+
+
 def _counts(tables: list[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
     keys = ("status", "inserts", "updates", "deletes", "truncates", "version", "applied_lsn")
     return {t["table"]: tuple(t[k] for k in keys) for t in tables}
@@ -114,14 +128,7 @@ def test_cluster_equals_local(
     assert not local_summary.warnings, local_summary.warnings
     assert _counts(summary["tables"]) == _counts([asdict(t) for t in local_summary.tables])
 
-    truth = gen.truth()
-    rows = 0
-    for t in gen.tables:
-        got = _got(t, on_cluster, fmt)
-        assert got == _got(t, local, fmt), f"{t.schema}.{t.name} ({t.kind}): cluster and local differ"
-        assert got == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind}): not the truth"
-        rows += len(got)
-    assert rows > 0, "the stream left no rows: the comparison proves nothing"
+    rows = assert_same_tables(gen, on_cluster, local, fmt, "cluster")
     print(f"{fmt}: cluster {cluster_seconds:.0f} s, local {local_seconds:.0f} s, {rows} rows, app {app['id']}")
 
 

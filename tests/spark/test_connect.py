@@ -19,8 +19,8 @@ from pgrecv.spark.files import java_raw_path
 from pgrecv.spark.model import ApplyConfig
 from tests.conftest import ConnectServer, _free_port
 from tests.spark.changegen import Gen
-from tests.spark.test_cluster import _counts
-from tests.spark.test_differential import _expected, _files, _got
+from tests.spark.test_cluster import _counts, assert_same_tables
+from tests.spark.test_differential import _files
 from tests.util import err, pgrecv
 
 pytest.importorskip("pyspark")
@@ -55,14 +55,7 @@ def test_connect_equals_local(
     assert summary["engine"] != "delta/spark"
     local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt=fmt, engine="delta-rs"), spark=spark)
     assert _counts(summary["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
-    truth = gen.truth()
-    rows = 0
-    for t in gen.tables:
-        got = _got(t, remote, fmt)
-        assert got == _got(t, local, fmt), f"{t.schema}.{t.name} ({t.kind}): Spark Connect and local differ"
-        assert got == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind}): not the truth"
-        rows += len(got)
-    assert rows > 0, "the stream left no rows: the comparison proves nothing"
+    rows = assert_same_tables(gen, remote, local, fmt, "Spark Connect")
     # a second run through the server changes nothing
     again = apply_remote(spark_connect, files, remote, "--format", fmt)
     assert again.returncode == 0, err(again)

@@ -20,7 +20,7 @@ from pgrecv.lsn import LSN
 from pgrecv.output.remote import META_COMMIT, META_END
 from pgrecv.output.store import ObjectStore, StoreURL
 from tests.conftest import S3Server, _stop_group, start_s3_server
-from tests.stream.test_start import WRITER, committed, insert_txns, records, slot_info
+from tests.stream.test_start import WRITER, committed, insert_txns, records, slot_info, spawn
 from tests.util import err, pgrecv, sql
 
 
@@ -47,6 +47,11 @@ def change_files(found: dict[str, bytes]) -> list[str]:
 
 def joined(found: dict[str, bytes]) -> bytes:
     return b"".join(found[n] for n in change_files(found))
+
+
+def streaming(dsn: str, out: str, *extra: str) -> tuple[str, ...]:
+    """`pgrecv start`'s arguments for slot s into ``out``."""
+    return ("start", "-d", dsn, "--slot", "s", "--output-dir", out, *extra)
 
 
 def start(dsn: str, slot: str, out: str, s3: S3Server, *extra: str) -> subprocess.CompletedProcess[bytes]:
@@ -175,23 +180,9 @@ def test_nothing_is_confirmed_past_what_was_uploaded(table: str, tmp_path: Path)
         last = max(change_files(objects(own, bucket, "p")))
         uploaded_end = LSN.parse(own.client().head_object(Bucket=bucket, Key=f"p/{last}")["Metadata"][META_END])
         stderr = tmp_path / "stderr"
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pgrecv",
-                "start",
-                "-d",
-                table,
-                "--slot",
-                "s",
-                "--output-dir",
-                f"s3://{bucket}/p",
-                "-F",
-                "100ms",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(stderr, "wb"),  # noqa: SIM115
+        proc = spawn(
+            *streaming(table, f"s3://{bucket}/p", "-F", "100ms"),
+            stderr_path=stderr,
             env={**os.environ, **own.env, "AWS_MAX_ATTEMPTS": "2"},
         )
         time.sleep(2)
@@ -224,10 +215,10 @@ def test_kills_and_walsender_terminations_deliver_each_transaction_once(
     rnd = random.Random(int(os.environ.get("PGRECV_TEST_SEED", "7")))
     env = {**os.environ, **s3_server.env}
     writer = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, table])
-    run = ["start", "-d", table, "--slot", "s", "--output-dir", url, "-F", "50ms", "-s", "50ms"]
+    run = streaming(table, url, "-F", "50ms", "-s", "50ms")
     try:
         for i in range(12):
-            proc = subprocess.Popen([sys.executable, "-m", "pgrecv", *run], stderr=subprocess.DEVNULL, env=env)
+            proc = spawn(*run, env=env)
             time.sleep(rnd.uniform(0.4, 1.2))
             if i in (3, 8):  # the walsender goes: pgrecv reconnects, then is killed anyway
                 sql(table, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'")
@@ -238,7 +229,10 @@ def test_kills_and_walsender_terminations_deliver_each_transaction_once(
     finally:
         writer.kill()
     proc = subprocess.run(
-        [sys.executable, "-m", "pgrecv", *run[:-4], "--until-caught-up"], capture_output=True, env=env, timeout=180
+        [sys.executable, "-m", "pgrecv", *streaming(table, url, "--until-caught-up")],
+        capture_output=True,
+        env=env,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr.decode()
     recs = records(joined(objects(s3_server, bucket, "p")))
@@ -312,23 +306,9 @@ def test_a_second_writer_on_the_prefix_stops_the_first(table: str, s3_server: S3
     bucket = s3_server.bucket()
     c = s3_server.client()
     stderr = tmp_path / "stderr"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pgrecv",
-            "start",
-            "-d",
-            table,
-            "--slot",
-            "s",
-            "--output-dir",
-            f"s3://{bucket}/p",
-            "-F",
-            "100ms",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(stderr, "wb"),  # noqa: SIM115
+    proc = spawn(
+        *streaming(table, f"s3://{bucket}/p", "-F", "100ms"),
+        stderr_path=stderr,
         env={**os.environ, **s3_server.env},
     )
     try:
