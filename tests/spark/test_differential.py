@@ -54,6 +54,19 @@ def _files(lines: list[str], where: Path, rng_cut: int) -> list[Path]:
     return [a, b]
 
 
+def ends_in_a_resent_copy(path: Path) -> bool:
+    """Whether the file's last transaction was begun again after its commit and is not
+    committed again in the file (a copy resent and cut by the file's end)."""
+    recs = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    begins = [i for i, r in enumerate(recs) if r["op"] == "begin"]
+    if not begins:
+        return False
+    last = begins[-1]
+    k = recs[last]["commit_lsn"]
+    committed = [i for i, r in enumerate(recs) if r["op"] == "commit" and r.get("commit_lsn") == k]
+    return bool(committed) and committed[-1] < last
+
+
 def _canon_value(v: Any) -> Any:
     if isinstance(v, float):
         return "NaN" if math.isnan(v) else v
@@ -261,6 +274,7 @@ def test_history_equals_the_truth(
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000), tables=st.sampled_from([1, 3]))
 @example(seed=3, cut=40, tables=1)
+@example(seed=2_147_483_647, cut=2291, tables=1)  # the first file ends inside a resent copy
 def test_the_direct_read_equals_the_staged_read_and_the_truth(
     spark: Any,
     tmp_path_factory: pytest.TempPathFactory,
@@ -287,7 +301,11 @@ def test_the_direct_read_equals_the_staged_read_and_the_truth(
             cfg = ApplyConfig(tuple(map(str, fs)), target, fmt=fmt, engine="delta-rs", mode=mode)
             s = run_apply(cfg, spark=spark, tuning=Tuning(direct=enabled))
             assert not s.warnings, s.warnings
-            assert s.input_read == ("direct" if enabled else "staged")
+            # an input that ends inside a resent copy of a committed transaction has changes past
+            # that transaction's last commit: the direct read leaves it to the staged read
+            # (direct._outside), which judges each line by its place
+            direct = enabled and not ends_in_a_resent_copy(fs[-1])
+            assert s.input_read == ("direct" if direct else "staged")
             tabs = sorted(
                 (t.table, t.status, t.inserts, t.updates, t.deletes, t.truncates, t.applied_lsn) for t in s.tables
             )
