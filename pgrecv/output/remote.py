@@ -80,8 +80,7 @@ class StoreDirSink(DirSink):
         # `directory` becomes the private staging directory at begin(); nothing local before that
         super().__init__(Path(tempfile.gettempdir()), rotate_size, rotate_interval, suffix, clock=clock)
         self._etag: str | None = None  # of the state object as this run last saw or wrote it
-        self._staged = False
-        self._uploader: _Uploader | None = None
+        self._uploader: _Uploader | None = None  # made with the staging directory, at begin()
 
     def where(self) -> tuple[str, str]:
         return str(self.store.url), self.store.where(STATE_NAME)
@@ -113,8 +112,7 @@ class StoreDirSink(DirSink):
     def _vouch_object(self, name: str, last: int, state_name: str | None) -> int:
         """The end LSN the newest file's metadata records, once it is shown to be this stream's
         (its metadata names the commit LSN its name claims, and the state's owner if any)."""
-        found = self.store.metadata(name)
-        meta = found[1] if found is not None else {}
+        meta = self.store.metadata(name) or {}
         past = f"past what {state_name} records" if state_name else "not recorded (there is no state object)"
         try:
             if meta.get(META_COMMIT) is None or int(LSN.parse(meta[META_COMMIT])) != last:
@@ -146,9 +144,12 @@ class StoreDirSink(DirSink):
             self.directory = Path(tempfile.mkdtemp(prefix="pgrecv-upload-"))
         except OSError as exc:
             raise self._raw.fail(exc, "create a staging directory in") from None
-        self._staged = True
+        try:
+            self._new_file()
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
         self._uploader = _Uploader(self.store)
-        self._new_file()
         self._begun = True
 
     # publishing
@@ -229,9 +230,7 @@ class StoreDirSink(DirSink):
                 self._fdraw.fd = -1
             self._tmp = None
             self._drain()
-            if self._staged:
-                shutil.rmtree(self.directory, ignore_errors=True)  # parts not uploaded: never confirmed
-                self._staged = False
+            shutil.rmtree(self.directory, ignore_errors=True)  # parts not uploaded: never confirmed
 
 
 @dataclass(frozen=True, slots=True)

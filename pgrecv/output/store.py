@@ -109,15 +109,15 @@ class ObjectStore:
             raise self.fail(exc, "list") from None
         return out
 
-    def metadata(self, name: str) -> tuple[int, dict[str, str]] | None:
-        """The object's size and user metadata; None when there is no such object."""
+    def metadata(self, name: str) -> dict[str, str] | None:
+        """The object's user metadata; None when there is no such object."""
         try:
             head = self.client.head_object(Bucket=self.url.bucket, Key=self.url.key(name))
         except Exception as exc:
             if _status(exc) == 404:
                 return None
             raise self.fail(exc, "look at", name) from None
-        return int(head["ContentLength"]), dict(head.get("Metadata", {}))
+        return dict(head.get("Metadata", {}))
 
     def read(self, name: str) -> tuple[bytes, str] | None:
         """A small object's bytes and ETag; None when there is no such object."""
@@ -127,14 +127,6 @@ class ObjectStore:
         except Exception as exc:
             if _status(exc) == 404:
                 return None
-            raise self.fail(exc, "read", name) from None
-
-    def tail(self, name: str, size: int) -> bytes:
-        """The last ``size`` bytes of an object (all of it if shorter)."""
-        try:
-            got = self.client.get_object(Bucket=self.url.bucket, Key=self.url.key(name), Range=f"bytes=-{size}")
-            return bytes(got["Body"].read())
-        except Exception as exc:
             raise self.fail(exc, "read", name) from None
 
     def replace(self, name: str, data: bytes, etag: str | None) -> str:
