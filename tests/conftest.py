@@ -131,6 +131,22 @@ def spark_jars_conf() -> str:
 
 
 @pytest.fixture(scope="session")
+def s3a_jars_conf() -> str:
+    """``spark.jars``'s value for Hadoop's S3A connector in jvm/s3a/jars (.ci/run fetches it)."""
+    from pgrecv.spark.jars import spark_jars
+
+    where = Path(__file__).resolve().parents[1] / "jvm" / "s3a" / "jars"
+    jars = spark_jars(where)
+    if not jars:
+        pytest.fail(
+            f"no S3A jars in {where}: fetch them with `mvn -q -f jvm/s3a/pom.xml dependency:copy-dependencies "
+            '-DoutputDirectory="$PWD/jvm/s3a/jars"` (.ci/run does)',
+            pytrace=False,
+        )
+    return jars
+
+
+@pytest.fixture(scope="session")
 def connector(spark_jars_conf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One process with a SparkSession that has Delta's Spark connector (its jars, extension and
     catalog), running ``pgrecv`` commands one at a time (tests/spark/connector_runner.py): a JVM

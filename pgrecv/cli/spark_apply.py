@@ -134,16 +134,16 @@ def _spark_apply(
             raise UsageError(f"--master {master} and --remote {remote} (or SPARK_REMOTE) exclude each other: pick one")
         if not remote.startswith("sc://"):
             raise UsageError(f"--remote {remote}: a Spark Connect URL is sc://HOST:PORT")
-    from pgrecv.output.store import is_store_url
+    from pgrecv.spark.stores import check_scheme, is_store_source
 
-    for given in (*sources, target):
-        if is_store_url(given):
-            what = "--target" if given == target else "SOURCE"
-            raise UsageError(
-                f"{what} {given}: spark-apply reads and writes paths on a POSIX file system (local, or a mount "
-                "every executor shares); object stores are not supported yet: copy the change files to such a "
-                "path first (e.g. aws s3 sync)"
-            )
+    for given in sources:
+        if is_store_source(given):
+            check_scheme(given)
+    if is_store_source(target):
+        raise UsageError(
+            f"--target {target}: spark-apply writes tables on a POSIX file system (local, or a mount every "
+            "executor shares); a target on an object store is not supported yet"
+        )
     if catalog is not None and fmt != "iceberg":
         raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
     target_path = Path(target)
@@ -169,7 +169,7 @@ def _spark_apply(
     if list_applied:
         from pgrecv.output.files import write_stdout
 
-        write_stdout(b"".join(os.fsencode(p) + b"\n" for p in applied_files(config)))
+        write_stdout(b"".join(os.fsencode(str(p)) + b"\n" for p in applied_files(config)))
         return
     show = sys.stderr.isatty() and not STATE.quiet and not as_json
     progress = RichProgress() if show else None

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgrecv.errors import OutputError, PgrecvError, UsageError
-from pgrecv.spark import ledger
+from pgrecv.spark import ledger, stores
 from pgrecv.spark.inputs import check_snapshots, expand_sources, ignored_in_directories
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Progress, Summary, Tuning
+from pgrecv.spark.stores import SourceFile, StoreFile, is_store_source
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,7 +39,7 @@ def run_apply(
     if config.bad_values not in ("fail", "null", "text"):
         raise UsageError("--bad-values is fail, null or text")
     with target_lock(config.target):
-        listed = expand_sources(config.sources)
+        listed = expand_sources(config.sources, config.conf)
         unread = ledger.split(config, listed)  # files every table applied before: not read again
         files = unread.read
         manifests = check_snapshots(files)
@@ -55,7 +56,11 @@ def run_apply(
             # connector's (a Spark Connect server's is fixed too)
             fixed = SparkSession.getActiveSession() is not None or config.remote is not None
             conf = config.conf if fixed else session_conf(config.conf, config.fmt, config.engine)
+            if any(is_store_source(s) for s in config.sources):
+                conf = stores.session_conf(conf)  # (a fixed session takes the runtime ones)
             spark = start_session(config.master, conf, remote=config.remote)
+        if spark is not None and has_input and any(isinstance(f, StoreFile) for f in files):
+            stores.check_session(spark)
         from pgrecv.spark.engine.run import run_frames
 
         try:
@@ -79,13 +84,13 @@ def run_apply(
     return summary
 
 
-def list_applied(config: ApplyConfig) -> list[Path]:
+def list_applied(config: ApplyConfig) -> list[SourceFile]:
     """The files of ``config.sources`` that every table has applied: a run skips them, and they may
     be retired (pgrecv/spark/ledger.py). Under the target's lock, so that no run moves it meanwhile."""
     if not config.target.is_dir():
         return []
     with target_lock(config.target):
-        return ledger.split(config, expand_sources(config.sources)).skipped
+        return ledger.split(config, expand_sources(config.sources, config.conf)).skipped
 
 
 def _no_space(exc: BaseException) -> bool:

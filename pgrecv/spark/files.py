@@ -1,32 +1,41 @@
 """How pgrecv names files to Spark, and finds a line again for an error message.
 
 Spark takes paths as Hadoop URIs and globs; pgrecv gives it the files it listed itself, read
-literally (:func:`literal_read`), as ``file:`` URLs, and maps the paths Spark reports back to
-local paths (:func:`local_path`) to name ``file:line`` in what it tells the user.
+literally (:func:`literal_read`), as ``file:`` URLs (objects as ``s3a:`` ones), and maps the
+paths Spark reports back to the names the user gave (:func:`local_path`) to name ``file:line``
+in what it tells the user.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pgrecv.errors import InputError
+from pgrecv.spark.stores import SourceFile, StoreFile
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
 
 
-# Link -> the file it stands for, for every message that names a file (see _urls).
+# Link (or object's URL) -> the file it stands for, for every message that names a file (see _urls).
 _REAL_NAMES: dict[str, str] = {}
+# an object's name in messages -> the object, to find a line in it again
+_OBJECTS: dict[str, StoreFile] = {}
 
 
-def input_urls(paths: list[Path], links: Path | None) -> list[str]:
+def input_urls(paths: list[SourceFile], links: Path | None) -> list[str]:
     """What Spark is given to read each of ``paths``: its ``file:`` URL, or for a file whose name
     holds ':' the URL of a symbolic link to it in ``links`` (made 0700 here). Hadoop's local file
     system builds a checksum file's path from the name (``.a:b.jsonl.crc``) and cannot parse that
     back ("Relative path in absolute URI"); a ':' in a directory is no trouble."""
     urls = []
     for i, p in enumerate(paths):
+        if isinstance(p, StoreFile):  # no checksum files on S3A: any name is read as it is
+            _REAL_NAMES[p.spark_url] = str(p)
+            _OBJECTS[str(p)] = p
+            urls.append(p.spark_url)
+            continue
         real = p.resolve()  # what file_url gives Spark: a link given to us counts by its target's name
         if ":" not in real.name:
             urls.append(file_url(p))
@@ -58,7 +67,11 @@ def file_url(path: Path) -> str:
 
 
 def spelling(spark: SparkSession, url: str) -> str:
-    """How Spark's ``_metadata.file_path`` spells the file at ``url``: ``file:`` and the URI's raw path."""
+    """How Spark's ``_metadata.file_path`` spells the file at ``url``: ``file:`` (or ``s3a://BUCKET``)
+    and the URI's raw path."""
+    if url.startswith("s3a://"):
+        bucket, _, key = url[len("s3a://") :].partition("/")
+        return f"s3a://{bucket}" + java_raw_path("/" + key)
     assert url.startswith("file://")
     return "file:" + java_raw_path(url[len("file://") :])
 
@@ -84,9 +97,13 @@ def java_raw_path(path: str) -> str:
 
 
 def local_path(uri: str) -> str:
-    """A local file's path from the URI Spark gives (``file:/a%20b/c``)."""
+    """A local file's path from the URI Spark gives (``file:/a%20b/c``); an object's URL as the
+    user named it (``s3://…``)."""
     from urllib.parse import unquote
 
+    if uri.startswith("s3a://"):
+        url = unquote(uri)
+        return _REAL_NAMES.get(url, url)
     path = uri[5:] if uri.startswith("file:") else uri
     while path.startswith("//"):
         path = path[1:]
@@ -102,7 +119,7 @@ def find_line(path_uri: str, needle: dict[str, Any]) -> str:
     path = local_path(path_uri)
     parts = [orjson.dumps({k: v})[1:-1] for k, v in needle.items() if v is not None]
     try:
-        with open(path, "rb") as f:
+        with _open(path) as f:
             for lineno, line in enumerate(f, 1):
                 if all(p in line for p in parts):
                     return f"{path}:{lineno}"
@@ -115,10 +132,16 @@ def line_of_text(path_uri: str, text: str) -> str:
     path = local_path(path_uri)
     want = text.encode().rstrip(b"\n")
     try:
-        with open(path, "rb") as f:
+        with _open(path) as f:
             for lineno, line in enumerate(f, 1):
                 if line.rstrip(b"\n") == want:
                     return f"{path}:{lineno}"
     except OSError:
         pass
     return path
+
+
+def _open(name: str) -> BinaryIO:
+    """A file named in a message: a local path, or an object read as input."""
+    obj = _OBJECTS.get(name)
+    return obj.open() if obj is not None else open(name, "rb")

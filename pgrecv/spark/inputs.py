@@ -13,6 +13,7 @@ import orjson
 
 from pgrecv.errors import InputError
 from pgrecv.output.files import MANIFEST_SUFFIX, SNAPSHOT_FILE_RE, TMP_PREFIX, is_record_file
+from pgrecv.spark.stores import SourceFile, StoreDir, is_store_source
 
 # one half of an LSN: plain hex digits only (int(x, 16) alone would take "-5", "0x10" and "1_0")
 _half = re.compile(r"[0-9A-Fa-f]{1,8}\Z").match
@@ -27,23 +28,43 @@ def parse_lsn(text: Any) -> int:
     return (int(hi, 16) << 32) | int(lo, 16)
 
 
-def expand_sources(sources: Iterable[str]) -> list[Path]:
+def expand_sources(sources: Iterable[str], conf: dict[str, str] | None = None) -> list[SourceFile]:
     """Files, globs and directories → files in replay order (each directory sorted by name).
 
     In a directory only finalised files count: ``FIRST-LAST*.jsonl`` names (not hidden ``.tmp-``
-    files being written) and snapshot files.
+    files being written) and snapshot files. A SOURCE on an object store (``s3://``) is a prefix
+    (taken as a directory), an object, or a glob in its last part (pgrecv/spark/stores.py);
+    ``conf``: the run's Spark settings, which also say how to reach the store.
     """
-    out: list[Path] = []
-    seen: set[Path] = set()
+    out: list[SourceFile] = []
+    seen: set[SourceFile] = set()
 
-    def add(path: Path) -> None:
+    def add(path: SourceFile) -> None:
         key = path.resolve()
         if key not in seen:
-            _readable(path)
+            if isinstance(path, Path):
+                _readable(path)
             seen.add(key)
             out.append(path)
 
+    fs = None
     for source in sources:
+        if is_store_source(source):
+            from pgrecv.spark import stores
+
+            stores.check_scheme(source)
+            fs = fs or stores.filesystem(conf or {})
+            found = stores.expand(source, fs)
+            if isinstance(found, StoreDir):
+                found = [
+                    f for f in stores.listing(found, source) if not f.name.startswith(".") and is_record_file(f.name)
+                ]
+            elif not found:
+                raise InputError(f"{source}: no object matches: check the SOURCE arguments")
+            for f in found:
+                if not f.name.startswith(TMP_PREFIX):
+                    add(f)
+            continue
         path = Path(source)
         if path.is_dir():
             try:
@@ -84,7 +105,7 @@ def ignored_in_directories(sources: Iterable[str]) -> list[str]:
     out = []
     for source in sources:
         path = Path(source)
-        if not path.is_dir():
+        if is_store_source(source) or not path.is_dir():
             continue
         names = sorted(
             e.name
@@ -100,9 +121,9 @@ def ignored_in_directories(sources: Iterable[str]) -> list[str]:
     return out
 
 
-def check_snapshots(files: list[Path]) -> dict[Path, dict[str, Any]]:
+def check_snapshots(files: list[SourceFile]) -> dict[SourceFile, dict[str, Any]]:
     """Snapshot files must be listed in their manifest (written last): else they are incomplete."""
-    manifests: dict[Path, dict[str, Any]] = {}
+    manifests: dict[SourceFile, dict[str, Any]] = {}
     for path in files:
         m = SNAPSHOT_FILE_RE.fullmatch(path.name)
         if m is None:
@@ -132,7 +153,7 @@ def check_snapshots(files: list[Path]) -> dict[Path, dict[str, Any]]:
     return manifests
 
 
-def snapshot_tables(manifests: dict[Path, dict[str, Any]]) -> list[tuple[str, str, int]]:
+def snapshot_tables(manifests: dict[SourceFile, dict[str, Any]]) -> list[tuple[str, str, int]]:
     """(schema, table, the position just before the snapshot's) for every table of every manifest:
     each is a TRUNCATE barrier there, followed by its rows."""
     out: list[tuple[str, str, int]] = []

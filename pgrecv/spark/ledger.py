@@ -30,8 +30,10 @@ import orjson
 
 from pgrecv.lsn import lsn_str
 from pgrecv.output.files import named_last, write_atomic
+from pgrecv.spark import stores
 from pgrecv.spark.inputs import parse_lsn
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Summary
+from pgrecv.spark.stores import SourceFile, is_store_source
 
 LEDGER = "applied.json"
 VERSION = 1
@@ -107,7 +109,18 @@ def save(target: Path, ledger: Ledger) -> None:
 
 
 def _source_dirs(config: ApplyConfig) -> set[str]:
-    return {str(Path(s).resolve()) for s in config.sources if Path(s).is_dir()}
+    """The SOURCE arguments that are directories (or prefixes of an object store), as files' parents spell them."""
+    out = set()
+    fs = None
+    for s in config.sources:
+        if is_store_source(s):
+            fs = fs or stores.filesystem(config.conf)
+            found = stores.expand(s, fs)
+            if isinstance(found, stores.StoreDir):
+                out.add(str(found))
+        elif Path(s).is_dir():
+            out.add(str(Path(s).resolve()))
+    return out
 
 
 def _stale(config: ApplyConfig, ledger: Ledger) -> str | None:
@@ -125,13 +138,13 @@ def _stale(config: ApplyConfig, ledger: Ledger) -> str | None:
 class Unread:
     """A run's split of its files: those to read, and those applied before (skipped)."""
 
-    read: list[Path]
-    skipped: list[Path]
+    read: list[SourceFile]
+    skipped: list[SourceFile]
     ledger: Ledger  # the record as it holds for this run (a new one when it did not hold)
     warning: str | None = None
 
 
-def split(config: ApplyConfig, files: list[Path]) -> Unread:
+def split(config: ApplyConfig, files: list[SourceFile]) -> Unread:
     """The files this run reads: every file but those at or below their directory's through."""
     options = options_of(config)
     if config.catalog is not None:  # its tables' positions are read through Spark only: every file is read

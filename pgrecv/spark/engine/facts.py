@@ -6,7 +6,6 @@ tables and columns, whatever the input size."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pgrecv.errors import InputError, UsageError
@@ -17,6 +16,7 @@ from pgrecv.spark.read import direct
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.replay import events as rev
 from pgrecv.spark.schema import plan as table_plan
+from pgrecv.spark.stores import SourceFile
 from pgrecv.spark.tables import Table
 from pgrecv.spark.tables.rewrite import fits_one_file
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 SINGLE_TASK_CHANGES = 50_000
 
 
-def lean_fits(config: ApplyConfig, files: list[Path], tuning: Tuning) -> bool:
+def lean_fits(config: ApplyConfig, files: list[SourceFile], tuning: Tuning) -> bool:
     """Whether a run may try the lean read (:func:`lean.read_lean`): latest mode, the one pass's
     policy, and an input large enough that the first pass's facts would not choose one task. Not
     where ``--conf`` sets the JSON reader's filter pushdown, which the lean read turns off so that
@@ -151,7 +151,7 @@ def lean_facts(plain: direct.Plain) -> dict[str, Any]:
     return facts
 
 
-def lean_one_pass(plain: direct.Plain, target: Table, files: list[Path]) -> bool:
+def lean_one_pass(plain: direct.Plain, target: Table, files: list[SourceFile]) -> bool:
     """:func:`one_pass_fits` for the lean read, from the input's size (an over-count of its
     changes) instead of their counts: otherwise the step-by-step write, which needs them."""
     if target.version is None:

@@ -51,6 +51,7 @@ from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import delta_names
 from pgrecv.spark.schema import plan as table_plan
 from pgrecv.spark.sparkops import is_connect
+from pgrecv.spark.stores import SourceFile
 from pgrecv.spark.tables import Table, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
 from pgrecv.spark.tables.delta_spark import DeltaSparkTable, delta_writer
@@ -132,8 +133,8 @@ def run_together(
 def run_frames(
     config: ApplyConfig,
     spark: SparkSession | None,
-    files: list[Path],
-    manifests: dict[Path, dict[str, Any]],
+    files: list[SourceFile],
+    manifests: dict[SourceFile, dict[str, Any]],
     state: Path,
     progress: Progress,
     after_table: Callable[[str], None] | None,

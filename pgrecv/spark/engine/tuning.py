@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgrecv.spark.sparkops import cores
+from pgrecv.spark.stores import SourceFile
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -19,7 +19,7 @@ PUSHDOWN = "spark.sql.json.filterPushdown.enabled"
 SHUFFLE_INPUT_BYTES = 64 << 20  # of JSONL input per shuffle partition
 
 
-def size_shuffles(spark: SparkSession, config: ApplyConfig, files: list[Path]) -> Callable[[], None]:
+def size_shuffles(spark: SparkSession, config: ApplyConfig, files: list[SourceFile]) -> Callable[[], None]:
     """Sets this run's shuffle partitions from the input's size; returns what restores the old value.
 
     A fixed count makes each partition grow with the input: at 10M distinct keys (2.4 GB of
@@ -33,7 +33,7 @@ def size_shuffles(spark: SparkSession, config: ApplyConfig, files: list[Path]) -
     )
 
 
-def size_reads(spark: SparkSession, config: ApplyConfig, inputs: list[Path]) -> Callable[[], None]:
+def size_reads(spark: SparkSession, config: ApplyConfig, inputs: list[SourceFile]) -> Callable[[], None]:
     """Reads of the input (the staged copy, or the JSON itself) split into as many partitions as
     the shuffles have; returns what restores the old split size.
 
@@ -70,7 +70,7 @@ def for_run(spark: SparkSession, config: ApplyConfig, key: str, value: int | str
     return lambda: spark.conf.set(key, old)
 
 
-def input_bytes(files: list[Path]) -> int:
+def input_bytes(files: list[SourceFile]) -> int:
     size = 0
     for f in files:
         with contextlib.suppress(OSError):

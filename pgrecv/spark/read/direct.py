@@ -43,6 +43,7 @@ from pgrecv.spark.read.envelope import (
 from pgrecv.spark.read.places import place, ranked_bits
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import quoted
+from pgrecv.spark.stores import SourceFile
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -248,20 +249,20 @@ SNIFF_FILES = 16  # files it reads: the driver's work stays bounded, however man
 _CODECS = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 
 
-def heads(files: list[Path]) -> Iterator[bytes]:
+def heads(files: list[SourceFile]) -> Iterator[bytes]:
     """The first :data:`SNIFF_BYTES` of each of the first :data:`SNIFF_FILES` files that Spark
     does not decompress (a file that cannot be read is left to the read proper, which reports it)."""
     for f in files[:SNIFF_FILES]:
         if f.name.endswith(_CODECS):
             continue
         try:
-            with open(f, "rb") as fh:
+            with f.open("rb") as fh:
                 yield fh.read(SNIFF_BYTES)
         except OSError:
             continue
 
 
-def looks_plain(files: list[Path]) -> bool:
+def looks_plain(files: list[SourceFile]) -> bool:
     """False when the whole lines in the first :data:`SNIFF_BYTES` of one of the first
     :data:`SNIFF_FILES` files already show an input that is not plain (test_decoding's changes
     without LSNs, a two-phase or streamed transaction, a line that is not a JSON object): the
@@ -285,7 +286,7 @@ def looks_plain(files: list[Path]) -> bool:
     return True
 
 
-def read_plain(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
+def read_plain(spark: SparkSession, files: list[SourceFile], links: Path) -> Plain | None:
     """The input read directly if it is plain (see the module's docstring), else None."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F

@@ -52,6 +52,7 @@ from pgrecv.spark.read.direct import heads as direct_heads
 from pgrecv.spark.read.envelope import JSON_LIMITS, LSN_PATTERN, lsn_expr
 from pgrecv.spark.read.places import SPLIT_BITS, largest, place, split_shift
 from pgrecv.spark.replay import committed as rp
+from pgrecv.spark.stores import SourceFile
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -72,7 +73,7 @@ def _firsts(ops: tuple[str, ...]) -> list[str]:
     return [head for o in ops for head in (f'{{"v":{FORMAT_VERSION},"op":"{o}",', f'{{"op":"{o}",')]
 
 
-def few_transactions(files: list[Path], size: int) -> bool:
+def few_transactions(files: list[SourceFile], size: int) -> bool:
     """Whether the input's ``size`` bytes hold at most about :data:`LEAN_FEW` transactions, by the
     share of begins among the whole lines of its heads (:func:`direct.heads`). False when no head
     can tell (compressed files)."""
@@ -89,7 +90,7 @@ class _TooMany(Exception):
     """More begins than :data:`LEAN_BEGUN`: the other structural pass runs."""
 
 
-def read_lean(spark: SparkSession, files: list[Path], links: Path, size: int) -> Plain | None:
+def read_lean(spark: SparkSession, files: list[SourceFile], links: Path, size: int) -> Plain | None:
     """The structural facts of a plain input of ``size`` bytes from its lines that are not row
     changes, or None when they show it is not one for the lean read (several tables, a TRUNCATE,
     a line of a kind the first pass would send to the staged read, a change or commit without a
@@ -162,7 +163,7 @@ def _structure(st: rp.Structure, rels: list[Row], rank: dict[str, int]) -> bool:
     return True
 
 
-def _read_begins(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
+def _read_begins(spark: SparkSession, files: list[SourceFile], links: Path) -> Plain | None:
     """The structural pass of few transactions: row changes are taken by pgrecv's first bytes,
     not parsed, and counted per split of the input (written otherwise, they are parsed); the
     driver gets every other line with its place (each begin's and commit's commit LSN, the
@@ -275,14 +276,14 @@ def _spans(rows: list[Row], rank: dict[str, int]) -> list[tuple[str, int, int]] 
     return spans
 
 
-def _split_bits(spark: SparkSession, files: list[Path]) -> int | None:
+def _split_bits(spark: SparkSession, files: list[SourceFile]) -> int | None:
     """The low bits of a split's start that the keyed pass's places drop (:mod:`.places`); None
     (no lean read) when the confs are not sizes, or a file is too large for the bits left."""
     shift = split_shift(spark)
     return shift if shift is not None and largest(files) < 1 << (SPLIT_BITS + shift) else None
 
 
-def _read_keyed(spark: SparkSession, files: list[Path], links: Path) -> Plain | None:
+def _read_keyed(spark: SparkSession, files: list[SourceFile], links: Path) -> Plain | None:
     """The structural pass of any number of transactions: each line keyed by its commit LSN (a
     row change's, begin's and commit's taken from its text), reduced in Spark."""
     from pyspark.sql import functions as F

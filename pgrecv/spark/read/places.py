@@ -13,10 +13,10 @@ openCostInBytes)``, so the dropped bits are zeros), the line's number.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgrecv.spark.sparkops import byte_conf
+from pgrecv.spark.stores import SourceFile
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
@@ -34,7 +34,7 @@ def split_shift(spark: SparkSession) -> int | None:
     return min(int(s).bit_length() - 1 for s in sizes if s is not None)
 
 
-def largest(files: list[Path]) -> int:
+def largest(files: list[SourceFile]) -> int:
     size = 0
     for f in files:
         with contextlib.suppress(OSError):  # (gone meanwhile: the read says so)
@@ -42,7 +42,7 @@ def largest(files: list[Path]) -> int:
     return size
 
 
-def ranked_bits(spark: SparkSession, files: list[Path]) -> tuple[int, int] | None:
+def ranked_bits(spark: SparkSession, files: list[SourceFile]) -> tuple[int, int] | None:
     """(shift, where the rank starts) for places across ``files``; None when the rank and the
     splits of the largest file do not fit (then the caller keeps a struct)."""
     shift = split_shift(spark)

@@ -18,6 +18,7 @@ from pgrecv.lsn import lsn_str
 from pgrecv.spark.files import file_url, find_line, input_urls, line_of_text, literal_read, local_path, spelling
 from pgrecv.spark.read.envelope import ENVELOPE, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr, named_last
 from pgrecv.spark.replay.committed import CHANGE_OPS, KNOWN_OPS, ROW_OPS
+from pgrecv.spark.stores import SourceFile
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -28,11 +29,15 @@ class Records:
     """The records of one run and the few facts the driver needs about them."""
 
     frame: DataFrame  # the DataFrame (over the staged copy: every table's replay reads it)
-    files: list[Path]
+    files: list[SourceFile]
 
 
 def read_records(
-    spark: SparkSession, files: list[Path], carried: list[Path], stage: Path | None = None, links: Path | None = None
+    spark: SparkSession,
+    files: list[SourceFile],
+    carried: list[Path],
+    stage: Path | None = None,
+    links: Path | None = None,
 ) -> Records:
     """Carried-over prepared transactions first (negative ranks), then the input in name order.
 

@@ -1,0 +1,254 @@
+"""SOURCE on an object store (``s3://`` or ``s3a://``): what the driver lists and reads there, and
+what Spark is told to read.
+
+The driver lists prefixes and reads a few bytes (the heads of files, snapshot manifests, a line
+for an error message) through pyarrow's S3 file system; Spark's tasks read the files through
+Hadoop's S3A connector (``s3a://``; an ``s3://`` URL is handed to Spark as ``s3a://``). Both take
+their settings the standard way, from the same place: Hadoop's ``spark.hadoop.fs.s3a.*``
+settings given with ``--conf``, else AWS's environment (``AWS_ENDPOINT_URL``, ``AWS_REGION``,
+the credential chain: ``AWS_ACCESS_KEY_ID``…, ``AWS_PROFILE``, instance roles). Nothing here
+prints a credential: errors name the URL and the store's error.
+
+A :class:`StoreFile` offers the part of :class:`pathlib.Path` that the read path uses of a local
+file (``name``, ``parent``, ``stat``, ``open``, ``read_bytes``, ``with_name``), so one read path
+serves both (:data:`SourceFile`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Final
+
+from pgrecv.errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
+    from pyspark.sql import SparkSession
+
+SCHEMES: Final = ("s3://", "s3a://")
+S3A_CLASS: Final = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+S3A_PACKAGE: Final = "org.apache.hadoop:hadoop-aws:3.4.2"  # Hadoop's version in PySpark's jars
+_HADOOP: Final = "spark.hadoop.fs.s3a."
+_SCHEME_RE: Final = re.compile(r"[a-z][a-z0-9+.-]*://")
+
+
+def is_store_source(text: str) -> bool:
+    """A SOURCE on an object store (any ``scheme://`` but ``file://``)."""
+    return bool(_SCHEME_RE.match(text)) and not text.startswith("file://")
+
+
+def check_scheme(text: str, what: str = "SOURCE") -> None:
+    if not text.startswith(SCHEMES):
+        scheme = text.split("://", 1)[0]
+        raise UsageError(
+            f"{what} {text}: spark-apply reads s3:// and s3a:// (any S3-compatible store), not {scheme}:// yet: "
+            "copy the files to S3 or to a local path"
+        )
+
+
+@dataclass(frozen=True)
+class _Stat:
+    st_size: int
+
+
+@dataclass(frozen=True)
+class StoreDir:
+    """A prefix of a bucket (no slash at either end; '' for the bucket's top)."""
+
+    bucket: str
+    prefix: str
+    fs: FileSystem = field(compare=False, repr=False)
+
+    def resolve(self) -> StoreDir:
+        return self
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def file(self, name: str, size: int = -1) -> StoreFile:
+        return StoreFile(self.bucket, f"{self.prefix}/{name}" if self.prefix else name, size, self.fs)
+
+
+@dataclass(frozen=True)
+class StoreFile:
+    """An object ``s3://BUCKET/KEY`` of ``size`` bytes (-1: not listed)."""
+
+    bucket: str
+    key: str
+    size: int
+    fs: FileSystem = field(compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> StoreDir:
+        return StoreDir(self.bucket, self.key.rpartition("/")[0], self.fs)
+
+    @property
+    def spark_url(self) -> str:
+        """What Spark reads it as: Hadoop's S3A connector's URL (the key as it is: Hadoop's Path quotes it)."""
+        return f"s3a://{self.bucket}/{self.key}"
+
+    def resolve(self) -> StoreFile:
+        return self
+
+    def stat(self) -> _Stat:
+        return _Stat(self.size if self.size >= 0 else self.fs.get_file_info(self._path).size or 0)
+
+    def with_name(self, name: str) -> StoreFile:
+        return self.parent.file(name)
+
+    def open(self, mode: str = "rb") -> BinaryIO:
+        """The object's bytes as a buffered binary file (lines iterate as a local file's do).
+        Raises FileNotFoundError when it is gone, OSError when it cannot be read."""
+        assert mode == "rb"
+        stream = self.fs.open_input_stream(self._path)
+        return io.BufferedReader(_Raw(stream), 1 << 20)
+
+    def read_bytes(self) -> bytes:
+        with self.open() as f:
+            return f.read()
+
+    @property
+    def _path(self) -> str:
+        return f"{self.bucket}/{self.key}"
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+# what the read path takes: a local file or an object
+SourceFile = Path | StoreFile
+
+
+class _Raw(io.RawIOBase):
+    """pyarrow's input stream as a raw file, for :class:`io.BufferedReader`."""
+
+    def __init__(self, stream: io.RawIOBase) -> None:
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: memoryview) -> int:  # type: ignore[override]
+        data = self._stream.read(len(b))
+        n = len(data or b"")
+        b[:n] = data
+        return n
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
+
+
+def _conf_or_env(conf: dict[str, str], key: str, *env: str) -> str | None:
+    value = conf.get(_HADOOP + key)
+    if value:
+        return value
+    return next((os.environ[e] for e in env if os.environ.get(e)), None)
+
+
+def filesystem(conf: dict[str, str]) -> FileSystem:
+    """pyarrow's S3 file system, set up as Spark's S3A connector is (``--conf`` first, then AWS's
+    environment; pyarrow's own credential chain when no key is given)."""
+    from pyarrow import fs as pafs
+
+    endpoint = _conf_or_env(conf, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    region = _conf_or_env(conf, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION")
+    key, secret = conf.get(_HADOOP + "access.key"), conf.get(_HADOOP + "secret.key")
+    kwargs: dict[str, str] = {}
+    if endpoint:
+        scheme, sep, rest = endpoint.partition("://")
+        kwargs["endpoint_override"] = rest if sep else endpoint
+        kwargs["scheme"] = scheme if sep else "https"
+    if region:
+        kwargs["region"] = region
+    if key and secret:
+        kwargs["access_key"], kwargs["secret_key"] = key, secret
+    return pafs.S3FileSystem(**kwargs)
+
+
+def session_conf(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with what Spark's S3A connector needs to reach the store the driver reaches: the
+    endpoint and region of AWS's environment when ``--conf`` names none (and path-style requests
+    for an endpoint of one's own: S3-compatible servers seldom serve a bucket's host name)."""
+    out = dict(conf)
+    endpoint = _conf_or_env(conf, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    if endpoint and _HADOOP + "endpoint" not in out:
+        out[_HADOOP + "endpoint"] = endpoint
+        out.setdefault(_HADOOP + "path.style.access", "true")
+    region = _conf_or_env(conf, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION")
+    if region:
+        out.setdefault(_HADOOP + "endpoint.region", region)
+    return out
+
+
+def check_session(spark: SparkSession) -> None:
+    """Hadoop's S3A connector is in the session (else every task would fail on its first file
+    with a Java stack); a Spark Connect server's classes are its own to check."""
+    from pgrecv.spark.jars import loads_class
+    from pgrecv.spark.sparkops import is_connect
+
+    if not is_connect(spark) and not loads_class(spark, S3A_CLASS):
+        raise UsageError(
+            "SOURCE on S3: Hadoop's S3A connector is not in this Spark session: give its jars (--conf "
+            "spark.jars=... from `mvn -f jvm/s3a/pom.xml dependency:copy-dependencies`, or --conf "
+            f"spark.jars.packages={S3A_PACKAGE})"
+        )
+
+
+def _split(url: str) -> tuple[str, str]:
+    rest = url.split("://", 1)[1]
+    bucket, _, key = rest.partition("/")
+    return bucket, key.strip("/")
+
+
+def _trouble(url: str, exc: OSError) -> InputError:
+    """One line for a store that cannot be listed or read (pyarrow's message names the AWS error
+    and the bucket; never a credential)."""
+    why = " ".join(str(exc).split())
+    if len(why) > 300:
+        why = why[:300] + "…"
+    return InputError(f"{url}: cannot read it from the store ({why}): check the URL, AWS_ENDPOINT_URL and credentials")
+
+
+def expand(source: str, fs: FileSystem) -> list[StoreFile] | StoreDir:
+    """A store SOURCE as a prefix to list (:class:`StoreDir`), or the objects it names (one
+    object, or a glob in its last part); raises InputError when it names nothing."""
+    from pyarrow import fs as pafs
+
+    bucket, key = _split(source)
+    if not bucket:
+        raise UsageError(f"SOURCE {source}: give s3://BUCKET/PREFIX")
+    try:
+        info = fs.get_file_info(f"{bucket}/{key}" if key else bucket)
+        if info.type == pafs.FileType.Directory:
+            return StoreDir(bucket, key, fs)
+        if info.type == pafs.FileType.File:
+            return [StoreFile(bucket, key, info.size or 0, fs)]
+        head, _, last = key.rpartition("/")
+        if any(c in last for c in "*?["):
+            listed = listing(StoreDir(bucket, head, fs), source)
+            return [f for f in listed if fnmatchcase(f.name, last)]
+    except OSError as exc:
+        raise _trouble(source, exc) from None
+    raise InputError(f"{source}: no such object or prefix in the store: check the SOURCE arguments")
+
+
+def listing(d: StoreDir, source: str) -> list[StoreFile]:
+    """The objects directly under ``d`` (not deeper), in name order."""
+    from pyarrow import fs as pafs
+
+    try:
+        infos = d.fs.get_file_info(pafs.FileSelector(f"{d.bucket}/{d.prefix}", recursive=False))
+    except OSError as exc:
+        raise _trouble(source, exc) from None
+    out = [d.file(i.base_name, i.size or 0) for i in infos if i.type == pafs.FileType.File]
+    return sorted(out, key=lambda f: f.name)

@@ -1,0 +1,147 @@
+"""``spark-apply s3://BUCKET/PREFIX``: change files read from a real S3-compatible server (moto's,
+on 127.0.0.1): the driver lists and reads through pyarrow's S3 file system, Spark's tasks through
+Hadoop's S3A connector (jvm/s3a/pom.xml). The tables equal PostgreSQL's, and a local run's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from pgrecv.errors import ExitCode
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig, table_dir_name
+from tests.conftest import S3Server
+from tests.spark.changegen import Gen
+from tests.spark.test_cluster import _counts, assert_same_tables
+from tests.spark.test_differential import _files
+from tests.stream.test_start import insert_txns
+from tests.util import err, pgrecv, sql
+
+pytest.importorskip("pyspark")
+SEED = 5151
+FAST = ("--conf", "spark.sql.shuffle.partitions=2", "--master", "local[2]")
+
+
+def apply_s3(s3: S3Server, jars: str, sources: list[str], target: Path, *extra: str) -> Any:
+    return pgrecv(
+        "spark-apply", *sources, "--target", str(target), *FAST, "--conf", f"spark.jars={jars}", "--json", *extra,
+        env=s3.env, timeout=900,
+    )  # fmt: skip
+
+
+def upload(s3: S3Server, bucket: str, prefix: str, files: list[Path]) -> list[str]:
+    c = s3.client()
+    for f in files:
+        c.upload_file(str(f), bucket, f"{prefix}/{f.name}")
+    return [f"s3://{bucket}/{prefix}/{f.name}" for f in files]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_postgresql_to_s3_to_tables(
+    db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path, fmt: str
+) -> None:
+    """The whole path with every file on the store: `snapshot` and `start` write to S3, spark-apply
+    reads the prefix; the table is PostgreSQL's. A second run skips every file by its name
+    (the ledger keeps the prefix's position), and --list-applied names them as s3:// URLs."""
+    sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
+    insert_txns(db_dsn, 1, 4)
+    bucket = s3_server.bucket()
+    url = f"s3://{bucket}/cdc/db 1"  # a space: Spark's spelling of the object must match pgrecv's
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", url, env=s3_server.env)
+    assert proc.returncode == 0, err(proc)
+    insert_txns(db_dsn, 5, 6)
+    sql(db_dsn, "UPDATE t SET v = 'changed' WHERE id % 4 = 0")
+    sql(db_dsn, "DELETE FROM t WHERE id % 5 = 0")
+    proc = pgrecv(
+        "start", "-d", db_dsn, "--slot", "s", "--output-dir", url, "--until-caught-up", "--rotate-size", "1kB",
+        env=s3_server.env,
+    )  # fmt: skip
+    assert proc.returncode == 0, err(proc)
+    target = tmp_path / "lake"
+    first = apply_s3(s3_server, s3a_jars_conf, [url], target, "--format", fmt)
+    assert first.returncode == 0, err(first)
+    summary = orjson.loads(first.stdout)
+    assert summary["files"] > 3 and summary["files_skipped"] == 0
+    path = target / table_dir_name("public", "t")
+    table = deltalake.DeltaTable(str(path)).to_pyarrow_table() if fmt == "delta" else pq.read_table(path / "current")
+    got = sorted((r["id"], r["v"]) for r in table.to_pylist())
+    assert got == sorted(tuple(r) for r in sql(db_dsn, "SELECT id, v FROM t")), "the lake is not PostgreSQL's table"
+    assert len(got) > 20
+    # again: every file applied before is skipped unopened, and listed as one that may be retired
+    again = apply_s3(s3_server, s3a_jars_conf, [url.replace("s3://", "s3a://") + "/"], target, "--format", fmt)
+    assert again.returncode == 0, err(again)
+    assert orjson.loads(again.stdout)["files_skipped"] == summary["files"]
+    listed = pgrecv("spark-apply", url, "--target", str(target), "--format", fmt, "--list-applied", env=s3_server.env)
+    assert listed.returncode == 0, err(listed)
+    names = listed.stdout.decode().splitlines()
+    assert len(names) == summary["files"] and all(n.startswith(f"{url}/") for n in names), names
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gen, list[Path]]:
+    where = tmp_path_factory.mktemp("s3-stream")
+    gen = Gen(SEED)
+    return gen, _files(gen.run(40), where, SEED)
+
+
+def test_the_generated_stream_from_s3_equals_the_local_run(
+    s3_server: S3Server, s3a_jars_conf: str, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path
+) -> None:
+    """Every kind of change the generator makes (streamed, two-phase, TOAST, many tables), read
+    from objects whose key holds characters URIs quote: the same tables as a local run."""
+    gen, files = stream
+    bucket = s3_server.bucket()
+    urls = upload(s3_server, bucket, "a b/%20/ü", files)
+    remote, local = tmp_path / "remote", tmp_path / "local"
+    proc = apply_s3(s3_server, s3a_jars_conf, urls, remote, "--format", "parquet")
+    assert proc.returncode == 0, err(proc)
+    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt="parquet"), spark=spark)
+    assert _counts(orjson.loads(proc.stdout)["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
+    assert_same_tables(gen, remote, local, "parquet", "a read from S3")
+
+
+def test_a_bad_line_is_named_by_its_object_and_line(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
+    bucket = s3_server.bucket()
+    good = b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n'
+    bad = tmp_path / "0000000000000010-0000000000000020.jsonl"
+    bad.write_bytes(good + b"{not json\n")
+    upload(s3_server, bucket, "p", [bad])
+    proc = apply_s3(s3_server, s3a_jars_conf, [f"s3://{bucket}/p"], tmp_path / "lake", "--format", "parquet")
+    assert proc.returncode == ExitCode.INPUT, err(proc)
+    assert f"s3://{bucket}/p/{bad.name}:2" in err(proc), err(proc)
+    assert "Traceback" not in err(proc)
+
+
+@pytest.mark.parametrize("case", ["no-bucket", "no-prefix", "no-match", "other-scheme", "no-s3a-jars"])
+def test_what_cannot_be_read_is_one_line(s3_server: S3Server, tmp_path: Path, case: str) -> None:
+    bucket = s3_server.bucket()
+    f = tmp_path / "0000000000000010-0000000000000020.jsonl"
+    f.write_bytes(
+        b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n{"v":1,"op":"commit","xid":1,"lsn":"0/20"}\n'
+    )
+    upload(s3_server, bucket, "p", [f])
+    source = {
+        "no-bucket": "s3://pgrecv-no-such-bucket/p",
+        "no-prefix": f"s3://{bucket}/nothing-here",
+        "no-match": f"s3://{bucket}/p/*.json",
+        "other-scheme": "gs://bucket/p",
+        "no-s3a-jars": f"s3://{bucket}/p",
+    }[case]
+    proc = pgrecv(
+        "spark-apply", source, "--target", str(tmp_path / "lake"), "--format", "parquet", *FAST, env=s3_server.env
+    )
+    expected = ExitCode.USAGE if case in ("other-scheme", "no-s3a-jars") else ExitCode.INPUT
+    assert proc.returncode == expected, err(proc)
+    text = err(proc)
+    assert len(text.strip().splitlines()) == 1 and "Traceback" not in text, text
+    assert s3_server.env["AWS_SECRET_ACCESS_KEY"] not in text
+    if case == "no-s3a-jars":
+        assert "S3A" in text and "jvm/s3a/pom.xml" in text
+    else:
+        assert source in text
