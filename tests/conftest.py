@@ -376,10 +376,12 @@ class ConnectServer:
 
 
 @pytest.fixture(scope="session")
-def spark_connect() -> Iterator[ConnectServer]:
+def spark_connect(s3_server: S3Server, s3a_jars_conf: str) -> Iterator[ConnectServer]:
     """``spark-submit --class …SparkConnectServer`` (what the distribution's start-connect-server.sh
     runs), bound to loopback on a free port, with a private configuration and scratch directory;
-    its Python workers (pgrecv's Arrow UDF) run this interpreter. Yields once it listens."""
+    its Python workers (pgrecv's Arrow UDF) run this interpreter. It reads ``s3a://`` on the
+    tests' S3 server (the S3A jars on its class path, the server's endpoint and keys in its
+    environment, as a deployment configures its server). Yields once it listens."""
     pyspark = pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
     spark_home = os.path.dirname(pyspark.__file__)
     base = Path(tempfile.mkdtemp(prefix="pgrecv-spark-connect-"))
@@ -394,6 +396,7 @@ def spark_connect() -> Iterator[ConnectServer]:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOCAL_DIRS": str(local_dir),
         "PYSPARK_PYTHON": sys.executable,
+        **s3_server.env,
     }
     env.pop("SPARK_REMOTE", None)
     args = [os.path.join(spark_home, "bin", "spark-submit"), "--class"]
@@ -404,6 +407,9 @@ def spark_connect() -> Iterator[ConnectServer]:
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
+        "spark.driver.extraClassPath": s3a_jars_conf.replace(",", ":"),
+        "spark.hadoop.fs.s3a.endpoint": s3_server.endpoint,
+        "spark.hadoop.fs.s3a.path.style.access": "true",
     }.items():
         args += ["--conf", f"{k}={v}"]
     log = base / "server.log"

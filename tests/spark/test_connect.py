@@ -17,7 +17,7 @@ from pgrecv.errors import ExitCode
 from pgrecv.spark.apply import run_apply
 from pgrecv.spark.files import java_raw_path
 from pgrecv.spark.model import ApplyConfig
-from tests.conftest import ConnectServer, _free_port
+from tests.conftest import ConnectServer, S3Server, _free_port
 from tests.spark.changegen import Gen
 from tests.spark.test_cluster import _counts, assert_same_tables
 from tests.spark.test_differential import _files
@@ -61,6 +61,27 @@ def test_connect_equals_local(
     assert again.returncode == 0, err(again)
     assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}, again.stdout
     print(f"{fmt}: Spark Connect {seconds:.0f} s, {rows} rows")
+
+
+def test_connect_reads_source_from_s3(
+    spark_connect: ConnectServer, s3_server: S3Server, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path
+) -> None:
+    """SOURCE on the S3 server: pgrecv lists the prefix, the Spark Connect server's tasks read
+    the objects; the same tables as the local run."""
+    gen, files = stream
+    bucket = s3_server.bucket()
+    client = s3_server.client()
+    for f in files:
+        client.upload_file(str(f), bucket, f"cdc/{f.name}")
+    remote, local = tmp_path / "remote", tmp_path / "local"
+    proc = pgrecv(
+        "spark-apply", *(f"s3://{bucket}/cdc/{f.name}" for f in files), "--target", str(remote), "--format",
+        "parquet", "--json", "--remote", spark_connect.url, env=s3_server.env, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
+    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt="parquet"), spark=spark)
+    assert _counts(orjson.loads(proc.stdout)["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
+    assert_same_tables(gen, remote, local, "parquet", "Spark Connect reading S3")
 
 
 @pytest.mark.parametrize(
