@@ -15,7 +15,11 @@ directory per table.
 ``--format iceberg`` writes Iceberg through Iceberg's Spark runtime (its jars in the session).
 With ``--delta-engine spark`` Delta is written by Delta's Spark connector (issue 57), its jars in
 the session from the start (the floor runs in that session too).
-Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--format ...] [--delta-engine ...].
+With ``--source-s3`` the change file is an object on a local S3 server (moto's, the tests' one),
+read by both sides through Hadoop's S3A connector (jvm/s3a/jars) and listed by pgrecv through
+pyarrow; the target stays local (a target on S3 is not supported yet).
+Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--format ...] [--delta-engine ...]
+[--source-s3].
 """
 
 from __future__ import annotations
@@ -178,9 +182,21 @@ def main() -> None:
         default="delta-rs",
         help="Delta's writer (spark: Delta's Spark connector, its jars from jvm/jars, in the floor's session too)",
     )
+    ap.add_argument("--source-s3", action="store_true", help="the change file on a local S3 server (moto)")
     args = ap.parse_args()
     fmts = args.fmts or ["parquet", "delta"]
     conf = {"spark.sql.shuffle.partitions": "2"}
+    s3 = None
+    if args.source_s3:
+        import os
+
+        from pgrecv.spark import stores
+        from tests.conftest import start_s3_server
+
+        s3 = start_s3_server()
+        os.environ.update(s3.env)
+        s3a = spark_jars(Path(__file__).resolve().parents[1] / "jvm" / "s3a" / "jars")
+        conf = stores.session_conf({**conf, "spark.jars": s3a})
     if args.delta_engine == "spark" or "iceberg" in fmts:  # (the connectors' jars, in the floor's session too)
         conf = session_conf({**conf, "spark.jars": spark_jars()}, "delta", args.delta_engine)
     spark = start_session("local[2]", conf)
@@ -192,6 +208,13 @@ def main() -> None:
         # 2026-11-30 the changes reused the base's LSNs, and spark-apply skipped their first 200k
         # as applied while the floor replayed all of them)
         write_input(changes, args.events, args.keys, args.tables, first_lsn=after_base, txn_size=args.txn_size)
+        source = str(changes)
+        if s3 is not None:
+            bucket = s3.bucket()
+            t0 = time.monotonic()
+            s3.client().upload_file(str(changes), bucket, f"cdc/{changes.name}")
+            print(f"uploaded {changes.stat().st_size >> 20} MB to the S3 server in {time.monotonic() - t0:.2f} s")
+            source = f"s3://{bucket}/cdc/{changes.name}"
 
         def config(sources: tuple[str, ...], fmt: str, target: Path | None = None) -> ApplyConfig:
             return ApplyConfig(sources, target or base / fmt, fmt=fmt, engine=args.delta_engine)
@@ -202,9 +225,10 @@ def main() -> None:
         def floor_run(n: int, grouped: bool = True) -> float:
             t0 = time.monotonic()
             if grouped:
-                floor_job(spark, str(changes), str(base / f"floor{n}"), args.tables)
+                floor_job(spark, source.replace("s3://", "s3a://"), str(base / f"floor{n}"), args.tables)
             else:  # the floor of earlier figures: every event written, no grouping
-                spark.read.schema(FLOOR_SCHEMA).json(str(changes)).write.parquet(str(base / f"events{n}"))
+                read = source.replace("s3://", "s3a://")
+                spark.read.schema(FLOOR_SCHEMA).json(read).write.parquet(str(base / f"events{n}"))
             return time.monotonic() - t0
 
         repeat = max(1, args.repeat)
@@ -220,13 +244,13 @@ def main() -> None:
                 else:
                     shutil.copytree(base / fmt, target, symlinks=True)  # the existing table, as it was
                 t0 = time.monotonic()
-                summary = run_apply(config((str(changes),), fmt, target), spark=spark)
+                summary = run_apply(config((source,), fmt, target), spark=spark)
                 results.setdefault(fmt, []).append(time.monotonic() - t0)
                 reads.setdefault(fmt, set()).add(summary.input_read)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         f"events {args.events}, keys {args.keys}, tables {args.tables}, {args.txn_size} a transaction, local[2], "
-        f"Delta written by {args.delta_engine}"
+        f"Delta written by {args.delta_engine}" + (", input on the local S3 server" if s3 is not None else "")
     )
     n = max(1, args.repeat)
     print(f"floor (Spark: read JSONL with schema, max_by per key, write the final table; best of {n}): {floor:.2f} s")
@@ -239,6 +263,10 @@ def main() -> None:
         )
     print(f"peak RSS of the driver's Python process: {rss:.0f} MB")
     spark.stop()
+    if s3 is not None:
+        from tests.conftest import _stop_group
+
+        _stop_group(s3.proc)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
