@@ -78,7 +78,7 @@ def run_apply(
             ) from None
         summary.files_skipped = len(unread.skipped)
         ledger.advance(config, unread, summary)
-    summary.warnings[:0] = ignored_in_directories(config.sources)
+    summary.warnings[:0] = ignored_in_directories(config.sources, config.conf)
     if unread.warning is not None:
         summary.warnings.insert(0, unread.warning)
     return summary

@@ -98,24 +98,31 @@ def _readable(path: Path) -> None:
         raise InputError(f"{path}: cannot read it ({exc.strerror}): give spark-apply a SOURCE it can read") from None
 
 
-def ignored_in_directories(sources: Iterable[str]) -> list[str]:
-    """A warning per directory SOURCE holding ``.jsonl`` files that it does not take (a
-    ``changes.jsonl`` of `pgrecv peek -f`, say): the run would otherwise say "0 files" and
-    exit 0, as if there were nothing to apply."""
+def ignored_in_directories(sources: Iterable[str], conf: dict[str, str] | None = None) -> list[str]:
+    """A warning per directory SOURCE (or store prefix) holding ``.jsonl`` files that it does not
+    take (a ``changes.jsonl`` of `pgrecv peek -f`, say): the run would otherwise say "0 files"
+    and exit 0, as if there were nothing to apply."""
     out = []
+    fs = None
     for source in sources:
-        path = Path(source)
-        if is_store_source(source) or not path.is_dir():
-            continue
-        names = sorted(
-            e.name
-            for e in os.scandir(path)
-            if e.is_file() and e.name.endswith(".jsonl") and not e.name.startswith(".") and not is_record_file(e.name)
-        )
+        if is_store_source(source):
+            from pgrecv.spark import stores
+
+            fs = fs or stores.filesystem(conf or {})
+            found = stores.expand(source, fs)
+            if not isinstance(found, StoreDir):
+                continue
+            where, listed = str(found), [f.name for f in stores.listing(found, source)]
+        else:
+            path = Path(source)
+            if not path.is_dir():
+                continue
+            where, listed = str(path), [e.name for e in os.scandir(path) if e.is_file()]
+        names = sorted(n for n in listed if n.endswith(".jsonl") and not n.startswith(".") and not is_record_file(n))
         if names:
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             out.append(
-                f"{path}: {len(names)} file(s) not taken ({shown}): a directory gives only the files that "
+                f"{where}: {len(names)} file(s) not taken ({shown}): a directory gives only the files that "
                 "`pgrecv start --output-dir` names (FIRST-LAST.jsonl); give other files as SOURCE themselves"
             )
     return out

@@ -145,3 +145,20 @@ def test_what_cannot_be_read_is_one_line(s3_server: S3Server, tmp_path: Path, ca
         assert "S3A" in text and "jvm/s3a/pom.xml" in text
     else:
         assert source in text
+
+
+def test_a_prefix_with_files_it_does_not_take_warns(s3_server: S3Server, tmp_path: Path) -> None:
+    """A prefix holding only a `changes.jsonl` (not a name `start` gives): nothing to apply, and the
+    run says which files it left, as it does for a local directory."""
+    bucket = s3_server.bucket()
+    f = tmp_path / "changes.jsonl"
+    f.write_bytes(b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n')
+    upload(s3_server, bucket, "p", [f])
+    proc = pgrecv(
+        "spark-apply", f"s3://{bucket}/p", "--target", str(tmp_path / "lake"), "--format", "parquet", "--json",
+        env=s3_server.env,
+    )  # fmt: skip
+    assert proc.returncode == 0, err(proc)
+    summary = orjson.loads(proc.stdout)
+    assert summary["files"] == 0
+    assert any(f"s3://{bucket}/p: 1 file(s) not taken (changes.jsonl)" in w for w in summary["warnings"]), summary
