@@ -13,6 +13,7 @@ import orjson
 
 from pgrecv.errors import InputError
 from pgrecv.output.files import MANIFEST_SUFFIX, SNAPSHOT_FILE_RE, TMP_PREFIX, is_record_file
+from pgrecv.spark import stores
 from pgrecv.spark.stores import SourceFile, StoreDir, is_store_source
 
 # one half of an LSN: plain hex digits only (int(x, 16) alone would take "-5", "0x10" and "1_0")
@@ -50,8 +51,6 @@ def expand_sources(sources: Iterable[str], conf: dict[str, str] | None = None) -
     fs = None
     for source in sources:
         if is_store_source(source):
-            from pgrecv.spark import stores
-
             stores.check_scheme(source)
             fs = fs or stores.filesystem(conf or {})
             found = stores.expand(source, fs)
@@ -106,8 +105,6 @@ def ignored_in_directories(sources: Iterable[str], conf: dict[str, str] | None =
     fs = None
     for source in sources:
         if is_store_source(source):
-            from pgrecv.spark import stores
-
             fs = fs or stores.filesystem(conf or {})
             found = stores.expand(source, fs)
             if not isinstance(found, StoreDir):

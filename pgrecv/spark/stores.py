@@ -18,28 +18,22 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Final
 
 from pgrecv.errors import InputError, UsageError
+from pgrecv.output.store import SCHEMES, StoreURL, is_store_url
 
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
     from pyspark.sql import SparkSession
 
-SCHEMES: Final = ("s3://", "s3a://")
 S3A_CLASS: Final = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 S3A_PACKAGE: Final = "org.apache.hadoop:hadoop-aws:3.4.2"  # Hadoop's version in PySpark's jars
 _HADOOP: Final = "spark.hadoop.fs.s3a."
-_SCHEME_RE: Final = re.compile(r"[a-z][a-z0-9+.-]*://")
-
-
-def is_store_source(text: str) -> bool:
-    """A SOURCE on an object store (any ``scheme://`` but ``file://``)."""
-    return bool(_SCHEME_RE.match(text)) and not text.startswith("file://")
+is_store_source = is_store_url  # a SOURCE on an object store: any ``scheme://`` but ``file://``
 
 
 def check_scheme(text: str, what: str = "SOURCE") -> None:
@@ -204,12 +198,6 @@ def check_session(spark: SparkSession) -> None:
         )
 
 
-def _split(url: str) -> tuple[str, str]:
-    rest = url.split("://", 1)[1]
-    bucket, _, key = rest.partition("/")
-    return bucket, key.strip("/")
-
-
 def _trouble(url: str, exc: OSError) -> InputError:
     """One line for a store that cannot be listed or read (pyarrow's message names the AWS error
     and the bucket; never a credential)."""
@@ -224,9 +212,8 @@ def expand(source: str, fs: FileSystem) -> list[StoreFile] | StoreDir:
     object, or a glob in its last part); raises InputError when it names nothing."""
     from pyarrow import fs as pafs
 
-    bucket, key = _split(source)
-    if not bucket:
-        raise UsageError(f"SOURCE {source}: give s3://BUCKET/PREFIX")
+    url = StoreURL.parse(source)
+    bucket, key = url.bucket, url.prefix
     try:
         info = fs.get_file_info(f"{bucket}/{key}" if key else bucket)
         if info.type == pafs.FileType.Directory:
