@@ -39,6 +39,7 @@ def run_apply(
     if config.bad_values not in ("fail", "null", "text"):
         raise UsageError("--bad-values is fail, null or text")
     with target_lock(config.target):
+        stores.use_conf(config.conf)
         listed = expand_sources(config.sources, config.conf)
         unread = ledger.split(config, listed)  # files every table applied before: not read again
         files = unread.read

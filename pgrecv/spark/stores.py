@@ -28,6 +28,7 @@ from pgrecv.output.store import SCHEMES, StoreURL, is_store_url
 
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
+    from pyarrow.parquet import FileMetaData
     from pyspark.sql import SparkSession
 
 S3A_CLASS: Final = "org.apache.hadoop.fs.s3a.S3AFileSystem"
@@ -167,6 +168,31 @@ def filesystem(conf: dict[str, str]) -> FileSystem:
     if key and secret:
         kwargs["access_key"], kwargs["secret_key"] = key, secret
     return pafs.S3FileSystem(**kwargs)
+
+
+# the run's settings (run_apply sets them) and the file system made from them, for the table
+# files the driver reads a footer of (an Iceberg warehouse on s3a://)
+_run: dict[str, str] = {}
+_run_fs: list[FileSystem] = []
+
+
+def use_conf(conf: dict[str, str]) -> None:
+    """The settings :func:`parquet_metadata` reaches the store with, for this run."""
+    _run.clear()
+    _run.update(conf)
+    _run_fs.clear()
+
+
+def parquet_metadata(path: str) -> FileMetaData:
+    """A Parquet file's footer, read by the driver: a local path, or an ``s3a://``/``s3://`` URL
+    (a table file Spark's catalog names), through pyarrow as the run's settings say."""
+    import pyarrow.parquet as pq
+
+    if not path.startswith(SCHEMES):
+        return pq.read_metadata(path)
+    if not _run_fs:
+        _run_fs.append(filesystem(_run))
+    return pq.read_metadata(path.split("://", 1)[1], filesystem=_run_fs[0])
 
 
 def session_conf(conf: dict[str, str]) -> dict[str, str]:

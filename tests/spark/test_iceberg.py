@@ -359,6 +359,80 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
     assert other.returncode == 2 and b"--iceberg-catalog" in other.stderr and b"Traceback" not in other.stderr
 
 
+def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
+    tmp_path: Path, tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str
+) -> None:
+    """Issue 58's Iceberg case: the change files and the tables' warehouse on the S3 server
+    (``s3a://``), the catalog Iceberg's JDBC one in PostgreSQL, which commits by swapping a
+    table's metadata pointer in one SQL statement, so the store needs no rename; a second run
+    applies the next file as a MERGE, a re-run changes nothing, and pyiceberg reads the table
+    from the store. --target holds only pgrecv's own state, locally."""
+    import secrets
+
+    import psycopg
+
+    from tests.util import err, pgrecv
+
+    info = psycopg.conninfo.conninfo_to_dict(tcp_dsn)
+    password = Path(str(info["passfile"])).read_text().strip().rsplit(":", 1)[1]
+    bucket = s3_server.bucket()
+    name = f"lake_{secrets.token_hex(4)}"
+    key = f"spark.sql.catalog.{name}"
+    conf = {
+        "spark.jars": f"{spark_jars_conf},{s3a_jars_conf}",
+        key: "org.apache.iceberg.spark.SparkCatalog",
+        f"{key}.type": "jdbc",
+        f"{key}.uri": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
+        f"{key}.jdbc.user": str(info["user"]),
+        f"{key}.jdbc.password": password,
+        f"{key}.warehouse": f"s3a://{bucket}/warehouse",
+    }
+    args = [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
+    first = _write(tmp_path / "0000000000000001-0000000000001000.jsonl", [
+        _rel("t"), *_txn("0/1000", *[_row("insert", "t", "0/1000", f"0/{0x100 + i:X}", i, f"a{i}") for i in range(20)]),
+    ])  # fmt: skip
+    second = _write(tmp_path / "0000000000002000-0000000000002000.jsonl", [_rel("t"), *_txn(
+        "0/2000", _row("update", "t", "0/2000", "0/1F00", 5, "new5"), _row("delete", "t", "0/2000", "0/1F01", 7),
+    )])  # fmt: skip
+    client = s3_server.client()
+    target = tmp_path / "state"
+
+    def apply() -> dict[str, Any]:
+        proc = pgrecv(
+            "spark-apply", f"s3://{bucket}/cdc", "--target", str(target), "--format", "iceberg", "--json",
+            "--iceberg-catalog", name, *FAST, *args, env=s3_server.env, timeout=900,
+        )  # fmt: skip
+        assert proc.returncode == 0, err(proc)
+        summary: dict[str, Any] = orjson.loads(proc.stdout)
+        return summary
+
+    client.upload_file(str(first), bucket, f"cdc/{first.name}")
+    assert [t["applied_lsn"] for t in apply()["tables"]] == ["0/1000"]
+    client.upload_file(str(second), bucket, f"cdc/{second.name}")
+    assert [(t["status"], t["updates"], t["deletes"]) for t in apply()["tables"]] == [("applied", 1, 1)]
+    assert [t["status"] for t in apply()["tables"]] == ["up to date"]
+    with psycopg.connect(tcp_dsn) as conn:
+        found = conn.execute(
+            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 's' "
+            "AND table_name = 't'",
+            (name,),
+        ).fetchone()
+    assert found is not None and found[0].startswith(f"s3a://{bucket}/warehouse/"), found
+    env = s3_server.env
+    io = {
+        "s3.endpoint": env["AWS_ENDPOINT_URL"],
+        "s3.access-key-id": env["AWS_ACCESS_KEY_ID"],
+        "s3.secret-access-key": env["AWS_SECRET_ACCESS_KEY"],
+        "s3.region": env["AWS_REGION"],
+    }
+    table = pyiceberg_table.StaticTable.from_metadata(found[0], properties=io)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary.additional_properties["pgrecv.applied-lsn"] == str(0x2000)
+    rows = {r["id"]: r["x"] for r in table.scan().to_arrow().to_pylist()}
+    assert rows == {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}
+    assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
+
+
 def test_uuid_columns_are_icebergs_uuid(tmp_path: Path, connector: Runner) -> None:
     """A uuid column is of Iceberg's uuid type (exact, 16 bytes), in a new table and as a column a
     later batch adds; Spark writes and merges its PostgreSQL text, pyiceberg reads it back."""

@@ -21,6 +21,7 @@ import pyarrow as pa
 from pgrecv.spark.files import file_url, literal_read, local_path
 from pgrecv.spark.schema import quoted
 from pgrecv.spark.sparkops import shuffle_partitions, spark_schema
+from pgrecv.spark.stores import parquet_metadata
 from pgrecv.spark.tables import DATA_SUFFIX, Batch
 
 if TYPE_CHECKING:
@@ -236,11 +237,9 @@ def key_span(files: list[str], column: str) -> tuple[int, int] | None:
     """The smallest and largest value of an integer column in ``files``, from their footers (each
     row group's statistics), read by the driver; None where a row group has none or a file lacks
     the column."""
-    import pyarrow.parquet as pq
-
     low = high = None
     for f in files:
-        meta = pq.read_metadata(f)
+        meta = parquet_metadata(f)
         names = [meta.schema.column(i).path for i in range(meta.num_columns)]
         if column not in names:
             return None
@@ -312,11 +311,9 @@ def rows_in(files: list[str], above: int | None = None) -> int:
     """The rows of Parquet files, from their footers (read by the driver, one per file). With
     ``above``, the reading stops once the count passes it: a large table answers a small batch's
     question ("more than this?") from its first files."""
-    import pyarrow.parquet as pq
-
     n = 0
     for f in files:
-        n += pq.read_metadata(f).num_rows
+        n += parquet_metadata(f).num_rows
         if above is not None and n > above:
             break
     return n
