@@ -376,12 +376,13 @@ class ConnectServer:
 
 
 @pytest.fixture(scope="session")
-def spark_connect(s3_server: S3Server, s3a_jars_conf: str) -> Iterator[ConnectServer]:
+def spark_connect(s3_server: S3Server, s3a_jars_conf: str, spark_jars_conf: str) -> Iterator[ConnectServer]:
     """``spark-submit --class …SparkConnectServer`` (what the distribution's start-connect-server.sh
     runs), bound to loopback on a free port, with a private configuration and scratch directory;
     its Python workers (pgrecv's Arrow UDF) run this interpreter. It reads ``s3a://`` on the
     tests' S3 server (the S3A jars on its class path, the server's endpoint and keys in its
-    environment, as a deployment configures its server). Yields once it listens."""
+    environment, as a deployment configures its server), and has Iceberg's runtime (jvm/jars)
+    on its class path. Yields once it listens."""
     pyspark = pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
     spark_home = os.path.dirname(pyspark.__file__)
     base = Path(tempfile.mkdtemp(prefix="pgrecv-spark-connect-"))
@@ -407,7 +408,7 @@ def spark_connect(s3_server: S3Server, s3a_jars_conf: str) -> Iterator[ConnectSe
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
-        "spark.driver.extraClassPath": s3a_jars_conf.replace(",", ":"),
+        "spark.driver.extraClassPath": f"{s3a_jars_conf},{spark_jars_conf}".replace(",", ":"),
         "spark.hadoop.fs.s3a.endpoint": s3_server.endpoint,
         "spark.hadoop.fs.s3a.path.style.access": "true",
     }.items():

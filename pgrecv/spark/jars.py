@@ -103,5 +103,24 @@ def delta_session(spark: Any) -> bool:
 
 def iceberg_session(spark: Any) -> bool:
     """Whether Iceberg's Spark runtime is in this session (its catalog class loads). It needs
-    no SQL extension for what pgrecv does (MERGE INTO is Spark's own since 3.x)."""
-    return loads_class(spark, ICEBERG_CLASS)
+    no SQL extension for what pgrecv does (MERGE INTO is Spark's own since 3.x). A Spark Connect
+    session has no JVM here to ask: a throwaway catalog of Iceberg's class is listed instead
+    (loading it fails without the runtime; an in-memory catalog makes nothing)."""
+    from pgrecv.spark.sparkops import is_connect
+
+    if not is_connect(spark):
+        return loads_class(spark, ICEBERG_CLASS)
+    import secrets
+
+    name = f"pgrecv_probe_{secrets.token_hex(4)}"
+    impl = f"spark.sql.catalog.{name}.catalog-impl"
+    spark.conf.set(f"spark.sql.catalog.{name}", ICEBERG_CLASS)
+    spark.conf.set(impl, "org.apache.iceberg.inmemory.InMemoryCatalog")
+    try:
+        spark.sql(f"SHOW NAMESPACES IN {name}").collect()
+    except Exception:
+        return False
+    finally:
+        spark.conf.unset(f"spark.sql.catalog.{name}")
+        spark.conf.unset(impl)
+    return True

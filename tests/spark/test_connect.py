@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgrecv.errors import ExitCode
+from pgrecv.lsn import lsn_str
 from pgrecv.spark.apply import run_apply
 from pgrecv.spark.files import java_raw_path
 from pgrecv.spark.model import ApplyConfig
@@ -84,10 +85,42 @@ def test_connect_reads_source_from_s3(
     assert_same_tables(gen, remote, local, "parquet", "Spark Connect reading S3")
 
 
+def test_connect_writes_iceberg(spark_connect: ConnectServer, stream: tuple[Gen, list[Path]], tmp_path: Path) -> None:
+    """Iceberg through the server (its runtime on the server's class path): each MERGE's
+    snapshot records the applied position through the session setting Iceberg reads, so the
+    tables are the truth, a re-run changes nothing, and pyiceberg reads the position back."""
+    from tests.spark.test_differential import _expected
+    from tests.spark.test_iceberg import _got as iceberg_rows
+    from tests.spark.test_iceberg import read_iceberg
+
+    gen, files = stream
+    target = tmp_path / "lake"
+    half = [files[0]]
+    for inputs in (half, files):  # a first run creates the tables; the second merges into them
+        proc = apply_remote(spark_connect, inputs, target, "--format", "iceberg")
+        assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
+    summary = orjson.loads(proc.stdout)
+    assert summary["engine"] == "iceberg/spark"
+    truth = gen.truth()
+    rows = 0
+    for t in gen.tables:
+        got = iceberg_rows(t, target)
+        assert got == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
+        rows += len(got)
+    assert rows > 0
+    merged = [t for t in summary["tables"] if t["status"] == "applied" and t["updates"] + t["deletes"] > 0]
+    assert merged, summary["tables"]  # (the second run merged into tables the first made)
+    for t in merged:
+        _, props = read_iceberg(Path(t["path"]))
+        assert lsn_str(int(props["pgrecv.applied-lsn"])) == t["applied_lsn"], (t, props)
+    again = apply_remote(spark_connect, files, target, "--format", "iceberg")
+    assert again.returncode == 0, err(again)
+    assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}
+
+
 @pytest.mark.parametrize(
     "extra,says",
     [
-        (("--format", "iceberg"), "--format iceberg through Spark Connect"),
         (("--format", "delta", "--delta-engine", "spark"), "--delta-engine spark through Spark Connect"),
         (("--format", "parquet", "--conf", "spark.jars=/nowhere.jar"), "--conf spark.jars"),
     ],

@@ -158,18 +158,12 @@ def run_frames(
         from pgrecv.spark.tables.iceberg import iceberg_writer, use_catalog
 
         writer: type[Table] = iceberg_writer(config.catalog)
-        if spark is not None and is_connect(spark):
-            raise UsageError(
-                "--format iceberg through Spark Connect (--remote) is not supported: pgrecv keeps each table's "
-                "applied position in its snapshots' summaries through Iceberg's Java API (CommitMetadata, over "
-                "py4j), which Spark Connect does not offer; run it with --master instead"
-            )
         if spark is not None:
             if not iceberg_session(spark):
                 raise UsageError(
                     "--format iceberg: Apache Iceberg's Spark runtime is not in this Spark session: give its jars "
                     "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
-                    f"spark.jars.packages={ICEBERG_PACKAGE})"
+                    f"spark.jars.packages={ICEBERG_PACKAGE}; a Spark Connect server's own)"
                 )
             use_catalog(spark, config.target, config.catalog)
     else:

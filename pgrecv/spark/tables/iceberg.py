@@ -10,7 +10,9 @@ Each batch is ONE Iceberg snapshot whose summary holds the batch's end commit LS
 batch's final events, or one write for a new table, a TRUNCATE, a one-pass batch (an overwrite
 of the whole table) or ``--append-only``. A MERGE's summary property is attached through
 Iceberg's ``CommitMetadata.withCommitProperties`` (a thread-local of the JVM thread that
-commits), a write's through its ``snapshot-property.*`` option. A run killed before the commit
+commits; through Spark Connect, which has no JVM here, the session setting
+``spark.sql.iceberg.snapshot-property.*``, one MERGE at a time), a write's through its
+``snapshot-property.*`` option. A run killed before the commit
 left nothing; one killed after finds the position in the current snapshot's summary.
 
 History mode's ``_deleted`` column is stored as :data:`STORED_DELETED`: Iceberg keeps
@@ -25,6 +27,7 @@ with the deletion vector applied.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +40,7 @@ from pgrecv import failpoints
 from pgrecv.errors import InputError, UsageError
 from pgrecv.spark.files import file_url
 from pgrecv.spark.schema import TablePlan, quoted
-from pgrecv.spark.sparkops import spark_schema
+from pgrecv.spark.sparkops import is_connect, spark_schema
 from pgrecv.spark.tables import Batch, Table, frames, refuse_other_format
 from pgrecv.spark.tables.rewrite import END_COLS, missing_dirs, unmake
 
@@ -50,6 +53,9 @@ if TYPE_CHECKING:
 Json = dict[str, object]
 
 POSITION = "pgrecv.applied-lsn"  # the snapshot summary's property: the batch's end commit LSN
+# Iceberg (1.9+) puts a session's settings of this prefix into every snapshot's summary it commits
+SESSION_PROPERTY = "spark.sql.iceberg.snapshot-property."
+_SESSION_WRITES = threading.Lock()  # a session setting serves one statement at a time
 MODE = "pgrecv.mode"  # the table property: the --mode it was made with
 # column names Iceberg keeps for its metadata columns (org.apache.iceberg.MetadataColumns): Spark
 # reads no column of these names from an Iceberg table (checked: "SELECT *" fails), so a table
@@ -280,6 +286,7 @@ class IcebergTable(Table):
             # Spark has no uuid type: the table is made by Iceberg's API, then written (a run killed
             # in between leaves it without a snapshot, and the next writes it)
             if not self.spark.catalog.tableExists(self.ident):
+                self._no_connect(uuids)
                 self._create(rows.schema, uuids, props)
                 if delay := failpoints.iceberg_created_delay():
                     time.sleep(delay)
@@ -309,12 +316,22 @@ class IcebergTable(Table):
             if f.name in have:
                 continue
             if f.name in uuids:
+                self._no_connect({f.name})
                 jvm = self._jvm()
                 table = self._iceberg_catalog().loadTable(self._table_identifier())
                 table.updateSchema().addColumn(f.name, jvm.org.apache.iceberg.types.Types.UUIDType.get()).commit()
             else:
                 add = f"{quoted(_stored(f.name))} {f.dataType.simpleString()}"
                 self.spark.sql(f"ALTER TABLE {self.ident} ADD COLUMN {add}")
+
+    def _no_connect(self, uuids: set[str]) -> None:
+        """Iceberg's uuid type is made through Iceberg's Java API (Spark has no uuid type):
+        through Spark Connect this table is held back, in one line."""
+        if is_connect(self.spark):
+            raise UsageError(
+                f"{self.ident}: uuid column(s) {', '.join(sorted(uuids))} are made of Iceberg's uuid type through "
+                "Iceberg's Java API, which Spark Connect does not offer: apply this table with --master"
+            )
 
     def _jvm(self) -> JVMView:
         jvm = self.spark.sparkContext._jvm
@@ -402,8 +419,18 @@ class IcebergTable(Table):
 
     def _committed_with_position(self, run: Callable[[], object], position: int) -> None:
         """Runs ``run`` (a statement that commits one snapshot) with the position in that
-        snapshot's summary: Iceberg's CommitMetadata, given a Java Callable that calls back here."""
+        snapshot's summary: Iceberg's CommitMetadata, given a Java Callable that calls back here;
+        through Spark Connect (no JVM here), the session setting Iceberg also reads
+        (:data:`SESSION_PROPERTY`), one statement at a time (it is the session's, not the thread's)."""
         spark = self.spark
+        if is_connect(spark):
+            with _SESSION_WRITES:
+                spark.conf.set(SESSION_PROPERTY + POSITION, str(position))
+                try:
+                    run()
+                finally:
+                    spark.conf.unset(SESSION_PROPERTY + POSITION)
+            return
         gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
         assert gateway is not None and jvm is not None
         from pyspark.java_gateway import ensure_callback_server_started
