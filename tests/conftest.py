@@ -384,6 +384,8 @@ def spark_connect(s3_server: S3Server, s3a_jars_conf: str, spark_jars_conf: str)
     environment, as a deployment configures its server), and has Iceberg's runtime (jvm/jars)
     on its class path. Yields once it listens."""
     pyspark = pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
+    from pgrecv.spark.jars import DELTA_CATALOG, DELTA_EXTENSION
+
     spark_home = os.path.dirname(pyspark.__file__)
     base = Path(tempfile.mkdtemp(prefix="pgrecv-spark-connect-"))
     conf_dir, local_dir = base / "conf", base / "local"
@@ -409,6 +411,9 @@ def spark_connect(s3_server: S3Server, s3a_jars_conf: str, spark_jars_conf: str)
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
         "spark.driver.extraClassPath": f"{s3a_jars_conf},{spark_jars_conf}".replace(",", ":"),
+        # Delta's connector set up as a server has it (--delta-engine spark through Connect)
+        "spark.sql.extensions": DELTA_EXTENSION,
+        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
         "spark.hadoop.fs.s3a.endpoint": s3_server.endpoint,
         "spark.hadoop.fs.s3a.path.style.access": "true",
     }.items():

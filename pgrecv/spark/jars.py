@@ -94,7 +94,9 @@ def loads_class(spark: Any, name: str) -> bool:
 def delta_session(spark: Any) -> bool:
     """Whether Delta's Spark connector can write in this session: its classes load, and its SQL
     extension and catalog are configured (Delta refuses every write without them)."""
-    if not loads_class(spark, DELTA_CLASS):
+    from pgrecv.spark.sparkops import is_connect
+
+    if not is_connect(spark) and not loads_class(spark, DELTA_CLASS):  # (a server's extension loads them)
         return False
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     catalog = spark.conf.get("spark.sql.catalog.spark_catalog", "") or ""

@@ -17,7 +17,7 @@ from pgrecv.errors import ExitCode
 from pgrecv.lsn import lsn_str
 from pgrecv.spark.apply import run_apply
 from pgrecv.spark.files import java_raw_path
-from pgrecv.spark.model import ApplyConfig
+from pgrecv.spark.model import ApplyConfig, table_dir_name
 from tests.conftest import ConnectServer, S3Server, _free_port
 from tests.spark.changegen import Gen
 from tests.spark.test_cluster import _counts, assert_same_tables
@@ -118,6 +118,63 @@ def test_connect_writes_iceberg(spark_connect: ConnectServer, stream: tuple[Gen,
     assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}
 
 
+def test_connect_writes_delta_with_the_connector(
+    spark_connect: ConnectServer, stream: tuple[Gen, list[Path]], tmp_path: Path
+) -> None:
+    """--delta-engine spark through a server set up with Delta's connector: each MERGE (SQL, its
+    app transaction in the session's conf, one at a time) records the applied position in the
+    commit, so the tables are the truth (read with their deletion vectors) and a re-run changes
+    nothing."""
+    from deltalake import DeltaTable
+
+    from pgrecv.lsn import LSN
+    from pgrecv.spark.model import app_id
+    from tests.spark.test_delta_spark import _got as delta_rows
+    from tests.spark.test_differential import _expected
+
+    gen, files = stream
+    target = tmp_path / "lake"
+    for inputs in ([files[0]], files):  # a first run creates the tables; the second merges into them
+        proc = apply_remote(spark_connect, inputs, target, "--format", "delta", "--delta-engine", "spark")
+        assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
+    summary = orjson.loads(proc.stdout)
+    assert summary["engine"] == "delta/spark"
+    truth = gen.truth()
+    for t in gen.tables:
+        assert delta_rows(t, target) == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
+    merged = [t for t in summary["tables"] if t["status"] == "applied" and t["updates"] + t["deletes"] > 0]
+    assert merged, summary["tables"]
+    for t in merged:
+        recorded = DeltaTable(t["path"]).transaction_version(app_id(t["table"]))
+        assert recorded == int(LSN.parse(t["applied_lsn"])), (t, recorded)
+    again = apply_remote(spark_connect, files, target, "--format", "delta", "--delta-engine", "spark")
+    assert again.returncode == 0, err(again)
+    assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}
+
+
+@pytest.mark.parametrize("writer", [("iceberg",), ("delta", "--delta-engine", "spark")], ids=["iceberg", "delta-spark"])
+def test_connect_history_mode(
+    spark_connect: ConnectServer, stream: tuple[Gen, list[Path]], tmp_path: Path, writer: tuple[str, ...]
+) -> None:
+    """--mode history through the server: the MERGE that closes versions and inserts new ones is
+    SQL text there; the live versions are the truth and each key's versions form one chain."""
+    from tests.spark.test_delta_spark import _read as read_delta
+    from tests.spark.test_differential import assert_history
+    from tests.spark.test_iceberg import read_iceberg
+
+    gen, files = stream
+    target = tmp_path / "lake"
+    for inputs in ([files[0]], files):
+        proc = apply_remote(spark_connect, inputs, target, "--format", *writer, "--mode", "history")
+        assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
+    truth = gen.truth()
+    for t in gen.tables:
+        path = target / table_dir_name(t.schema, t.name)
+        got = ([] if not path.exists() else read_iceberg(path)[0]) if writer[0] == "iceberg" else (
+            read_delta(path) if path.exists() else [])  # fmt: skip
+        assert_history(t, got, truth[(t.schema, t.name)], f"{t.schema}.{t.name} ({t.kind})")
+
+
 def test_connect_holds_back_an_iceberg_table_with_uuid_columns(spark_connect: ConnectServer, tmp_path: Path) -> None:
     """Iceberg's uuid type is made through Iceberg's Java API, which Spark Connect does not
     offer: that table alone is held back in one line (exit 15), the other one is applied."""
@@ -141,7 +198,6 @@ def test_connect_holds_back_an_iceberg_table_with_uuid_columns(spark_connect: Co
 @pytest.mark.parametrize(
     "extra,says",
     [
-        (("--format", "delta", "--delta-engine", "spark"), "--delta-engine spark through Spark Connect"),
         (("--format", "parquet", "--conf", "spark.jars=/nowhere.jar"), "--conf spark.jars"),
     ],
 )

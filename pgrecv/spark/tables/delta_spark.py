@@ -13,6 +13,7 @@ not apply deletion vectors and refuses such tables).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from pgrecv.spark.tables.rewrite import END_COLS, ROWS_PER_FILE, missing_dirs, u
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_SESSION_WRITES = threading.Lock()  # through Spark Connect the app transaction is the session's conf
 # what a new table is created with (Delta table properties)
 NEW_TABLE = {"delta.enableDeletionVectors": "true"}
 
@@ -160,6 +162,9 @@ class DeltaSparkTable(Table):
         """MERGE of the final events: a key's delete deletes its row, an upsert updates or inserts it."""
         from pyspark.sql import functions as F
 
+        if is_connect(self.spark):
+            self._merge_sql(batch, frames.latest_source(batch), *frames.latest_merge_sql(batch))
+            return
         values = {quoted(n): F.col(f"s.{quoted(n)}") for n in batch.schema.names}
         kind = F.col("s." + frames.own(batch, "kind"))
         self._merge(
@@ -175,6 +180,9 @@ class DeltaSparkTable(Table):
         is closed (its ``_end_*`` set, ``_current`` false) and every new version inserted."""
         from pyspark.sql import functions as F
 
+        if is_connect(self.spark):
+            self._merge_sql(batch, frames.history_source(batch), *frames.history_merge_sql(batch))
+            return
         op = F.col("s." + frames.own(batch, "op"))
         on = (op == "C") & F.col("t.`_current`") & frames.matches(batch)
         close = {**{quoted(c): F.col(f"s.{quoted(c)}") for c in END_COLS}, "`_current`": F.lit(False)}
@@ -210,6 +218,28 @@ class DeltaSparkTable(Table):
         cond, cols = not_matched
         builder = builder.whenNotMatched(cond._jc).insert(scala(cols))
         builder.execute()
+
+    def _merge_sql(self, batch: Batch, source: Any, on: str, clauses: str) -> None:
+        """Through Spark Connect (no JVM here for Delta's Scala API): one ``MERGE INTO`` statement
+        from a temporary view of the source, with the app transaction in the session's conf, which
+        Delta reads as it does for the Scala API's merge. One statement at a time, since the conf
+        is the session's (a cloned session is a JVM object)."""
+        import secrets
+
+        view = f"_pgrecv_source_{secrets.token_hex(8)}"
+        source.createOrReplaceTempView(view)
+        sql = f"MERGE INTO delta.{quoted(file_url(self.path))} t USING {view} s ON {on} {clauses}"
+        try:
+            with _SESSION_WRITES:
+                self.spark.conf.set(TXN_APP_ID, self.app_id)
+                self.spark.conf.set(TXN_VERSION, str(batch.position))
+                try:
+                    self.spark.sql(sql)
+                finally:
+                    self.spark.conf.unset(TXN_APP_ID)
+                    self.spark.conf.unset(TXN_VERSION)
+        finally:
+            self.spark.catalog.dropTempView(view)
 
     def _reopen(self) -> int:
         """Reads the table's new state; the bytes its commits wrote: new data files and deletion
@@ -269,14 +299,17 @@ def delta_writer(spark: Any, engine: str) -> type[Table]:
     if engine == "delta-rs" or spark is None:  # (no session: nothing to read, nothing written)
         return DeltaRsTable
     if is_connect(spark):
-        if engine == "spark":
+        if engine != "spark":
+            return DeltaRsTable  # (auto's choice: the server's Delta setup is its own)
+        if not delta_session(spark):
+            from pgrecv.spark.jars import DELTA_CATALOG, DELTA_EXTENSION
+
             raise UsageError(
-                "--delta-engine spark through Spark Connect (--remote) is not supported: pgrecv's MERGE goes "
-                "through Delta's Scala API (DeltaTable.merge, its app transaction in a cloned session's conf, over "
-                "py4j), which Spark Connect does not offer; use --delta-engine delta-rs (auto's choice under "
-                "--remote) or --master"
+                "--delta-engine spark through Spark Connect: the server has no Delta Lake connector set up: start "
+                f"it with Delta's jars, spark.sql.extensions={DELTA_EXTENSION} and "
+                f"spark.sql.catalog.spark_catalog={DELTA_CATALOG}"
             )
-        return DeltaRsTable
+        return DeltaSparkTable
     if delta_session(spark):
         return DeltaSparkTable
     if engine == "spark":

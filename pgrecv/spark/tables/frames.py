@@ -13,6 +13,7 @@ takes more underscores until no column's does (:func:`own`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pgrecv.spark.schema import quoted
@@ -81,6 +82,34 @@ def matches_sql(batch: Batch, target: str = "t", source: str = "s") -> str:
     eq = "<=>" if batch.null_safe else "="
     return " AND ".join(
         f"{target}.{quoted(k)} {eq} {source}.{key_name(batch, i)}" for i, k in enumerate(batch.key_cols)
+    )
+
+
+def latest_merge_sql(batch: Batch) -> tuple[str, str]:
+    """A latest-mode ``MERGE INTO … t USING <latest_source> s``'s condition and clauses as SQL text:
+    a key's delete deletes its row, an upsert updates or inserts it."""
+    names = [quoted(n) for n in batch.schema.names]
+    kind = "s." + own(batch, "kind")
+    return matches_sql(batch), (
+        f"WHEN MATCHED AND {kind} = 'D' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{n} = s.{n}' for n in names)} "
+        f"WHEN NOT MATCHED AND {kind} = 'U' THEN INSERT ({', '.join(names)}) VALUES "
+        f"({', '.join(f's.{n}' for n in names)})"
+    )
+
+
+def history_merge_sql(batch: Batch, stored: Callable[[str], str] = str) -> tuple[str, str]:
+    """History mode's ``MERGE INTO … t USING <history_source> s``'s condition and clauses as SQL
+    text: the current version of each touched key is closed (``_end_*`` set, ``_current`` false)
+    and every new version inserted. ``stored``: a column's name in the table (Iceberg's own
+    ``_deleted`` is stored under another)."""
+    names = [quoted(stored(n)) for n in batch.schema.names]
+    op = "s." + own(batch, "op")
+    close = ", ".join([*(f"{quoted(c)} = s.{quoted(c)}" for c in END_COLS), "`_current` = false"])
+    return f"{op} = 'C' AND t.`_current` AND {matches_sql(batch)}", (
+        f"WHEN MATCHED THEN UPDATE SET {close} "
+        f"WHEN NOT MATCHED AND {op} = 'I' THEN INSERT ({', '.join(names)}) VALUES "
+        f"({', '.join(f's.{n}' for n in names)})"
     )
 
 

@@ -42,7 +42,7 @@ from pgrecv.spark.files import file_url
 from pgrecv.spark.schema import TablePlan, quoted
 from pgrecv.spark.sparkops import is_connect, spark_schema
 from pgrecv.spark.tables import Batch, Table, frames, refuse_other_format
-from pgrecv.spark.tables.rewrite import END_COLS, missing_dirs, unmake
+from pgrecv.spark.tables.rewrite import missing_dirs, unmake
 
 if TYPE_CHECKING:
     from py4j.java_gateway import JavaObject, JVMView
@@ -377,32 +377,12 @@ class IcebergTable(Table):
 
     def _merge_latest(self, batch: Batch) -> None:
         """MERGE of the final events: a key's delete deletes its row, an upsert updates or inserts it."""
-        names = [quoted(n) for n in batch.schema.names]
-        kind = "s." + frames.own(batch, "kind")
-        self._merge(
-            batch,
-            frames.latest_source(batch),
-            frames.matches_sql(batch),
-            f"WHEN MATCHED AND {kind} = 'D' THEN DELETE "
-            f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{n} = s.{n}' for n in names)} "
-            f"WHEN NOT MATCHED AND {kind} = 'U' THEN INSERT ({', '.join(names)}) VALUES "
-            f"({', '.join(f's.{n}' for n in names)})",
-        )
+        self._merge(batch, frames.latest_source(batch), *frames.latest_merge_sql(batch))
 
     def _merge_history(self, batch: Batch) -> None:
         """MERGE of history mode's version rows: the target's current version of each touched key
         is closed (its ``_end_*`` set, ``_current`` false) and every new version inserted."""
-        names = [quoted(_stored(n)) for n in batch.schema.names]
-        op = "s." + frames.own(batch, "op")
-        close = ", ".join([*(f"{quoted(c)} = s.{quoted(c)}" for c in END_COLS), "`_current` = false"])
-        self._merge(
-            batch,
-            _out(frames.history_source(batch)),
-            f"{op} = 'C' AND t.`_current` AND {frames.matches_sql(batch)}",
-            f"WHEN MATCHED THEN UPDATE SET {close} "
-            f"WHEN NOT MATCHED AND {op} = 'I' THEN INSERT ({', '.join(names)}) VALUES "
-            f"({', '.join(f's.{n}' for n in names)})",
-        )
+        self._merge(batch, _out(frames.history_source(batch)), *frames.history_merge_sql(batch, _stored))
 
     def _merge(self, batch: Batch, source: DataFrame, on: str, clauses: str) -> None:
         """One ``MERGE INTO`` statement from a temporary view of the source, its commit carrying
