@@ -41,8 +41,8 @@ def check_scheme(text: str, what: str = "SOURCE") -> None:
     if not text.startswith(SCHEMES):
         scheme = text.split("://", 1)[0]
         raise UsageError(
-            f"{what} {text}: spark-apply reads s3:// and s3a:// (any S3-compatible store), not {scheme}:// yet: "
-            "copy the files to S3 or to a local path"
+            f"{what} {text}: spark-apply reads s3:// and s3a:// (any S3-compatible store); {scheme}:// is not "
+            "supported yet: copy the files to S3 or to a local path"
         )
 
 

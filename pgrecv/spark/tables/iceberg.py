@@ -27,6 +27,8 @@ with the deletion vector applied.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -124,14 +126,35 @@ def iceberg_writer(catalog: str | None) -> type[Table]:
 
 
 def _metadata(path: Path) -> Json | None:
-    """The table's current metadata (the Hadoop catalog's version hint names its file)."""
-    hint = path / "metadata" / "version-hint.text"
+    """The table's current metadata, found as the Hadoop catalog finds it (HadoopTableOperations):
+    the version hint, else (no hint, or an unreadable one) the highest ``vN.metadata.json``; then
+    every next version that exists. A commit writes its metadata file before the hint, so a run
+    killed in between leaves a table the hint does not name yet, which Iceberg sees."""
+    meta = path / "metadata"
     try:
-        version = int(hint.read_text().strip())
-        loaded = orjson.loads((path / "metadata" / f"v{version}.metadata.json").read_bytes())
+        version = int((meta / "version-hint.text").read_text().strip())
+    except (OSError, ValueError):
+        versions = [int(m.group(1)) for f in _names(meta) if (m := _VERSION_FILE.fullmatch(f))]
+        if not versions:
+            return None
+        version = max(versions)
+    while (meta / f"v{version + 1}.metadata.json").exists():
+        version += 1
+    try:
+        loaded = orjson.loads((meta / f"v{version}.metadata.json").read_bytes())
     except (OSError, ValueError):
         return None
     return loaded if isinstance(loaded, dict) else None
+
+
+_VERSION_FILE = re.compile(r"v(\d+)\.metadata\.json")
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(directory)]
+    except OSError:
+        return []
 
 
 def current_snapshot(path: Path, meta: Json | None = None) -> Json | None:
