@@ -300,21 +300,17 @@ def test_a_column_named_as_icebergs_metadata_is_held_back_alone(tmp_path: Path, 
     assert [r["x"] for r in _read(tmp_path / "lake" / "s.t")[0]] == ["a"]
 
 
-def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tcp_dsn: str) -> None:
-    """--iceberg-catalog: a catalog of the session, here Iceberg's JDBC catalog with its pointers
-    in PostgreSQL (over TCP, through the driver jvm/pom.xml fetches) and its warehouse a local
-    directory: tables NAME.schema.table, a MERGE run and a re-run, read back by pyiceberg from the
-    metadata the catalog points to; nothing under --target but pgrecv's own state. A catalog the
-    session does not have, or the option with another format: exit 2."""
+def jdbc_catalog(dsn: str, warehouse: str) -> tuple[str, list[str]]:
+    """A new name and the ``--conf`` arguments of Iceberg's JDBC catalog in the PostgreSQL of
+    ``dsn`` (over TCP: its password from the conninfo's passfile), its warehouse ``warehouse``.
+    (A new name each time: the runner's session keeps every catalog it loaded.)"""
     import secrets
 
     import psycopg
 
-    from pgrecv.spark.files import file_url
-
-    info = psycopg.conninfo.conninfo_to_dict(tcp_dsn)
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
     password = Path(str(info["passfile"])).read_text().strip().rsplit(":", 1)[1]
-    name = f"lake_{secrets.token_hex(4)}"  # (the runner's session keeps every catalog it loaded)
+    name = f"lake_{secrets.token_hex(4)}"
     key = f"spark.sql.catalog.{name}"
     conf = {
         key: "org.apache.iceberg.spark.SparkCatalog",
@@ -322,9 +318,23 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
         f"{key}.uri": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
         f"{key}.jdbc.user": str(info["user"]),
         f"{key}.jdbc.password": password,
-        f"{key}.warehouse": file_url(tmp_path / "warehouse"),
+        f"{key}.warehouse": warehouse,
     }
-    args = [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
+    return name, [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
+
+
+def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tcp_dsn: str) -> None:
+    """--iceberg-catalog: a catalog of the session, here Iceberg's JDBC catalog with its pointers
+    in PostgreSQL (over TCP, through the driver jvm/pom.xml fetches) and its warehouse a local
+    directory: tables NAME.schema.table, a MERGE run and a re-run, read back by pyiceberg from the
+    metadata the catalog points to; nothing under --target but pgrecv's own state. A catalog the
+    session does not have, or the option with another format: exit 2."""
+
+    import psycopg
+
+    from pgrecv.spark.files import file_url
+
+    name, args = jdbc_catalog(tcp_dsn, file_url(tmp_path / "warehouse"))
     target = tmp_path / "state"
     first = _write(tmp_path / "1.jsonl", [
         _rel("t"), *_txn("0/1000", *[_row("insert", "t", "0/1000", f"0/{0x100 + i:X}", i, f"a{i}") for i in range(20)]),
@@ -367,27 +377,14 @@ def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     table's metadata pointer in one SQL statement, so the store needs no rename; a second run
     applies the next file as a MERGE, a re-run changes nothing, and pyiceberg reads the table
     from the store. --target holds only pgrecv's own state, locally."""
-    import secrets
 
     import psycopg
 
     from tests.util import err, pgrecv
 
-    info = psycopg.conninfo.conninfo_to_dict(tcp_dsn)
-    password = Path(str(info["passfile"])).read_text().strip().rsplit(":", 1)[1]
     bucket = s3_server.bucket()
-    name = f"lake_{secrets.token_hex(4)}"
-    key = f"spark.sql.catalog.{name}"
-    conf = {
-        "spark.jars": f"{spark_jars_conf},{s3a_jars_conf}",
-        key: "org.apache.iceberg.spark.SparkCatalog",
-        f"{key}.type": "jdbc",
-        f"{key}.uri": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
-        f"{key}.jdbc.user": str(info["user"]),
-        f"{key}.jdbc.password": password,
-        f"{key}.warehouse": f"s3a://{bucket}/warehouse",
-    }
-    args = [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
+    name, args = jdbc_catalog(tcp_dsn, f"s3a://{bucket}/warehouse")
+    args += ["--conf", f"spark.jars={spark_jars_conf},{s3a_jars_conf}"]
     first = _write(tmp_path / "0000000000000001-0000000000001000.jsonl", [
         _rel("t"), *_txn("0/1000", *[_row("insert", "t", "0/1000", f"0/{0x100 + i:X}", i, f"a{i}") for i in range(20)]),
     ])  # fmt: skip
