@@ -328,6 +328,13 @@ class S3Server:
             region_name=e["AWS_REGION"],
         ).client("s3", endpoint_url=self.endpoint)
 
+    def upload(self, bucket: str, prefix: str, files: list[Path]) -> list[str]:
+        """Each of ``files`` as ``PREFIX/<its name>`` in ``bucket``; their ``s3://`` URLs."""
+        client = self.client()
+        for f in files:
+            client.upload_file(str(f), bucket, f"{prefix}/{f.name}")
+        return [f"s3://{bucket}/{prefix}/{f.name}" for f in files]
+
     def bucket(self) -> str:
         """A new, empty bucket."""
         name = f"pgrecv-test-{os.getpid()}-{next(self._names)}"

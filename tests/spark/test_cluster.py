@@ -140,15 +140,13 @@ def test_cluster_reads_source_from_s3(
     spark.executorEnv), the driver lists the prefix; the same tables as the local run."""
     gen, files = stream
     bucket = s3_server.bucket()
-    client = s3_server.client()
-    for f in files:
-        client.upload_file(str(f), bucket, f"cdc/{f.name}")
+    urls = s3_server.upload(bucket, "cdc", files)
     on_cluster, local = tmp_path / "cluster", tmp_path / "local"
     before = _app_ids(spark_cluster.status())
     class_path = s3a_jars_conf.replace(",", ":")
     executor_env = [("--conf", f"spark.executorEnv.{k}={v}") for k, v in s3_server.env.items() if k.startswith("AWS_")]
     proc = pgrecv(
-        "spark-apply", *(f"s3://{bucket}/cdc/{f.name}" for f in files), "--target", str(on_cluster),
+        "spark-apply", *urls, "--target", str(on_cluster),
         "--format", "parquet", "--master", spark_cluster.url, *LOOPBACK, *CONF, "--json",
         "--conf", f"spark.driver.extraClassPath={class_path}", "--conf", f"spark.executor.extraClassPath={class_path}",
         *(a for pair in executor_env for a in pair),

@@ -71,12 +71,10 @@ def test_connect_reads_source_from_s3(
     the objects; the same tables as the local run."""
     gen, files = stream
     bucket = s3_server.bucket()
-    client = s3_server.client()
-    for f in files:
-        client.upload_file(str(f), bucket, f"cdc/{f.name}")
+    urls = s3_server.upload(bucket, "cdc", files)
     remote, local = tmp_path / "remote", tmp_path / "local"
     proc = pgrecv(
-        "spark-apply", *(f"s3://{bucket}/cdc/{f.name}" for f in files), "--target", str(remote), "--format",
+        "spark-apply", *urls, "--target", str(remote), "--format",
         "parquet", "--json", "--remote", spark_connect.url, env=s3_server.env, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"

@@ -300,6 +300,18 @@ def test_a_column_named_as_icebergs_metadata_is_held_back_alone(tmp_path: Path, 
     assert [r["x"] for r in _read(tmp_path / "lake" / "s.t")[0]] == ["a"]
 
 
+def _insert_then_merge(first: Path, second: Path) -> tuple[Path, Path]:
+    """Two files of table s.t: 20 rows inserted at 0/1000, then row 5 updated and row 7 deleted at
+    0/2000 (the second run's MERGE)."""
+    _write(first, [
+        _rel("t"), *_txn("0/1000", *[_row("insert", "t", "0/1000", f"0/{0x100 + i:X}", i, f"a{i}") for i in range(20)]),
+    ])  # fmt: skip
+    _write(second, [_rel("t"), *_txn(
+        "0/2000", _row("update", "t", "0/2000", "0/1F00", 5, "new5"), _row("delete", "t", "0/2000", "0/1F01", 7),
+    )])  # fmt: skip
+    return first, second
+
+
 def jdbc_catalog(dsn: str, warehouse: str) -> tuple[str, list[str]]:
     """A new name and the ``--conf`` arguments of Iceberg's JDBC catalog in the PostgreSQL of
     ``dsn`` (over TCP: its password from the conninfo's passfile), its warehouse ``warehouse``.
@@ -336,12 +348,7 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
 
     name, args = jdbc_catalog(tcp_dsn, file_url(tmp_path / "warehouse"))
     target = tmp_path / "state"
-    first = _write(tmp_path / "1.jsonl", [
-        _rel("t"), *_txn("0/1000", *[_row("insert", "t", "0/1000", f"0/{0x100 + i:X}", i, f"a{i}") for i in range(20)]),
-    ])  # fmt: skip
-    second = _write(tmp_path / "2.jsonl", [_rel("t"), *_txn(
-        "0/2000", _row("update", "t", "0/2000", "0/1F00", 5, "new5"), _row("delete", "t", "0/2000", "0/1F01", 7),
-    )])  # fmt: skip
+    first, second = _insert_then_merge(tmp_path / "1.jsonl", tmp_path / "2.jsonl")
     s1 = _run(connector, str(first), "--target", str(target), "--iceberg-catalog", name, *args)
     assert s1["tables"][0]["applied_lsn"] == "0/1000"
     s2 = _run(connector, str(first), str(second), "--target", str(target), "--iceberg-catalog", name, *args)
@@ -385,12 +392,9 @@ def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     bucket = s3_server.bucket()
     name, args = jdbc_catalog(tcp_dsn, f"s3a://{bucket}/warehouse")
     args += ["--conf", f"spark.jars={spark_jars_conf},{s3a_jars_conf}"]
-    first = _write(tmp_path / "0000000000000001-0000000000001000.jsonl", [
-        _rel("t"), *_txn("0/1000", *[_row("insert", "t", "0/1000", f"0/{0x100 + i:X}", i, f"a{i}") for i in range(20)]),
-    ])  # fmt: skip
-    second = _write(tmp_path / "0000000000002000-0000000000002000.jsonl", [_rel("t"), *_txn(
-        "0/2000", _row("update", "t", "0/2000", "0/1F00", 5, "new5"), _row("delete", "t", "0/2000", "0/1F01", 7),
-    )])  # fmt: skip
+    first, second = _insert_then_merge(
+        tmp_path / "0000000000000001-0000000000001000.jsonl", tmp_path / "0000000000002000-0000000000002000.jsonl"
+    )
     client = s3_server.client()
     target = tmp_path / "state"
 

@@ -34,13 +34,6 @@ def apply_s3(s3: S3Server, jars: str, sources: list[str], target: Path, *extra: 
     )  # fmt: skip
 
 
-def upload(s3: S3Server, bucket: str, prefix: str, files: list[Path]) -> list[str]:
-    c = s3.client()
-    for f in files:
-        c.upload_file(str(f), bucket, f"{prefix}/{f.name}")
-    return [f"s3://{bucket}/{prefix}/{f.name}" for f in files]
-
-
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 def test_postgresql_to_s3_to_tables(
     db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path, fmt: str
@@ -97,7 +90,7 @@ def test_the_generated_stream_from_s3_equals_the_local_run(
     from objects whose key holds characters URIs quote: the same tables as a local run."""
     gen, files = stream
     bucket = s3_server.bucket()
-    urls = upload(s3_server, bucket, "a b/%20/ü", files)
+    urls = s3_server.upload(bucket, "a b/%20/ü", files)
     remote, local = tmp_path / "remote", tmp_path / "local"
     proc = apply_s3(s3_server, s3a_jars_conf, urls, remote, "--format", "parquet")
     assert proc.returncode == 0, err(proc)
@@ -111,7 +104,7 @@ def test_a_bad_line_is_named_by_its_object_and_line(s3_server: S3Server, s3a_jar
     good = b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n'
     bad = tmp_path / "0000000000000010-0000000000000020.jsonl"
     bad.write_bytes(good + b"{not json\n")
-    upload(s3_server, bucket, "p", [bad])
+    s3_server.upload(bucket, "p", [bad])
     proc = apply_s3(s3_server, s3a_jars_conf, [f"s3://{bucket}/p"], tmp_path / "lake", "--format", "parquet")
     assert proc.returncode == ExitCode.INPUT, err(proc)
     assert f"s3://{bucket}/p/{bad.name}:2" in err(proc), err(proc)
@@ -125,7 +118,7 @@ def test_what_cannot_be_read_is_one_line(s3_server: S3Server, tmp_path: Path, ca
     f.write_bytes(
         b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n{"v":1,"op":"commit","xid":1,"lsn":"0/20"}\n'
     )
-    upload(s3_server, bucket, "p", [f])
+    s3_server.upload(bucket, "p", [f])
     source = {
         "no-bucket": "s3://pgrecv-no-such-bucket/p",
         "no-prefix": f"s3://{bucket}/nothing-here",
@@ -153,7 +146,7 @@ def test_a_prefix_with_files_it_does_not_take_warns(s3_server: S3Server, tmp_pat
     bucket = s3_server.bucket()
     f = tmp_path / "changes.jsonl"
     f.write_bytes(b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n')
-    upload(s3_server, bucket, "p", [f])
+    s3_server.upload(bucket, "p", [f])
     proc = pgrecv(
         "spark-apply", f"s3://{bucket}/p", "--target", str(tmp_path / "lake"), "--format", "parquet", "--json",
         env=s3_server.env,
