@@ -3,11 +3,11 @@ _pgrecv() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            create|demo|drop|peek|slots|snapshot|spark-apply|start) cmd="${COMP_WORDS[i]}"; break ;;
+            create|demo|drop|peek|slots|snapshot|spark-apply|start|verify) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-        "") COMPREPLY=($(compgen -W "create demo drop peek slots snapshot spark-apply start --version -v --verbose -q --quiet --help" -- "$cur")); return ;;
+        "") COMPREPLY=($(compgen -W "create demo drop peek slots snapshot spark-apply start verify --version -v --verbose -q --quiet --help" -- "$cur")); return ;;
         create)
             case "$prev" in
                 -S|--slot) return ;;
@@ -127,6 +127,22 @@ _pgrecv() {
                 -U|--username) return ;;
             esac
             COMPREPLY=($(compgen -W "--help -S --slot -f --file --output-dir --rotate-size --rotate-interval --format -o --option --create -P --plugin --if-not-exists --temporary --publication --proto-version --binary --messages --origin --streaming --two-phase -I --startpos -E --endpos --until-caught-up -F --fsync-interval -s --status-interval --metrics-file --heartbeat --keep-heartbeats --synchronous -n --no-loop --table --exclude-table --op -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+        verify)
+            case "$prev" in
+                -S|--slot) return ;;
+                --target) return ;;
+                --format) COMPREPLY=($(compgen -W "delta parquet" -- "$cur")); return ;;
+                --table) return ;;
+                --publication) return ;;
+                --source) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+                --master) return ;;
+                --conf) return ;;
+                -d|--dbname) return ;;
+                -h|--host) return ;;
+                -p|--port) return ;;
+                -U|--username) return ;;
+            esac
+            COMPREPLY=($(compgen -W "--help -S --slot --target --format --table --publication --source --no-catch-up --master --conf --json -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
     esac
 }
 complete -o default -F _pgrecv pgrecv

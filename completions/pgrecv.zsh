@@ -12,6 +12,7 @@ _pgrecv() {
         'snapshot:Create a slot and copy every published table'\''s rows as of its start (an initial snapshot).'
         'spark-apply:Apply JSONL change files to Delta, Parquet or Iceberg tables with Spark, exactly and idempotently.'
         'start:Stream a slot'\''s changes over the replication protocol, like pg_recvlogical --start.'
+        'verify:Compare the lake with PostgreSQL at one exact position; name every difference by key.'
     )
     if (( CURRENT == 2 )); then
         _describe -t commands 'pgrecv command' commands
@@ -175,6 +176,27 @@ _pgrecv() {
                 '*--table[Only these tables (schema.table glob, repeatable).]:glob: ' \
                 '*--exclude-table[Not these tables (repeatable).]:glob: ' \
                 '--op[Only these operations\: insert,update,delete,truncate,message.]:ops: ' \
+                '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
+                '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
+                '(-p --port)'{-p,--port}'[Server port.]:port: ' \
+                '(-U --username)'{-U,--username}'[Connect as this role.]:name: ' \
+                '(-w --no-password)'{-w,--no-password}'[Never prompt for a password.]' \
+                '(-W --password)'{-W,--password}'[Prompt for a password before connecting.]' \
+                ''*{-v,--verbose}'[More detail on stderr (repeat for more).]' \
+                '(-q --quiet)'{-q,--quiet}'[Print no progress or notices.]' ;;
+        verify)
+            _arguments \
+                '--help[show help]' \
+                '(-S --slot)'{-S,--slot}'[The slot spark-apply'\''s change files come from.]:slot: ' \
+                '--target[spark-apply'\''s --target.]:path: ' \
+                '--format[Table format.]:value:(delta parquet)' \
+                '*--table[Only these tables (schema.table glob).]:glob: ' \
+                '--publication[pgoutput\: the publication (default\: the only one).]:name: ' \
+                '--source[The change directory (start'\''s --output-dir)\: the slot is streamed into it up to the snapshot and applied first. Without it (or with --no-catch-up) the lake is compared as it is.]:directory:_files -/' \
+                '--no-catch-up[Compare the lake as it is\: lagging tables show as differences.]' \
+                '--master[Spark master (default local\[*\]).]:url: ' \
+                '*--conf[Spark configuration (repeatable).]:key=value: ' \
+                '--json[One JSON document on stdout.]' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \
                 '(-p --port)'{-p,--port}'[Server port.]:port: ' \

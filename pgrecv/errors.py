@@ -52,6 +52,10 @@ class ExitCode(IntEnum):
         "`start`: the output directory holds another stream's output (another slot, database or server),"
         " or a file pgrecv did not write there (nothing confirmed)",
     )
+    DIFFERENT = (
+        18,
+        "`verify`: the lake differs from PostgreSQL at the snapshot's position (each table and key named)",
+    )
     INTERRUPTED = 130, "interrupted by SIGINT before finishing"
 
 
@@ -116,6 +120,12 @@ class Unhealthy(PgrecvError):
     """``slots --check`` found problems (each already printed on its own line)."""
 
     exit_code = ExitCode.UNHEALTHY
+
+
+class Different(PgrecvError):
+    """``verify`` found tables that differ from PostgreSQL (each already reported)."""
+
+    exit_code = ExitCode.DIFFERENT
 
 
 class PartlyApplied(PgrecvError):

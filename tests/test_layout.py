@@ -20,7 +20,7 @@ RANKS = {
     "decode": 2,
     "output": 3,
     **dict.fromkeys(("stream", "snapshot", "spark"), 4),
-    "demo": 5,
+    **dict.fromkeys(("demo", "verify"), 5),
     "cli": 6,
     "__main__": 7,
 }

@@ -801,3 +801,7 @@ cli.add_command(snapshot)
 from pgrecv.cli.spark_apply import spark_apply  # noqa: E402
 
 cli.add_command(spark_apply)
+
+from pgrecv.cli.verify import verify  # noqa: E402
+
+cli.add_command(verify)

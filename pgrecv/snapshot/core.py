@@ -256,8 +256,8 @@ def _run(
         snapshot_name = str(row[2])
         log(f'created slot "{slot}" at {lsn_str(cp)}, exported snapshot {snapshot_name}')
         with connect(opts) as meta:
-            _import(meta, snapshot_name)
-            table_list = _list_tables(meta, plugin, publication, major, globs, block_size)
+            import_snapshot(meta, snapshot_name)
+            table_list = list_tables(meta, plugin, publication, major, globs, block_size)
             meta.execute("ROLLBACK")
         tasks = _plan(table_list, directory, cp, jobs, max(1, range_size // block_size))
         if debezium is not None:
@@ -322,7 +322,7 @@ def _drop_slot(opts: ConnOptions, slot: str, log: Callable[[str], None]) -> None
             time.sleep(0.1)
 
 
-def _import(conn: psycopg.Connection[Any], snapshot_name: str) -> None:
+def import_snapshot(conn: psycopg.Connection[Any], snapshot_name: str) -> None:
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
     try:
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
@@ -370,7 +370,7 @@ SELECT a.attname, a.atttypid, a.atttypmod, tn.nspname, t.typname, a.attgenerated
 """
 
 
-def _list_tables(
+def list_tables(
     conn: psycopg.Connection[Any],
     plugin: str,
     publication: str | None,
@@ -662,7 +662,7 @@ def _worker_loop(tasks: Any, results: Any, coordinator: int | None) -> None:
             return
         opts, snapshot_name, cp, task = item
         with connect(opts) as conn:
-            _import(conn, snapshot_name)
+            import_snapshot(conn, snapshot_name)
             if delay:
                 time.sleep(delay)
             while True:

@@ -101,7 +101,7 @@ def _both_paths(dsn: str, tmp_path: Path, table: str) -> tuple[bytes, bytes, int
     """The table through copy_task and through copy_task_reference, from one snapshot."""
     with psycopg.connect(dsn) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        tables = snap._list_tables(conn, "test_decoding", None, 15, [table], 8192)
+        tables = snap.list_tables(conn, "test_decoding", None, 15, [table], 8192)
         assert len(tables) == 1
         out = []
         counts = []

@@ -1,0 +1,157 @@
+"""The canonical text of a value, the same on both sides: PostgreSQL computes it in SQL on the
+snapshot, Spark from the lake's typed column. Equal rows give equal text, so their hashes agree.
+
+The forms follow spark-apply's type mapping (docs/spark-apply.md): integers and decimals in plain
+digits (decimals without trailing zeros, as ``trim_scale``); floats by their exact binary
+value (an integer mantissa and a power of two, computed alike on both sides); timestamps as
+microseconds since the epoch (±infinity as spark-apply stores them: Spark's largest and smallest timestamps); dates as
+days; bytea as hex; arrays of integers, booleans and strings as JSON; every type spark-apply
+stores as PostgreSQL's text as that text (the type's output function, as pgoutput sends it). A
+column of another shape is not compared, and the report names it.
+
+A row's text is each value as ``LENGTH:TEXT`` (NULL as ``-``), one after another, so no two
+different rows share one text; its hash is the first 60 bits of its MD5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from pgrecv.spark.schema import quoted
+
+_INTEGERS = {"smallint", "integer", "bigint", "oid", "xid", "cid", "xid8"}
+_FLOATS = {"real", "double precision"}
+_TIMESTAMPS = {"timestamp without time zone", "timestamp with time zone"}
+_SIMPLE_ARRAY_ELEMENTS = _INTEGERS | {"boolean", "text", "character varying", "uuid", "name"}
+TS_MAX_MICROS = 253402300799999999  # 9999-12-31 23:59:59.999999 UTC (pgrecv/spark/replay/convert.py)
+TS_MIN_MICROS = -62135596800000000  # 0001-01-01 00:00:00 UTC
+
+# Spark types (simpleString) a lake column may have for each comparison
+_SPARK_INTS = {"smallint", "int", "bigint", "decimal(20,0)"}
+
+
+@dataclass(frozen=True)
+class Canon:
+    """One column's canonical text on each side: PostgreSQL SQL and Spark SQL, NULL kept NULL."""
+
+    pg: sql.Composable
+    spark: str
+
+
+def canon(name: str, pg_type: str, spark_type: str | None) -> Canon | None:
+    """The canonical forms of column ``name`` of PostgreSQL type ``pg_type`` stored in the lake as
+    ``spark_type`` (a Spark ``simpleString``; None: the lake has no such column, so its side is
+    NULL); None when this pair has no shared form (the column is not compared)."""
+    c = sql.Identifier(name)
+    s = quoted(name)
+    kind = _kind(pg_type, spark_type)
+    if kind is None:
+        return None
+    pg, spark = _FORMS[kind]
+    lake = "CAST(NULL AS STRING)" if spark_type is None else spark.format(c=s)
+    return Canon(sql.SQL(pg).format(c=c), lake)
+
+
+def _kind(pg_type: str, spark_type: str | None) -> str | None:
+    st = spark_type
+    if pg_type.endswith("[]"):
+        if pg_type[:-2] in _SIMPLE_ARRAY_ELEMENTS and (st is None or st.startswith("array<")):
+            return "array"
+        return None
+    if st == "string" or (st is None and pg_type not in _INTEGERS | _FLOATS | _TIMESTAMPS):
+        return "numeric_text" if pg_type == "numeric" else "text"
+    if pg_type in _INTEGERS and (st is None or st in _SPARK_INTS):
+        return "integer"
+    if pg_type in _FLOATS and (st is None or st in ("float", "double")):
+        return "float"
+    if pg_type == "numeric" and (st is None or st.startswith("decimal(")):
+        return "numeric"
+    if pg_type == "boolean" and st in (None, "boolean"):
+        return "boolean"
+    if pg_type == "bytea" and st in (None, "binary"):
+        return "bytea"
+    if pg_type == "date" and st in (None, "date"):
+        return "date"
+    if pg_type in _TIMESTAMPS and (st is None or st in ("timestamp", "timestamp_ntz")):
+        return "timestamp"
+    return None
+
+
+def _binary(pg: bool) -> str:
+    """A float as its exact binary value, ``[-]Mp E`` (M an integer: x = M * 2^E), computed alike on
+    both sides by scaling with powers of two, which is exact; no decimal text of either side's
+    printing (PostgreSQL's and Java 17's shortest forms differ for some values) is involved.
+    Normal numbers have 2^52 <= M < 2^53; subnormal ones E = -1074."""
+    dbl, txt = ("float8", "TEXT") if pg else ("DOUBLE", "STRING")
+    a = f"abs(CAST({{c}} AS {dbl}))"
+    two = f"CAST(2 AS {dbl})"
+    # off by one at worst (corrected by the ratio), and within a double's exponents: 2^1024 overflows
+    e0 = f"least(greatest(floor(ln({a}) / ln({two})), -1074), 1023)"
+    r = f"({a} / power({two}, {e0}))"
+    e = f"({e0} + CASE WHEN {r} < 1 THEN -1 WHEN {r} >= 2 THEN 1 ELSE 0 END)"
+    mantissa = f"CAST(CAST({a} / power({two}, {e} - 52) AS BIGINT) AS {txt})"
+    normal = f"concat({mantissa}, 'p', CAST(CAST({e} - 52 AS BIGINT) AS {txt}))"
+    sub = f"concat(CAST(CAST({a} * power({two}, 537) * power({two}, 537) AS BIGINT) AS {txt}), 'p-1074')"
+    smallest_normal = f"CAST('2.2250738585072014e-308' AS {dbl})"
+    sign = "CASE WHEN {c} < 0 THEN '-' ELSE '' END"
+    return f"concat({sign}, CASE WHEN {a} < {smallest_normal} THEN {sub} ELSE {normal} END)"
+
+
+_FLOAT_SPARK = (
+    "CASE WHEN isnan({c}) THEN 'NaN' WHEN {c} = double('inf') THEN 'Infinity' WHEN {c} = double('-inf') "
+    "THEN '-Infinity' WHEN {c} = 0 THEN '0' ELSE " + _binary(pg=False) + " END"
+)
+_FLOAT_PG = (
+    "CASE WHEN {c} = 'NaN' THEN 'NaN' WHEN {c} = 'Infinity' THEN 'Infinity' WHEN {c} = '-Infinity' "
+    "THEN '-Infinity' WHEN {c} = 0 THEN '0' ELSE " + _binary(pg=True) + " END"
+)
+
+# a decimal's digits without trailing zeros after the point (PostgreSQL: trim_scale)
+_TRIM_SPARK = "CASE WHEN instr({c}, '.') > 0 THEN regexp_replace({c}, '\\\\.?0+$', '') ELSE {c} END"
+_TS_PG = (
+    f"CASE WHEN {{c}} = 'infinity' THEN '{TS_MAX_MICROS}' WHEN {{c}} = '-infinity' THEN '{TS_MIN_MICROS}' "
+    "ELSE (extract(epoch FROM {c}) * 1000000)::bigint::text END"
+)
+
+# kind: (PostgreSQL form, Spark form); {c} is the column
+_FORMS: dict[str, tuple[str, str]] = {
+    "integer": ("{c}::text", "CAST({c} AS STRING)"),
+    "float": (_FLOAT_PG, _FLOAT_SPARK),
+    "numeric": ("trim_scale({c})::text", _TRIM_SPARK.replace("{c}", "CAST({c} AS STRING)")),
+    "numeric_text": ("trim_scale({c})::text", _TRIM_SPARK),
+    "boolean": ("CASE WHEN {c} THEN 't' ELSE 'f' END", "CASE WHEN {c} THEN 't' ELSE 'f' END"),
+    "bytea": ("encode({c}, 'hex')", "lower(hex({c}))"),
+    "date": (
+        "CASE WHEN isfinite({c}) THEN ({c} - DATE '1970-01-01')::text ELSE {c}::text END",
+        "CAST(datediff({c}, DATE'1970-01-01') AS STRING)",
+    ),
+    "timestamp": (_TS_PG, "CAST(unix_micros(CAST({c} AS TIMESTAMP)) AS STRING)"),
+    "array": ("array_to_json({c})::text", "to_json({c})"),
+    # the type's output function, as pgoutput sends it (concat keeps char(n)'s padding, ::text not)
+    "text": ("CASE WHEN {c} IS NOT NULL THEN concat({c}) END", "{c}"),
+}
+
+
+def row_text_pg(values: list[sql.Composable]) -> sql.Composable:
+    """The row text of canonical values in PostgreSQL (see the module's docstring)."""
+    parts = [
+        sql.SQL("CASE WHEN {v} IS NULL THEN '-' ELSE length({v})::text || ':' || {v} END").format(v=v) for v in values
+    ]
+    return sql.SQL(" || ").join(parts) if parts else sql.SQL("''")
+
+
+def row_text_spark(values: list[str]) -> str:
+    """The row text of canonical values in Spark SQL (see the module's docstring)."""
+    parts = [f"CASE WHEN ({v}) IS NULL THEN '-' ELSE concat(CAST(length({v}) AS STRING), ':', {v}) END" for v in values]
+    return f"concat({', '.join(parts)})" if parts else "''"
+
+
+def hash_pg(text: sql.Composable) -> sql.Composable:
+    """The first 60 bits of the text's MD5 as a bigint."""
+    return sql.SQL("('x' || substr(md5({t}), 1, 15))::bit(60)::bigint").format(t=text)
+
+
+def hash_spark(text: str) -> str:
+    return f"CAST(conv(substr(md5({text}), 1, 15), 16, 10) AS BIGINT)"

@@ -1,0 +1,263 @@
+"""``pgrecv verify``: PostgreSQL and the lake compared at one exact position.
+
+The position: a temporary slot made with an exported snapshot gives a consistent point C and a
+view of every table holding exactly the transactions that commit before C. With catch-up (the
+default), the user's slot is streamed into the change directory up to C (``start --endpos``: a
+transaction committing at C or later is not taken) and the files are applied, so every table of
+the lake holds exactly those transactions too. The snapshot stays imported in one transaction
+for the whole comparison, while the source goes on writing. Without catch-up the lake is compared
+as it is, and a table applied only up to an earlier position shows its lag as differences.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from pgrecv.errors import SlotError, UsageError
+from pgrecv.lsn import LSN, lsn_str
+from pgrecv.pg.conn import ConnOptions, connect, server_major, translate
+from pgrecv.spark.model import Progress
+from pgrecv.verify.canon import canon
+from pgrecv.verify.compare import TableDiff, compare
+from pgrecv.verify.sides import LakeSide, PgSide, Plan
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pgrecv.snapshot.core import Table as PgTable
+    from pgrecv.spark.model import Summary
+    from pgrecv.spark.tables import Table as LakeTable
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    opts: ConnOptions
+    slot: str
+    target: Path
+    fmt: str  # delta or parquet
+    tables: tuple[str, ...] = ()
+    publication: str | None = None
+    source: str | None = None  # the change directory; None: compare the lake as it is
+    master: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TableReport:
+    name: str
+    status: str  # equal, different, missing (no such table in the lake), not compared
+    key: tuple[str, ...] = ()
+    applied: int | None = None  # the lake table's applied position
+    diff: TableDiff | None = None
+    not_compared: tuple[str, ...] = ()  # columns without a shared canonical form
+    note: str = ""
+
+
+@dataclass
+class Report:
+    lsn: int  # the snapshot's consistent point: the lake and PostgreSQL hold what commits before it
+    caught_up: bool
+    tables: list[TableReport] = field(default_factory=list)
+    applied: Summary | None = None
+
+    @property
+    def equal(self) -> bool:
+        return all(t.status == "equal" for t in self.tables)
+
+
+def run_verify(
+    config: VerifyConfig,
+    catch_up: Callable[[int], None] | None,
+    log: Callable[[str], None] = lambda _m: None,
+    spark: SparkSession | None = None,
+    progress: Progress | None = None,
+) -> Report:
+    """Compares every published table (``config.tables``: globs) of PostgreSQL and the lake at one
+    position; ``catch_up(C)`` streams the slot into ``config.source`` up to C (None: no catch-up)."""
+    from pgrecv.pg.slots import create_slot_command, get_slot, resolve_publication
+    from pgrecv.snapshot.core import import_snapshot, list_tables
+
+    if config.fmt not in ("delta", "parquet"):
+        raise UsageError(f"verify compares --format delta or parquet tables, not {config.fmt}")
+    if not config.target.is_dir():
+        raise UsageError(f"--target {config.target}: no such directory: give spark-apply's --target")
+    with connect(config.opts) as meta:
+        publication = resolve_publication(meta, config.publication)
+        block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
+        row = get_slot(meta, config.slot)
+    if row is None:
+        raise SlotError(
+            f'replication slot "{config.slot}" does not exist: give the slot that spark-apply\'s files come from'
+        )
+    if catch_up is not None and row.get("active"):
+        raise SlotError(
+            f'replication slot "{config.slot}" is in use (a pgrecv start running?): verify streams it up to its '
+            "snapshot: stop the stream and run verify again, or compare the lake as it is with --no-catch-up"
+        )
+    conn = connect(config.opts)
+    try:
+        rconn = connect(config.opts, replication=True)
+        try:
+            major = server_major(rconn)
+            name = f"pgrecv_verify_{secrets.token_hex(6)}"
+            command = create_slot_command(
+                name, "pgoutput", major, export=True, two_phase=False, failover=False, temporary=True
+            )
+            made = rconn.execute(command).fetchone()
+            assert made is not None
+            cp = int(LSN.parse(made[1]))
+            import_snapshot(conn, str(made[2]))
+        except psycopg.Error as exc:
+            raise translate(exc) from None
+        finally:
+            rconn.close()  # the temporary slot goes; the imported snapshot stays with conn's transaction
+        log(f"snapshot at {lsn_str(cp)}")
+        tables = list_tables(conn, "pgoutput", publication, major, config.tables, block_size)
+        report = Report(cp, catch_up is not None)
+        if catch_up is not None:
+            confirmed = _confirmed(conn, config.slot)
+            if confirmed is not None and confirmed > cp:
+                raise SlotError(
+                    f'replication slot "{config.slot}" was confirmed past the snapshot ({lsn_str(confirmed)} > '
+                    f"{lsn_str(cp)}) while verify took it: another consumer is streaming it; run verify again"
+                )
+            catch_up(cp)
+        spark = spark or _session(config)
+        if catch_up is not None and config.source is not None:
+            report.applied = _apply(config, spark)
+        hooks = progress or Progress()
+        hooks.tables(len(tables))
+        for t in tables:
+            report.tables.append(_verify_table(conn, spark, config, t, cp, catch_up is not None))
+            hooks.table_done(report.tables[-1].name)
+        conn.execute("ROLLBACK")
+        return report
+    finally:
+        conn.close()
+
+
+def _confirmed(conn: psycopg.Connection[Any], slot: str) -> int | None:
+    from pgrecv.pg.slots import get_slot
+
+    row = get_slot(conn, slot)
+    value = None if row is None else row.get("confirmed_flush_lsn")
+    return None if value is None else int(LSN.parse(str(value)))
+
+
+def _session(config: VerifyConfig) -> SparkSession:
+    from pgrecv.spark.jars import session_conf
+    from pgrecv.spark.sparkops import start_session
+
+    return start_session(config.master, session_conf(config.conf, config.fmt, "auto"))
+
+
+def _apply(config: VerifyConfig, spark: SparkSession) -> Summary:
+    from pgrecv.spark.apply import run_apply
+    from pgrecv.spark.model import ApplyConfig
+
+    assert config.source is not None
+    apply = ApplyConfig(
+        sources=(config.source,),
+        target=config.target,
+        fmt=config.fmt,  # type: ignore[arg-type]
+        tables=config.tables,
+        master=config.master,
+        conf=config.conf,
+    )
+    return run_apply(apply, spark)
+
+
+def _lake_table(spark: SparkSession, config: VerifyConfig, schema: str, name: str) -> LakeTable:
+    from pgrecv.spark.model import app_id, table_dir_name
+    from pgrecv.spark.tables.delta_spark import delta_writer
+    from pgrecv.spark.tables.parquet import ParquetTable
+
+    path = config.target / table_dir_name(schema, name)
+    cls = ParquetTable if config.fmt == "parquet" else delta_writer(spark, "auto")
+    return cls(path, app_id(f"{schema}.{name}"), spark)
+
+
+def _verify_table(
+    conn: psycopg.Connection[Any], spark: SparkSession, config: VerifyConfig, t: PgTable, cp: int, caught_up: bool
+) -> TableReport:
+    from pgrecv.spark.sparkops import spark_schema
+    from pgrecv.spark.tables import mode_of
+
+    rel = t.relation
+    report = TableReport(f"{rel.namespace}.{rel.name}", "equal")
+    lake = _lake_table(spark, config, rel.namespace, rel.name)
+    if not lake.exists():
+        report.status = "missing"
+        report.note = f"{_count(conn, t)} rows in PostgreSQL"
+        return report
+    lake.open()
+    report.applied = lake.applied
+    if lake.schema is None:
+        report.status = "missing"
+        report.note = f"{_count(conn, t)} rows in PostgreSQL"
+        return report
+    if mode_of(lake) == "history":
+        report.status = "not compared"
+        report.note = "a history-mode table (--mode history): verify compares latest-mode tables"
+        return report
+    if caught_up and lake.applied is not None and lake.applied >= cp:
+        raise SlotError(
+            f"{report.name}: the lake is past the snapshot (applied {lsn_str(lake.applied)} >= {lsn_str(cp)}): "
+            "another stream and apply ran meanwhile; run verify again"
+        )
+    frame = lake.frame()
+    if frame is None:
+        frame = spark.createDataFrame([], spark_schema(lake.schema))
+    lake_types = {f.name: f.dataType.simpleString() for f in frame.schema.fields}
+    columns = [c for c in rel.columns if c.name in t.columns]
+    names: list[str] = []
+    canons = []
+    skipped: list[str] = []
+    for c in columns:
+        form = canon(c.name, c.type_name, lake_types.get(c.name))
+        if form is None:
+            skipped.append(c.name)
+            continue
+        names.append(c.name)
+        canons.append(form)
+    keyed = [i for i, n in enumerate(names) if any(c.key and c.name == n for c in columns)]
+    key = tuple(keyed) if keyed else tuple(range(len(names)))
+    plan = Plan(tuple(names), tuple(canons), key)
+    report.key = tuple(names[i] for i in key)
+    report.not_compared = tuple(skipped)
+    pg = PgSide(conn, _source(t), _where(t), plan)
+    side = LakeSide(frame, plan, [c.spark for c in canons])
+    report.diff = compare(pg, side, names)
+    if not report.diff.equal:
+        report.status = "different"
+        if not caught_up and lake.applied is not None and lake.applied < cp - 1:
+            report.note = f"applied up to {lsn_str(lake.applied)}, the snapshot is at {lsn_str(cp)}: it may lag"
+    return report
+
+
+def _source(t: PgTable) -> sql.Composable:
+    ident = sql.Identifier(t.relation.namespace, t.relation.name)
+    return ident if t.partitioned else sql.SQL("ONLY {}").format(ident)
+
+
+def _where(t: PgTable) -> sql.Composable | None:
+    return sql.SQL("(" + t.rowfilter.replace("%", "%%") + ")") if t.rowfilter else None
+
+
+def _count(conn: psycopg.Connection[Any], t: PgTable) -> int:
+    where = _where(t) or sql.SQL("true")
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(_source(t), where)).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def key_text(names: Sequence[str], key: Sequence[str | None]) -> str:
+    """A key for the report: ``id=5`` or ``(a=1, b=x)``."""
+    parts = [f"{n}={'NULL' if v is None else v}" for n, v in zip(names, key, strict=False)]
+    return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"

@@ -1,0 +1,189 @@
+"""``pgrecv verify`` against real servers and real lakes: an exact lake is equal, also while a
+workload writes to the source; rows deleted, changed and added behind pgrecv's back, a table
+removed, and changes not yet applied are each reported by key."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from pgrecv.errors import ExitCode
+from pgrecv.pg.server import TempServer
+from pgrecv.spark.model import table_dir_name
+from tests.util import err, pgrecv, sql
+
+pytest.importorskip("pyspark")
+FAST = ("--conf", "spark.sql.shuffle.partitions=2", "--master", "local[2]")
+
+SCHEMA = """
+CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10,2), nu numeric, f float8, r real, ts timestamptz,
+                tn timestamp, d date, flag bool, raw bytea, tags text[], ids int[], j jsonb, c char(4), u uuid);
+CREATE TABLE b (id bigint PRIMARY KEY, v text);
+CREATE TABLE "odd name" (k1 text, k2 int, v numeric(6,1), PRIMARY KEY (k1, k2));
+CREATE PUBLICATION pub FOR ALL TABLES;
+"""
+ROW = (
+    "INSERT INTO a SELECT i, 'v' || i, i * 1.25, round(i / 7.0, 6), i / 3.0, i / 9.0, "
+    "timestamptz '2024-02-29 12:00:00+02' + i * interval '1 second', timestamp '2020-01-01' - i * interval '1 day', "
+    "date '2000-01-01' + i, i %% 2 = 0, decode(lpad(to_hex(i), 8, '0'), 'hex'), ARRAY['x', NULL, 'y' || i], "
+    "ARRAY[i, -i], jsonb_build_object('k', i, 'l', ARRAY[1, 2]), 'c' || (i %% 10), gen_random_uuid() "
+    "FROM generate_series(%s::int, %s::int) i"
+)
+
+
+def _verify(dsn: str, src: Path, lake: Path, fmt: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+    proc = pgrecv(
+        "verify", "-d", dsn, "--slot", "s", "--target", str(lake), "--format", fmt, "--source", str(src),
+        "--json", *FAST, *extra, timeout=600,
+    )  # fmt: skip
+    doc = orjson.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, doc, err(proc)
+
+
+def _tables(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["table"]: t for t in doc["tables"]}
+
+
+def _tamper_parquet(path: Path, change: Callable[[pa.Table], pa.Table]) -> None:
+    """Rewrites the current version's files behind pgrecv's back (a new inode: its files are hard links)."""
+    for f in sorted((path / "current").glob("part-*.parquet")):
+        before = pq.read_table(f)
+        after = change(before)
+        if after.equals(before):
+            continue
+        tmp = f.with_name(f".tamper-{f.name}")
+        pq.write_table(after, tmp)
+        os.replace(tmp, f)
+        return
+
+
+def _tamper(lake: Path, fmt: str, table: str, what: str) -> None:
+    path = lake / table_dir_name("public", table)
+    if fmt == "delta":
+        import deltalake
+
+        dt = deltalake.DeltaTable(str(path))
+        if what == "delete 5":
+            dt.delete("id = 5")
+        elif what == "change 77":
+            dt.update({"v": "'tampered'"}, predicate="id = 77")
+        else:
+            whole = pa.schema(dt.schema().to_arrow())  # (deltalake 1.x gives arro3's schema)
+            schema = pa.schema([whole.field(n) for n in ("id", "v")])
+            deltalake.write_deltalake(str(path), pa.table({"id": [9999], "v": ["extra"]}, schema=schema), mode="append")
+        return
+    if what == "delete 5":
+        _tamper_parquet(path, lambda t: t.filter(pc.not_equal(t["id"], 5)))
+    elif what == "change 77":
+
+        def change(t: pa.Table) -> pa.Table:
+            i = t.schema.get_field_index("v")
+            return t.set_column(i, "v", pc.if_else(pc.equal(t["id"], 77), pa.scalar("tampered"), t["v"]))
+
+        _tamper_parquet(path, change)
+    else:
+
+        def add(t: pa.Table) -> pa.Table:
+            extra = pa.table({"id": [9999], "v": ["extra"]}).cast(t.schema)
+            return pa.concat_tables([t, extra])
+
+        _tamper_parquet(path, add)
+
+
+def _writer(dsn: str, stop: threading.Event) -> threading.Thread:
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            i = 0
+            while not stop.wait(0.005):  # a steady OLTP trickle, not a flood
+                i += 1
+                conn.execute("UPDATE b SET v = %s WHERE id = %s", (f"w{i}", i % 50 + 1))
+                upsert = "INSERT INTO b VALUES (%s, 'new') ON CONFLICT (id) DO UPDATE SET v = 'again'"
+                conn.execute(upsert, (10000 + i,))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def fmt(pg_server: TempServer) -> str:
+    """Both formats and both servers in two runs: Parquet on PostgreSQL 15, Delta on 18."""
+    return "parquet" if pg_server.version < 18 else "delta"
+
+
+def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: str) -> None:
+    sql(db_dsn, SCHEMA)
+    sql(db_dsn, ROW, (1, 200))
+    sql(db_dsn, "INSERT INTO b SELECT i, 'b' || i FROM generate_series(1, 300) i")
+    sql(db_dsn, """INSERT INTO "odd name" SELECT 'k' || (i % 7), i, i / 10.0 FROM generate_series(1, 50) i""")
+    src, lake = tmp_path / "cdc", tmp_path / "lake"
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", str(src))
+    assert proc.returncode == 0, err(proc)
+    sql(db_dsn, ROW.replace("INSERT INTO a", "INSERT INTO a") + " ON CONFLICT (id) DO NOTHING", (201, 220))
+    sql(db_dsn, "UPDATE a SET v = NULL, nu = 1e-12, f = 'NaN', ts = 'infinity' WHERE id = 2")
+    sql(db_dsn, "DELETE FROM b WHERE id > 290")
+
+    code, doc, text = _verify(db_dsn, src, lake, fmt)  # a --target that is not there: one line
+    assert code == ExitCode.USAGE and text.count("\n") == 1 and "--target" in text, text
+    proc = pgrecv("start", "-d", db_dsn, "--slot", "s", "--output-dir", str(src), "--until-caught-up")
+    assert proc.returncode == 0, err(proc)
+    proc = pgrecv("spark-apply", str(src), "--target", str(lake), "--format", fmt, *FAST, timeout=600)
+    assert proc.returncode == 0, err(proc)
+    sql(db_dsn, "UPDATE a SET v = 'later' WHERE id = 3")
+    sql(db_dsn, "DELETE FROM a WHERE id = 4")
+    sql(db_dsn, ROW, (1000, 1000))
+    # the lake as it is, with changes it has not applied: each named by key, the lag said
+    code, doc, text = _verify(db_dsn, src, lake, fmt, "--no-catch-up")
+    assert code == ExitCode.DIFFERENT, text
+    a = _tables(doc)["public.a"]
+    assert (a["status"], a["missing_keys"], a["extra_keys"]) == ("different", ["id=1000"], ["id=4"]), a
+    assert a["changed_rows"] == [{"key": "id=3", "columns": ["v"]}], a
+    assert a["not_compared"] == [] and "lag" in a["note"], a
+    assert _tables(doc)["public.b"]["status"] == "equal" and _tables(doc)["public.odd name"]["status"] == "equal"
+
+    # caught up to the snapshot while a workload writes on: exact, so equal
+    stop = threading.Event()
+    writer = _writer(db_dsn, stop)
+    try:
+        code, doc, text = _verify(db_dsn, src, lake, fmt)
+    finally:
+        stop.set()
+        writer.join()
+    assert code == 0, (text, doc)
+    assert doc["equal"] and doc["caught_up"] and len(doc["tables"]) == 3, doc
+    assert _tables(doc)["public.a"]["rows_postgres"] == 220
+
+    # behind pgrecv's back: a row deleted, a value changed, a row added; caught up to the writer's
+    # last changes, exactly those are found
+    _tamper(lake, fmt, "a", "delete 5")
+    _tamper(lake, fmt, "b", "change 77")
+    _tamper(lake, fmt, "b", "extra")
+    code, doc, text = _verify(db_dsn, src, lake, fmt)
+    assert code == ExitCode.DIFFERENT, text
+    tables = _tables(doc)
+    a, b, odd = tables["public.a"], tables["public.b"], tables["public.odd name"]
+    assert (a["missing"], a["extra"], a["changed"], a["missing_keys"]) == (1, 0, 0, ["id=5"]), a
+    assert (b["missing"], b["extra"], b["changed"]) == (0, 1, 1), b
+    assert b["extra_keys"] == ["id=9999"] and b["changed_rows"] == [{"key": "id=77", "columns": ["v"]}], b
+    assert odd["status"] == "equal", odd
+    # a table removed: missing (the lake as it is: a catch-up's apply would rebuild it from the files)
+    shutil.rmtree(lake / table_dir_name("public", "odd name"))
+    plain = pgrecv(
+        "verify", "-d", db_dsn, "--slot", "s", "--target", str(lake), "--format", fmt, *FAST, timeout=600
+    )  # fmt: skip
+    assert plain.returncode == ExitCode.DIFFERENT
+    out = plain.stdout.decode()
+    assert "public.a" in out and "1 missing (id=5)" in out and "1 changed (id=77: v)" in out, out
+    assert "public.odd name  MISSING    no such table in the lake (50 rows in PostgreSQL)" in out, out
+    assert err(plain).strip().splitlines()[-1].startswith("pgrecv: error: 3 of 3 tables differ"), err(plain)
