@@ -9,8 +9,9 @@ days; bytea as hex; arrays of integers, booleans and strings as JSON; every type
 stores as PostgreSQL's text as that text (the type's output function, as pgoutput sends it). A
 column of another shape is not compared, and the report names it.
 
-A row's text is each value as ``LENGTH:TEXT`` (NULL as ``-``), one after another, so no two
-different rows share one text; its hash is the first 60 bits of its MD5.
+A row's text is its values joined by a control character, those of text-like types as
+``LENGTH:TEXT``, so no two different rows share one text; its hash is the first 60 bits of its
+MD5. A key of one integer column is its own hash (no MD5 per row for it).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Canon:
 
     pg: sql.Composable
     spark: str
+    kind: str  # which form (a key of kind "integer" is its own hash: pgrecv/verify/sides.py)
 
 
 def canon(name: str, pg_type: str, spark_type: str | None) -> Canon | None:
@@ -51,7 +53,7 @@ def canon(name: str, pg_type: str, spark_type: str | None) -> Canon | None:
         return None
     pg, spark = _FORMS[kind]
     lake = "CAST(NULL AS STRING)" if spark_type is None else spark.format(c=s)
-    return Canon(sql.SQL(pg).format(c=c), lake)
+    return Canon(sql.SQL(pg).format(c=c), lake, kind)
 
 
 def _kind(pg_type: str, spark_type: str | None) -> str | None:
@@ -134,18 +136,31 @@ _FORMS: dict[str, tuple[str, str]] = {
 }
 
 
-def row_text_pg(values: list[sql.Composable]) -> sql.Composable:
-    """The row text of canonical values in PostgreSQL (see the module's docstring)."""
+# A row's text: its values joined by \x1f, NULL as \x1e. Every form but "text" is made of
+# digits, letters and JSON (which escapes control characters), so never holds either; a value of
+# the "text" form may hold anything, so it goes as LENGTH:TEXT.
+
+
+def row_text_pg(values: list[Canon]) -> sql.Composable:
+    """The row text of canonical values in PostgreSQL (``||``: concat takes at most 100 arguments)."""
     parts = [
-        sql.SQL("CASE WHEN {v} IS NULL THEN '-' ELSE length({v})::text || ':' || {v} END").format(v=v) for v in values
+        sql.SQL("CASE WHEN {v} IS NULL THEN chr(30) ELSE length({v})::text || ':' || {v} END").format(v=v.pg)
+        if v.kind == "text"
+        else sql.SQL("coalesce({v}, chr(30))").format(v=v.pg)
+        for v in values
     ]
-    return sql.SQL(" || ").join(parts) if parts else sql.SQL("''")
+    return sql.SQL(" || chr(31) || ").join(parts) if parts else sql.SQL("''")
 
 
-def row_text_spark(values: list[str]) -> str:
-    """The row text of canonical values in Spark SQL (see the module's docstring)."""
-    parts = [f"CASE WHEN ({v}) IS NULL THEN '-' ELSE concat(CAST(length({v}) AS STRING), ':', {v}) END" for v in values]
-    return f"concat({', '.join(parts)})" if parts else "''"
+def row_text_spark(values: list[Canon]) -> str:
+    """The row text of canonical values in Spark SQL."""
+    parts = [
+        f"CASE WHEN ({v.spark}) IS NULL THEN char(30) ELSE concat(length({v.spark}), ':', {v.spark}) END"
+        if v.kind == "text"
+        else f"coalesce({v.spark}, char(30))"
+        for v in values
+    ]
+    return f"concat_ws(char(31), {', '.join(parts)})" if parts else "''"
 
 
 def hash_pg(text: sql.Composable) -> sql.Composable:

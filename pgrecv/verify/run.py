@@ -69,7 +69,8 @@ class Report:
 
     @property
     def equal(self) -> bool:
-        return all(t.status == "equal" for t in self.tables)
+        """No table differs (one not compared, named in the report, is no difference)."""
+        return all(t.status in ("equal", "not compared") for t in self.tables)
 
 
 def run_verify(
@@ -134,9 +135,13 @@ def run_verify(
             report.applied = _apply(config, spark)
         hooks = progress or Progress()
         hooks.tables(len(tables))
+        held = {} if report.applied is None else {r.table: r.error for r in report.applied.tables if r.error}
         for t in tables:
-            report.tables.append(_verify_table(conn, spark, config, t, cp, catch_up is not None))
-            hooks.table_done(report.tables[-1].name)
+            result = _verify_table(conn, spark, config, t, cp, catch_up is not None)
+            if result.name in held and result.status != "equal":
+                result.note = f"held back by the catch-up's apply: {held[result.name]}"
+            report.tables.append(result)
+            hooks.table_done(result.name)
         conn.execute("ROLLBACK")
         return report
     finally:
@@ -218,6 +223,7 @@ def _verify_table(
     lake_types = {f.name: f.dataType.simpleString() for f in frame.schema.fields}
     columns = [c for c in rel.columns if c.name in t.columns]
     names: list[str] = []
+    types: list[str] = []
     canons = []
     skipped: list[str] = []
     for c in columns:
@@ -226,14 +232,15 @@ def _verify_table(
             skipped.append(c.name)
             continue
         names.append(c.name)
+        types.append(c.type_name)
         canons.append(form)
     keyed = [i for i, n in enumerate(names) if any(c.key and c.name == n for c in columns)]
     key = tuple(keyed) if keyed else tuple(range(len(names)))
-    plan = Plan(tuple(names), tuple(canons), key)
+    plan = Plan(tuple(names), tuple(canons), key, tuple(types))
     report.key = tuple(names[i] for i in key)
     report.not_compared = tuple(skipped)
     pg = PgSide(conn, _source(t), _where(t), plan)
-    side = LakeSide(frame, plan, [c.spark for c in canons])
+    side = LakeSide(frame, plan)
     report.diff = compare(pg, side, names)
     if not report.diff.equal:
         report.status = "different"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from pgrecv.spark.schema import quoted
 from pgrecv.verify.canon import Canon, hash_pg, hash_spark, row_text_pg, row_text_spark
 from pgrecv.verify.compare import BITS, Leaf
 
@@ -26,6 +27,21 @@ class Plan:
     names: tuple[str, ...]
     canons: tuple[Canon, ...]
     key: tuple[int, ...]  # indexes into names
+    types: tuple[str, ...] = ()  # the columns' PostgreSQL types
+
+
+def _single_int_key(plan: Plan) -> int | None:
+    """The index of the key's one column when it is an integer (not xid8, which exceeds bigint):
+    its value is the key's hash, as good for buckets as an MD5 of it and much cheaper."""
+    if len(plan.key) == 1 and plan.canons[plan.key[0]].kind == "integer":
+        i = plan.key[0]
+        return i if plan.types[i] != "xid8" else None
+    return None
+
+
+def _int_key_pg(plan: Plan) -> sql.Composable | None:
+    i = _single_int_key(plan)
+    return None if i is None else sql.SQL("{}::bigint").format(sql.Identifier(plan.names[i]))
 
 
 def _mask(depth: int) -> int:
@@ -40,18 +56,18 @@ class PgSide:
     ) -> None:
         self.conn = conn
         self.plan = plan
-        key = row_text_pg([plan.canons[i].pg for i in plan.key])
-        row = row_text_pg([c.pg for c in plan.canons])
+        key = row_text_pg([plan.canons[i] for i in plan.key])
+        row = row_text_pg(list(plan.canons))
         cols = sql.SQL(", ").join(sql.SQL("substr(md5(coalesce({v}, '-')), 1, 8)").format(v=c.pg) for c in plan.canons)
         keys = sql.SQL(", ").join(c.pg for c in (plan.canons[i] for i in plan.key))
         source = sql.SQL("FROM {t} WHERE {w}").format(t=table, w=where if where is not None else sql.SQL("true"))
         self.source = source
-        self.h, self.r = hash_pg(key), hash_pg(row)
+        self.h, self.r = (_int_key_pg(plan) or hash_pg(key)), hash_pg(row)
         # OFFSET 0: computed once per row, not again for each use of h
         self.sums = sql.SQL("SELECT {h} AS h, {r} AS r {s} OFFSET 0").format(h=self.h, r=self.r, s=source)
         self.rows = sql.SQL(
             "SELECT {h} AS h, {r} AS r, ARRAY[{keys}]::text[] AS k, ARRAY[{cols}]::text[] AS c {s} OFFSET 0"
-        ).format(h=hash_pg(key), r=hash_pg(row), keys=keys, cols=cols, s=source)
+        ).format(h=self.h, r=self.r, keys=keys, cols=cols, s=source)
 
     def buckets(self, depth: int, within: Sequence[int] | None) -> dict[int, tuple[int, int]]:
         if within is None:  # the first level, every row: a plain aggregate, which PostgreSQL may run in parallel
@@ -84,13 +100,16 @@ class PgSide:
 class LakeSide:
     """A lake table's current rows (a DataFrame of its columns; a column the lake lacks is NULL)."""
 
-    def __init__(self, frame: DataFrame, plan: Plan, spark_canons: Sequence[str]) -> None:
-        key = row_text_spark([spark_canons[i] for i in plan.key])
-        row = row_text_spark(list(spark_canons))
+    def __init__(self, frame: DataFrame, plan: Plan) -> None:
+        spark_canons = [c.spark for c in plan.canons]
+        key = row_text_spark([plan.canons[i] for i in plan.key])
+        row = row_text_spark(list(plan.canons))
+        single = _single_int_key(plan)
         cols = ", ".join(f"substr(md5(coalesce({c}, '-')), 1, 8)" for c in spark_canons)
         keys = ", ".join(spark_canons[i] for i in plan.key)
+        h = hash_spark(key) if single is None else f"CAST({quoted(plan.names[single])} AS BIGINT)"
         self.rows = frame.selectExpr(
-            f"{hash_spark(key)} AS h", f"{hash_spark(row)} AS r", f"array({keys}) AS k", f"array({cols}) AS c"
+            f"{h} AS h", f"{hash_spark(row)} AS r", f"array({keys}) AS k", f"array({cols}) AS c"
         )
 
     def buckets(self, depth: int, within: Sequence[int] | None) -> dict[int, tuple[int, int]]:
