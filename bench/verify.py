@@ -60,7 +60,7 @@ def main() -> None:
         code = 0
         try:
             where = ["--source", str(src), "--target", str(lake), "--format", args.format]
-            cli.main(["verify", "-d", dsn, "--slot", "s", *where], standalone_mode=False)
+            cli.main(["verify", "-v", "-d", dsn, "--slot", "s", *where], standalone_mode=False)
         except SystemExit as exc:
             code = int(exc.code or 0)
         verify_s = time.perf_counter() - t0

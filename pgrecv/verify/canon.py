@@ -2,7 +2,7 @@
 snapshot, Spark from the lake's typed column. Equal rows give equal text, so their hashes agree.
 
 The forms follow spark-apply's type mapping (docs/spark-apply.md): integers and decimals in plain
-digits (decimals without trailing zeros, as ``trim_scale``); floats by their exact binary
+digits (decimals with the lake's scale; kept as text, without trailing zeros); floats by their exact binary
 value (an integer mantissa and a power of two, computed alike on both sides); timestamps as
 microseconds since the epoch (±infinity as spark-apply stores them: Spark's largest and smallest timestamps); dates as
 days; bytea as hex; arrays of integers, booleans and strings as JSON; every type spark-apply
@@ -52,6 +52,11 @@ def canon(name: str, pg_type: str, spark_type: str | None) -> Canon | None:
     if kind is None:
         return None
     pg, spark = _FORMS[kind]
+    if kind == "numeric" and spark_type is not None:
+        # the lake's decimal(p,s) prints every value with its s decimals, as PostgreSQL's round(v, s)
+        # does (a value with more decimals than s was never stored: spark-apply holds it back)
+        scale = int(spark_type.rstrip(")").split(",")[1])
+        pg = f"round({{c}}, {scale})::text"
     lake = "CAST(NULL AS STRING)" if spark_type is None else spark.format(c=s)
     return Canon(sql.SQL(pg).format(c=c), lake, kind)
 
@@ -121,7 +126,7 @@ _TS_PG = (
 _FORMS: dict[str, tuple[str, str]] = {
     "integer": ("{c}::text", "CAST({c} AS STRING)"),
     "float": (_FLOAT_PG, _FLOAT_SPARK),
-    "numeric": ("trim_scale({c})::text", _TRIM_SPARK.replace("{c}", "CAST({c} AS STRING)")),
+    "numeric": ("trim_scale({c})::text", "CAST({c} AS STRING)"),
     "numeric_text": ("trim_scale({c})::text", _TRIM_SPARK),
     "boolean": ("CASE WHEN {c} THEN 't' ELSE 'f' END", "CASE WHEN {c} THEN 't' ELSE 'f' END"),
     "bytea": ("encode({c}, 'hex')", "lower(hex({c}))"),

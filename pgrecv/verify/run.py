@@ -12,6 +12,7 @@ as it is, and a table applied only up to an earlier position shows its lag as di
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,15 +130,23 @@ def run_verify(
                     f'replication slot "{config.slot}" was confirmed past the snapshot ({lsn_str(confirmed)} > '
                     f"{lsn_str(cp)}) while verify took it: another consumer is streaming it; run verify again"
                 )
+            began = time.monotonic()
             catch_up(cp)
+            log(f"caught up in {time.monotonic() - began:.1f} s")
+        began = time.monotonic()
         spark = spark or _session(config)
+        log(f"Spark session in {time.monotonic() - began:.1f} s")
         if catch_up is not None and config.source is not None:
+            began = time.monotonic()
             report.applied = _apply(config, spark)
+            log(f"applied in {time.monotonic() - began:.1f} s")
         hooks = progress or Progress()
         hooks.tables(len(tables))
         held = {} if report.applied is None else {r.table: r.error for r in report.applied.tables if r.error}
         for t in tables:
+            began = time.monotonic()
             result = _verify_table(conn, spark, config, t, cp, catch_up is not None)
+            log(f"{result.name}: {result.status} in {time.monotonic() - began:.1f} s")
             if result.name in held and result.status != "equal":
                 result.note = f"held back by the catch-up's apply: {held[result.name]}"
             report.tables.append(result)
