@@ -91,13 +91,15 @@ def run_verify(
     if not config.target.is_dir():
         raise UsageError(f"--target {config.target}: no such directory: give spark-apply's --target")
     with connect(config.opts) as meta:
-        publication = resolve_publication(meta, config.publication)
-        block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
         row = get_slot(meta, config.slot)
-    if row is None:
-        raise SlotError(
-            f'replication slot "{config.slot}" does not exist: give the slot that spark-apply\'s files come from'
-        )
+        if row is None:
+            raise SlotError(
+                f'replication slot "{config.slot}" does not exist: give the slot that spark-apply\'s files come from'
+            )
+        # the tables the slot's changes hold: a pgoutput slot's publication's, a test_decoding slot's all
+        plugin = "test_decoding" if row.get("plugin") == "test_decoding" else "pgoutput"
+        publication = resolve_publication(meta, config.publication) if plugin == "pgoutput" else None
+        block_size = int(meta.execute("SELECT current_setting('block_size')").fetchone()[0])  # type: ignore[index]
     if catch_up is not None and row.get("active"):
         raise SlotError(
             f'replication slot "{config.slot}" is in use (a pgrecv start running?): verify streams it up to its '
@@ -121,7 +123,7 @@ def run_verify(
         finally:
             rconn.close()  # the temporary slot goes; the imported snapshot stays with conn's transaction
         log(f"snapshot at {lsn_str(cp)}")
-        tables = list_tables(conn, "pgoutput", publication, major, config.tables, block_size)
+        tables = list_tables(conn, plugin, publication, major, config.tables, block_size)
         report = Report(cp, catch_up is not None)
         if catch_up is not None:
             confirmed = _confirmed(conn, config.slot)
