@@ -11,7 +11,6 @@ import click
 from pgrecv.cli.options import STATE, Command, common_options, conn_opts, connection_options, info, log
 from pgrecv.cli.spark_apply import _conf
 from pgrecv.errors import UsageError
-from pgrecv.spark.model import Progress
 
 if TYPE_CHECKING:
     from pgrecv.verify.run import Report
@@ -87,7 +86,11 @@ def verify(
         info(f"streaming slot {slot} into {source} up to {LSN(position)}")
         ctx.invoke(start, slot=slot, output_dir=source, endpos=LSN(position), publication=publication, **start_kw)
 
-    progress = _Bar() if sys.stderr.isatty() and not STATE.quiet and not as_json else None
+    progress = None
+    if sys.stderr.isatty() and not STATE.quiet and not as_json:
+        from pgrecv.spark.ui import RichProgress
+
+        progress = RichProgress("tables compared")
     try:
         wanted = catch_up if source is not None and not no_catch_up else None
         report = run_verify(config, wanted, log=lambda m: log(m), progress=progress)
@@ -107,35 +110,6 @@ def verify(
         )
     if not as_json and not STATE.quiet and sys.stderr.isatty():
         info("equal")
-
-
-class _Bar(Progress):
-    """The tables compared, as a bar on a terminal (rich; gone when done)."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self.bar.start()
-        self.task: Any = None
-
-    def tables(self, total: int) -> None:
-        self.task = self.bar.add_task("tables compared", total=total)
-
-    def table_done(self, name: str) -> None:
-        self.bar.advance(self.task)
-        self.bar.update(self.task, description=f"tables compared (last: {name})")
-
-    def stop(self) -> None:
-        self.bar.stop()
 
 
 def _lsn(value: int) -> str:

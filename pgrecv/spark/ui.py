@@ -15,7 +15,10 @@ from pgrecv.spark.model import Summary
 
 
 class RichProgress(Hooks):
-    def __init__(self) -> None:
+    """spark-apply's files read and tables applied (``verify``: its tables compared, ``label``)."""
+
+    def __init__(self, label: str = "tables applied") -> None:
+        self.label = label
         self.bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -35,7 +38,7 @@ class RichProgress(Hooks):
         self.bar.advance(self.read)
 
     def tables(self, total: int) -> None:
-        self.apply = self.bar.add_task("tables applied", total=total)
+        self.apply = self.bar.add_task(self.label, total=total)
 
     def table_done(self, name: str) -> None:
         self.bar.advance(self.apply)
