@@ -53,6 +53,17 @@ def _psql(bin_dir: Path) -> str:
     return found
 
 
+def make_table(dsn: str, table: str, rows: int) -> int:
+    """Table t of TABLES[table] with ``rows`` rows, analysed, in a publication; its size in bytes."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        create, fill = TABLES[table]
+        c.execute(create)
+        c.execute(fill, (rows,))
+        c.execute("VACUUM ANALYZE t")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        return int(c.execute("SELECT pg_relation_size('t')").fetchone()[0])  # type: ignore[index]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", choices=sorted(TABLES), default="plain")
@@ -63,13 +74,7 @@ def main() -> None:
     install = next(i for i in find_installations() if i.version == args.version)
     with TempServer(install) as server, tempfile.TemporaryDirectory() as tmp:
         dsn = server.dsn()
-        with psycopg.connect(dsn, autocommit=True) as c:
-            create, fill = TABLES[args.table]
-            c.execute(create)
-            c.execute(fill, (args.rows,))
-            c.execute("VACUUM ANALYZE t")
-            c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-            size = c.execute("SELECT pg_relation_size('t')").fetchone()[0]  # type: ignore[index]
+        size = make_table(dsn, args.table, args.rows)
         print(f"PostgreSQL {server.version}, table {args.table}: {args.rows} rows, {size / 1e6:.0f} MB")
 
         copy_s = math.inf

@@ -21,12 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import psycopg
-
 from pgrecv.pg.server import TempServer, find_installations
 
 sys.path.insert(0, str(Path(__file__).parent))
-from snapshot import TABLES
+from snapshot import TABLES, make_table
 
 
 def _pgrecv(*args: str) -> float:
@@ -45,12 +43,7 @@ def main() -> None:
     install = next(i for i in find_installations() if i.version == args.version)
     with TempServer(install) as server, tempfile.TemporaryDirectory() as tmp:
         dsn = server.dsn()
-        with psycopg.connect(dsn, autocommit=True) as c:
-            create, fill = TABLES[args.table]
-            c.execute(create)
-            c.execute(fill, (args.rows,))
-            c.execute("VACUUM ANALYZE t")
-            c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        make_table(dsn, args.table, args.rows)
         src, lake = Path(tmp) / "cdc", Path(tmp) / "lake"
         snap_s = _pgrecv("snapshot", "-d", dsn, "--slot", "s", "--output-dir", str(src), "-q")
         apply_s = _pgrecv("spark-apply", str(src), "--target", str(lake), "--format", args.format, "-q")

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from pgrecv.spark.model import BadValues, DeltaEngine, Format, Mode
 
 
-def _conf(values: tuple[str, ...]) -> dict[str, str]:
+def parse_conf(values: tuple[str, ...]) -> dict[str, str]:
+    """--conf KEY=VALUE options (spark-apply's and verify's) as a dict; a malformed one is a usage error."""
     out = {}
     for item in values:
         key, sep, value = item.partition("=")
@@ -160,7 +161,7 @@ def _spark_apply(
         engine=delta_engine,
         master=master,
         remote=remote,
-        conf=_conf(confs),
+        conf=parse_conf(confs),
         append_only=append_only,
         keys=parse_keys(keys),
         bad_values=bad_values,

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pgrecv.cli.options import STATE, Command, common_options, conn_opts, connection_options, info, log
-from pgrecv.cli.spark_apply import _conf
+from pgrecv.cli.spark_apply import parse_conf
 from pgrecv.errors import UsageError
+from pgrecv.lsn import lsn_str
 
 if TYPE_CHECKING:
     from pgrecv.verify.run import Report
@@ -73,7 +74,7 @@ def verify(
         publication=publication,
         source=source,
         master=master,
-        conf=_conf(confs),
+        conf=parse_conf(confs),
     )
 
     def catch_up(position: int) -> None:
@@ -105,24 +106,18 @@ def verify(
 
         bad = [t for t in report.tables if t.status != "equal"]
         raise Different(
-            f"{len(bad)} of {len(report.tables)} tables differ from PostgreSQL at {_lsn(report.lsn)}: {bad[0].name}"
+            f"{len(bad)} of {len(report.tables)} tables differ from PostgreSQL at {lsn_str(report.lsn)}: {bad[0].name}"
             + (" and more (listed above)" if len(bad) > 1 else " (listed above)")
         )
     if not as_json and not STATE.quiet and sys.stderr.isatty():
         info("equal")
 
 
-def _lsn(value: int) -> str:
-    from pgrecv.lsn import lsn_str
-
-    return lsn_str(value)
-
-
 def report_text(report: Report) -> str:
     from pgrecv.verify.run import key_text
 
     how = "the lake brought to it first" if report.caught_up else "the lake as it is"
-    lines = [f"verified at {_lsn(report.lsn)} ({how})"]
+    lines = [f"verified at {lsn_str(report.lsn)} ({how})"]
     width = max((len(t.name) for t in report.tables), default=0)
     for t in report.tables:
         d = t.diff
@@ -166,7 +161,7 @@ def report_json(report: Report) -> bytes:
             "table": t.name,
             "status": t.status,
             "key": list(t.key),
-            "applied_lsn": None if t.applied is None else _lsn(t.applied),
+            "applied_lsn": None if t.applied is None else lsn_str(t.applied),
             "not_compared": list(t.not_compared),
             "note": t.note,
         }
@@ -183,5 +178,5 @@ def report_json(report: Report) -> bytes:
                 changed_rows=[{"key": key_text(t.key, c.key), "columns": list(c.columns)} for c in d.changed_rows],
             )
         tables.append(entry)
-    doc = {"lsn": _lsn(report.lsn), "caught_up": report.caught_up, "equal": report.equal, "tables": tables}
+    doc = {"lsn": lsn_str(report.lsn), "caught_up": report.caught_up, "equal": report.equal, "tables": tables}
     return orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)

@@ -17,17 +17,28 @@ MD5. A key of one integer column is its own hash (no MD5 per row for it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from psycopg import sql
 
+from pgrecv.spark.replay.convert import TS_MAX, TS_MIN
 from pgrecv.spark.schema import quoted
 
 _INTEGERS = {"smallint", "integer", "bigint", "oid", "xid", "cid", "xid8"}
 _FLOATS = {"real", "double precision"}
 _TIMESTAMPS = {"timestamp without time zone", "timestamp with time zone"}
 _SIMPLE_ARRAY_ELEMENTS = _INTEGERS | {"boolean", "text", "character varying", "uuid", "name"}
-TS_MAX_MICROS = 253402300799999999  # 9999-12-31 23:59:59.999999 UTC (pgrecv/spark/replay/convert.py)
-TS_MIN_MICROS = -62135596800000000  # 0001-01-01 00:00:00 UTC
+
+
+def _micros(text: str) -> int:
+    """Microseconds since the epoch of a UTC timestamp's text."""
+    moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+# ±infinity as spark-apply stores them (pgrecv/spark/replay/convert.py: Spark's largest and smallest)
+TS_MAX_MICROS = _micros(TS_MAX)
+TS_MIN_MICROS = _micros(TS_MIN)
 
 # Spark types (simpleString) a lake column may have for each comparison
 _SPARK_INTS = {"smallint", "int", "bigint", "decimal(20,0)"}

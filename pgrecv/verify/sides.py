@@ -55,7 +55,6 @@ class PgSide:
         self, conn: psycopg.Connection[Any], table: sql.Composable, where: sql.Composable | None, plan: Plan
     ) -> None:
         self.conn = conn
-        self.plan = plan
         key = row_text_pg([plan.canons[i] for i in plan.key])
         row = row_text_pg(list(plan.canons))
         cols = sql.SQL(", ").join(sql.SQL("substr(md5(coalesce({v}, '-')), 1, 8)").format(v=c.pg) for c in plan.canons)

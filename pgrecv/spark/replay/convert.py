@@ -40,8 +40,8 @@ _TIME = r"[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
 _TS = rf"^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}} {_TIME}$"
 _TSTZ = rf"^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}} {_TIME}[+-][0-9]{{2}}(:[0-9]{{2}}(:[0-9]{{2}})?)?$"
 # Spark's PostgreSQL dialect reads 'infinity'/'-infinity' timestamps as the largest/smallest it holds.
-_TS_MAX = "9999-12-31 23:59:59.999999"
-_TS_MIN = "0001-01-01 00:00:00"
+TS_MAX = "9999-12-31 23:59:59.999999"
+TS_MIN = "0001-01-01 00:00:00"
 
 
 def scalar(raw: Column, ct: ColumnType) -> tuple[Column, Column]:
@@ -70,14 +70,14 @@ def scalar(raw: Column, ct: ColumnType) -> tuple[Column, Column]:
         v = F.when(raw.rlike(_DATE), _try_cast(raw, "date"))
     elif pg == "timestamp without time zone":
         v = (
-            F.when(raw == "infinity", F.lit(_TS_MAX).cast("timestamp_ntz"))
-            .when(raw == "-infinity", F.lit(_TS_MIN).cast("timestamp_ntz"))
+            F.when(raw == "infinity", F.lit(TS_MAX).cast("timestamp_ntz"))
+            .when(raw == "-infinity", F.lit(TS_MIN).cast("timestamp_ntz"))
             .when(raw.rlike(_TS), _try_cast(raw, "timestamp_ntz"))
         )
     elif pg == "timestamp with time zone":
         v = (
-            F.when(raw == "infinity", F.to_utc_timestamp(F.lit(_TS_MAX), "UTC"))
-            .when(raw == "-infinity", F.to_utc_timestamp(F.lit(_TS_MIN), "UTC"))
+            F.when(raw == "infinity", F.to_utc_timestamp(F.lit(TS_MAX), "UTC"))
+            .when(raw == "-infinity", F.to_utc_timestamp(F.lit(TS_MIN), "UTC"))
             .when(raw.rlike(_TSTZ), _try_cast(raw, "timestamp"))
         )
     else:  # text, varchar, uuid, interval, json (cut out exactly beforehand), numeric > 38 digits, …
