@@ -137,12 +137,14 @@ _pgrecv() {
                 --source) COMPREPLY=($(compgen -d -- "$cur")); return ;;
                 --master) return ;;
                 --conf) return ;;
+                --key) return ;;
+                --bad-values) COMPREPLY=($(compgen -W "fail null text" -- "$cur")); return ;;
                 -d|--dbname) return ;;
                 -h|--host) return ;;
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot --target --format --table --publication --source --no-catch-up --master --conf --json -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot --target --format --table --publication --source --no-catch-up --master --conf --key --append-only --bad-values --json -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
     esac
 }
 complete -o default -F _pgrecv pgrecv

@@ -196,6 +196,9 @@ _pgrecv() {
                 '--no-catch-up[Compare the lake as it is\: lagging tables show as differences.]' \
                 '--master[Spark master (default local\[*\]).]:url: ' \
                 '*--conf[Spark configuration (repeatable).]:key=value: ' \
+                '*--key[Key columns (comma-separated) of a table whose input names none, as test_decoding'\''s may not (repeatable; double-quote names holding . , = or ").]:schema.table=columns: ' \
+                '--append-only[Tables without any key\: append their inserts.]' \
+                '--bad-values[spark-apply'\''s --bad-values\: values it could not store in the column'\''s type compare as it stored them (null\: NULL; text\: the column'\''s text), not as differences.]:value:(fail null text)' \
                 '--json[One JSON document on stdout.]' \
                 '(-d --dbname)'{-d,--dbname}'[Database name, conninfo string or URI.]:connstr: ' \
                 '(-h --host)'{-h,--host}'[Server host or socket directory.]:host: ' \

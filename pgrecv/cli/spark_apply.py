@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from pgrecv.cli.options import STATE, Command, common_options, log
 from pgrecv.errors import UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from pgrecv.spark.model import BadValues, DeltaEngine, Format, Mode
@@ -26,6 +29,29 @@ def parse_conf(values: tuple[str, ...]) -> dict[str, str]:
             raise UsageError(f"--conf {item!r}: expected key=value, e.g. spark.executor.memory=4g")
         out[key.strip()] = value
     return out
+
+
+# options spark-apply shares with verify (whose catch-up applies the files as spark-apply would)
+key_option = click.option(
+    "--key",
+    "keys",
+    multiple=True,
+    metavar="SCHEMA.TABLE=COLUMNS",
+    help="Key columns (comma-separated) of a table whose input names none, as test_decoding's may not "
+    '(repeatable; double-quote names holding . , = or ").',
+)
+append_only_option = click.option("--append-only", is_flag=True, help="Tables without any key: append their inserts.")
+BAD_VALUES_HELP = (
+    "Values the target type cannot hold (numeric NaN, dates past 9999, ...): "
+    "fail (hold the table back), null (store NULL), text (a new column becomes a string column "
+    "holding the value's text). Changed values are counted in the summary."
+)
+
+
+def bad_values_option(help_text: str = BAD_VALUES_HELP) -> Callable[[F], F]:
+    return click.option(
+        "--bad-values", type=click.Choice(["fail", "null", "text"]), default="fail", show_default=True, help=help_text
+    )
 
 
 @click.command("spark-apply", cls=Command)
@@ -66,25 +92,10 @@ def parse_conf(values: tuple[str, ...]) -> dict[str, str]:
     help="--format iceberg: the session's Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its "
     "type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default: a Hadoop catalog under --target.",
 )
-@click.option(
-    "--key",
-    "keys",
-    multiple=True,
-    metavar="SCHEMA.TABLE=COLUMNS",
-    help="Key columns (comma-separated) of a table whose input names none, as test_decoding's may not "
-    '(repeatable; double-quote names holding . , = or ").',
-)
-@click.option("--append-only", is_flag=True, help="Tables without any key: append their inserts.")
+@key_option
+@append_only_option
 @click.option("--replay", type=click.Choice(["spark", "driver"]), hidden=True, help="Deprecated: always spark.")
-@click.option(
-    "--bad-values",
-    type=click.Choice(["fail", "null", "text"]),
-    default="fail",
-    show_default=True,
-    help="Values the target type cannot hold (numeric NaN, dates past 9999, ...): "
-    "fail (hold the table back), null (store NULL), text (a new column becomes a string column "
-    "holding the value's text). Changed values are counted in the summary.",
-)
+@bad_values_option()
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option(
     "--list-applied",

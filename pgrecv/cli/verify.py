@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pgrecv.cli.options import STATE, Command, common_options, conn_opts, connection_options, info, log
-from pgrecv.cli.spark_apply import parse_conf
+from pgrecv.cli.spark_apply import append_only_option, bad_values_option, key_option, parse_conf
 from pgrecv.errors import UsageError
 from pgrecv.lsn import lsn_str
 
 if TYPE_CHECKING:
+    from pgrecv.spark.model import BadValues
     from pgrecv.verify.run import Report
 
 
@@ -32,6 +33,12 @@ if TYPE_CHECKING:
 @click.option("--no-catch-up", is_flag=True, help="Compare the lake as it is: lagging tables show as differences.")
 @click.option("--master", metavar="URL", help="Spark master (default local[*]).")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Spark configuration (repeatable).")
+@key_option
+@append_only_option
+@bad_values_option(
+    "spark-apply's --bad-values: values it could not store in the column's type compare as it stored them "
+    "(null: NULL; text: the column's text), not as differences."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @connection_options
 @common_options
@@ -45,6 +52,9 @@ def verify(
     no_catch_up: bool,
     master: str | None,
     confs: tuple[str, ...],
+    keys: tuple[str, ...],
+    append_only: bool,
+    bad_values: BadValues,
     as_json: bool,
     **kw: Any,
 ) -> None:
@@ -58,6 +68,7 @@ def verify(
     split further, down to the keys. Exit codes: 0 equal, 18 different (each table and key named),
     5 the slot is in use or moved meanwhile.
     """
+    from pgrecv.spark.keys import parse_keys
     from pgrecv.verify.run import VerifyConfig, run_verify
 
     ctx = click.get_current_context()
@@ -75,6 +86,9 @@ def verify(
         source=source,
         master=master,
         conf=parse_conf(confs),
+        keys=parse_keys(keys),
+        append_only=append_only,
+        bad_values=bad_values,
     )
 
     def catch_up(position: int) -> None:

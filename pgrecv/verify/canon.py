@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 from psycopg import sql
 
+from pgrecv.spark.model import BadValues
 from pgrecv.spark.replay.convert import TS_MAX, TS_MIN
 from pgrecv.spark.schema import quoted
 
@@ -28,6 +29,9 @@ _INTEGERS = {"smallint", "integer", "bigint", "oid", "xid", "cid", "xid8"}
 _FLOATS = {"real", "double precision"}
 _TIMESTAMPS = {"timestamp without time zone", "timestamp with time zone"}
 _SIMPLE_ARRAY_ELEMENTS = _INTEGERS | {"boolean", "text", "character varying", "uuid", "name"}
+# arrays whose JSON text (a column --bad-values text made a string) is the same from PostgreSQL's
+# array_to_json as in the change files (no strings: their escapes' hex digits differ in case)
+_JSON_TEXT_ELEMENTS = {"smallint", "integer", "bigint", "boolean"}
 
 
 def _micros(text: str) -> int:
@@ -53,10 +57,12 @@ class Canon:
     kind: str  # which form (a key of kind "integer" is its own hash: pgrecv/verify/sides.py)
 
 
-def canon(name: str, pg_type: str, spark_type: str | None) -> Canon | None:
+def canon(name: str, pg_type: str, spark_type: str | None, bad_values: BadValues = "fail") -> Canon | None:
     """The canonical forms of column ``name`` of PostgreSQL type ``pg_type`` stored in the lake as
     ``spark_type`` (a Spark ``simpleString``; None: the lake has no such column, so its side is
-    NULL); None when this pair has no shared form (the column is not compared)."""
+    NULL); None when this pair has no shared form (the column is not compared). ``bad_values``:
+    spark-apply's policy (under ``null``, a value its column type cannot hold is NULL on
+    PostgreSQL's side too; under ``text`` the column is a string column, compared as text)."""
     c = sql.Identifier(name)
     s = quoted(name)
     kind = _kind(pg_type, spark_type)
@@ -68,6 +74,9 @@ def canon(name: str, pg_type: str, spark_type: str | None) -> Canon | None:
         # does (a value with more decimals than s was never stored: spark-apply holds it back)
         scale = int(spark_type.rstrip(")").split(",")[1])
         pg = f"round({{c}}, {scale})::text"
+    poison = _poison(kind, spark_type) if bad_values == "null" and spark_type is not None else None
+    if poison is not None:
+        pg = f"CASE WHEN {poison} THEN NULL ELSE {pg} END"
     lake = "CAST(NULL AS STRING)" if spark_type is None else spark.format(c=s)
     return Canon(sql.SQL(pg).format(c=c), lake, kind)
 
@@ -77,6 +86,8 @@ def _kind(pg_type: str, spark_type: str | None) -> str | None:
     if pg_type.endswith("[]"):
         if pg_type[:-2] in _SIMPLE_ARRAY_ELEMENTS and (st is None or st.startswith("array<")):
             return "array"
+        if pg_type[:-2] in _JSON_TEXT_ELEMENTS and st == "string":  # --bad-values text: the array's JSON
+            return "array_text"
         return None
     if st == "string" or (st is None and pg_type not in _INTEGERS | _FLOATS | _TIMESTAMPS):
         return "numeric_text" if pg_type == "numeric" else "text"
@@ -94,6 +105,28 @@ def _kind(pg_type: str, spark_type: str | None) -> str | None:
         return "date"
     if pg_type in _TIMESTAMPS and (st is None or st in ("timestamp", "timestamp_ntz")):
         return "timestamp"
+    return None
+
+
+def _poison(kind: str, spark_type: str) -> str | None:
+    """The PostgreSQL condition under which spark-apply cannot store a value of this kind in
+    ``spark_type`` (its poison: pgrecv/spark/replay/convert.py), which ``--bad-values null`` stores as
+    NULL: a numeric that is NaN or ±Infinity, has more decimals than the scale or too many digits;
+    a date or timestamp outside years 1 to 9999 (BC, or past 9999: the text has no 4-digit year;
+    a date's ±infinity too, a timestamp's is stored); an array of more than one dimension.
+    Dates and timestamps are judged in this session's time zone, as the walsender printed them."""
+    if kind == "numeric":
+        precision, scale = (int(x) for x in spark_type[len("decimal(") : -1].split(","))
+        return (
+            "{c} IN ('NaN', 'Infinity', '-Infinity') OR "
+            f"scale(trim_scale({{c}})) > {scale} OR abs({{c}}) >= 1e{precision - scale}"
+        )
+    if kind == "date":
+        return "NOT isfinite({c}) OR NOT extract(year FROM {c}) BETWEEN 1 AND 9999"
+    if kind == "timestamp":
+        return "isfinite({c}) AND NOT extract(year FROM {c}) BETWEEN 1 AND 9999"
+    if kind == "array":
+        return "array_ndims({c}) > 1"
     return None
 
 
@@ -147,6 +180,7 @@ _FORMS: dict[str, tuple[str, str]] = {
     ),
     "timestamp": (_TS_PG, "CAST(unix_micros(CAST({c} AS TIMESTAMP)) AS STRING)"),
     "array": ("array_to_json({c})::text", "to_json({c})"),
+    "array_text": ("array_to_json({c})::text", "{c}"),
     # the type's output function, as pgoutput sends it (concat keeps char(n)'s padding, ::text not)
     "text": ("CASE WHEN {c} IS NOT NULL THEN concat({c}) END", "{c}"),
 }

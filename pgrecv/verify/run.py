@@ -24,7 +24,7 @@ from psycopg import sql
 from pgrecv.errors import SlotError, UsageError
 from pgrecv.lsn import LSN, lsn_str
 from pgrecv.pg.conn import ConnOptions, connect, server_major, translate
-from pgrecv.spark.model import Progress
+from pgrecv.spark.model import BadValues, Name, Progress
 from pgrecv.verify.canon import canon
 from pgrecv.verify.compare import TableDiff, compare
 from pgrecv.verify.sides import LakeSide, PgSide, Plan
@@ -48,6 +48,10 @@ class VerifyConfig:
     source: str | None = None  # the change directory; None: compare the lake as it is
     master: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
+    # as given to spark-apply: its catch-up applies with them, and the comparison follows them
+    keys: dict[Name, tuple[str, ...]] = field(default_factory=dict)
+    append_only: bool = False
+    bad_values: BadValues = "fail"
 
 
 @dataclass
@@ -186,6 +190,9 @@ def _apply(config: VerifyConfig, spark: SparkSession) -> Summary:
         tables=config.tables,
         master=config.master,
         conf=config.conf,
+        keys=config.keys,
+        append_only=config.append_only,
+        bad_values=config.bad_values,
     )
     return run_apply(apply, spark)
 
@@ -238,14 +245,18 @@ def _verify_table(
     canons = []
     skipped: list[str] = []
     for c in columns:
-        form = canon(c.name, c.type_name, lake_types.get(c.name))
+        form = canon(c.name, c.type_name, lake_types.get(c.name), config.bad_values)
         if form is None:
             skipped.append(c.name)
             continue
         names.append(c.name)
         types.append(c.type_name)
         canons.append(form)
-    keyed = [i for i, n in enumerate(names) if any(c.key and c.name == n for c in columns)]
+    given = config.keys.get((rel.namespace, rel.name))  # --key, as the apply was given it
+    if given:
+        keyed = [names.index(n) for n in given if n in names]
+    else:
+        keyed = [i for i, n in enumerate(names) if any(c.key and c.name == n for c in columns)]
     key = tuple(keyed) if keyed else tuple(range(len(names)))
     plan = Plan(tuple(names), tuple(canons), key, tuple(types))
     report.key = tuple(names[i] for i in key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 from psycopg import sql
@@ -68,3 +69,68 @@ def test_other_types_compare_alike(db_dsn: str, spark: Any) -> None:
         _both(conn, spark, "timestamptz", "timestamp", [t + "+05:30" for t in ts[:2]] + ["2024-01-01 00:00:00+00"])
         _both(conn, spark, "text[]", "array<string>", ['{a,"b c",NULL,"q\\"x"}', "{}", '{"ä€😀"}'])
         _both(conn, spark, "integer[]", "array<int>", ["{1,NULL,-3}", "{}"])
+
+
+def _as_applied(conn: psycopg.Connection[Any], spark: Any, pg_type: str, texts: list[str], policy: str) -> int:
+    """Values of ``pg_type`` stored as spark-apply stores them under ``--bad-values policy``: their
+    JSONL text (pgrecv's own converter), typed by spark-apply's own conversion, NULL where it cannot
+    hold them (``null``), or kept as that text in a string column (``text``). Verify's form of each
+    PostgreSQL value (under the same policy) must be the form of what the lake holds. Returns how
+    many values the type could not hold."""
+    from pyspark.sql import functions as F
+
+    from pgrecv.output.values import text_converter
+    from pgrecv.spark.replay.convert import scalar
+    from pgrecv.spark.schema import column_type, spark_ddl
+
+    conn.prepare_threshold = None
+    conn.execute(sql.SQL("CREATE TEMP TABLE v (i int, x {})").format(sql.SQL(pg_type)))
+    oid, typmod, name = conn.execute(
+        "SELECT atttypid::int, atttypmod, format_type(atttypid, NULL) FROM pg_attribute "
+        "WHERE attrelid = 'v'::regclass AND attname = 'x'"
+    ).fetchone()  # type: ignore[misc]
+    with conn.cursor().copy("COPY v FROM STDIN") as copy:
+        for i, text in enumerate(texts):
+            copy.write_row((i, text))
+    ct = column_type(name, typmod)
+    lake_type = spark_ddl(ct.arrow) if policy == "null" else "string"
+    form = canon("x", name, lake_type, policy)  # type: ignore[arg-type]
+    assert form is not None, (name, lake_type)
+    ours = dict(conn.execute(sql.SQL("SELECT i, {} FROM v").format(form.pg)).fetchall())
+    convert = text_converter(oid, name)
+    raws = []
+    for i, text in conn.execute("SELECT i, x::text FROM v").fetchall():
+        value = text if convert is None else convert(text)
+        raws.append((i, value if isinstance(value, str) else orjson.dumps(value).decode()))
+    frame = spark.createDataFrame(raws, "i int, raw string")
+    typed, ok = scalar(F.col("raw"), ct)
+    stored = F.when(ok, typed) if policy == "null" else F.col("raw")
+    rows = frame.select("i", stored.alias("x"), ok.alias("ok")).selectExpr("i", form.spark, "ok").collect()
+    conn.execute("DROP TABLE v")
+    theirs = {r[0]: r[1] for r in rows}
+    wrong = [(texts[i], ours[i], theirs[i]) for i in ours if ours[i] != theirs[i]]
+    assert wrong == [], (pg_type, policy, wrong[:5])
+    return sum(1 for r in rows if not r[2])
+
+
+def test_bad_values_compare_as_spark_apply_stored_them(db_dsn: str, spark: Any) -> None:
+    """--bad-values null: a value spark-apply's conversion refuses is NULL on PostgreSQL's side too,
+    and only such a value; --bad-values text: the string column holding the change files' text."""
+    cases = {
+        "numeric": ["1.5", "NaN", "Infinity", "-Infinity", "1e-19", "1e-18", "99999999999999999999.9", "1e20", "0"],
+        "numeric(5,2)": ["NaN", "999.99", "-1.10", "0"],
+        "date": ["2024-02-29", "infinity", "-infinity", "0044-03-15 BC", "10000-01-01", "0001-01-01", "9999-12-31"],
+        "timestamp": ["infinity", "-infinity", "0001-01-01 00:00:00 BC", "10000-01-01 00:00:00", "2024-01-01 10:00:00"],
+        "timestamptz": ["infinity", "12000-05-05 00:00:00+00", "0100-01-01 00:00:00+00 BC", "2024-01-01 10:00:00+00"],
+        "integer[]": ["{1,2}", "{{1,2},{3,NULL}}", "{}", "[0:1]={5,6}"],
+        "boolean[]": ["{t,NULL}", "{{t},{f}}"],
+    }
+    bad = {"null": {}, "text": {}}
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for policy, counts in bad.items():
+            for pg_type, texts in cases.items():
+                counts[pg_type] = _as_applied(conn, spark, pg_type, texts, policy)
+    # the cases hold values spark-apply cannot store (else nothing was shown): numeric NaN, ±Infinity,
+    # 1e-19 (19 decimals) and 1e20 (21 digits); dates BC, past 9999, ±infinity; multi-dimensional arrays
+    expected = {"numeric": 5, "numeric(5,2)": 1, "date": 4, "timestamp": 2, "timestamptz": 2, "integer[]": 1}
+    assert {k: v for k, v in bad["null"].items() if v} == {**expected, "boolean[]": 1}

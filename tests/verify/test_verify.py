@@ -1,6 +1,7 @@
 """``pgrecv verify`` against real servers and real lakes: an exact lake is equal, also while a
-workload writes to the source; rows deleted, changed and added behind pgrecv's back, a table
-removed, and changes not yet applied are each reported by key."""
+workload writes to the source, and values spark-apply stored as NULL (``--bad-values null``)
+compare as NULL; rows deleted, changed and added behind pgrecv's back, a table removed, and
+changes not yet applied are each reported by key."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10,2), nu numeric, f float
                 tn timestamp, d date, flag bool, raw bytea, tags text[], ids int[], j jsonb, c char(4), u uuid);
 CREATE TABLE b (id bigint PRIMARY KEY, v text);
 CREATE TABLE "odd name" (k1 text, k2 int, v numeric(6,1), PRIMARY KEY (k1, k2));
+CREATE TABLE p (id int PRIMARY KEY, n numeric(5,2), d date);
 CREATE PUBLICATION pub FOR ALL TABLES;
 """
 ROW = (
@@ -127,6 +129,7 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     sql(db_dsn, ROW, (1, 200))
     sql(db_dsn, "INSERT INTO b SELECT i, 'b' || i FROM generate_series(1, 300) i")
     sql(db_dsn, """INSERT INTO "odd name" SELECT 'k' || (i % 7), i, i / 10.0 FROM generate_series(1, 50) i""")
+    sql(db_dsn, "INSERT INTO p VALUES (1, 'NaN', 'infinity'), (2, 1.5, '2020-01-01')")  # the lake cannot hold row 1's
     src, lake = tmp_path / "cdc", tmp_path / "lake"
     proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", str(src))
     assert proc.returncode == 0, err(proc)
@@ -138,7 +141,8 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     assert code == ExitCode.USAGE and text.count("\n") == 1 and "--target" in text, text
     proc = pgrecv("start", "-d", db_dsn, "--slot", "s", "--output-dir", str(src), "--until-caught-up")
     assert proc.returncode == 0, err(proc)
-    proc = pgrecv("spark-apply", str(src), "--target", str(lake), "--format", fmt, *FAST, timeout=600)
+    null = ("--bad-values", "null")  # p's NaN and infinity are stored as NULL
+    proc = pgrecv("spark-apply", str(src), "--target", str(lake), "--format", fmt, *null, *FAST, timeout=600)
     assert proc.returncode == 0, err(proc)
     sql(db_dsn, "UPDATE a SET v = 'later' WHERE id = 3")
     sql(db_dsn, "DELETE FROM a WHERE id = 4")
@@ -151,17 +155,19 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     assert a["changed_rows"] == [{"key": "id=3", "columns": ["v"]}], a
     assert a["not_compared"] == [] and "lag" in a["note"], a
     assert _tables(doc)["public.b"]["status"] == "equal" and _tables(doc)["public.odd name"]["status"] == "equal"
+    # without the apply's --bad-values, the values it stored as NULL are differences, by key and column
+    assert _tables(doc)["public.p"]["changed_rows"] == [{"key": "id=1", "columns": ["n", "d"]}], doc
 
     # caught up to the snapshot while a workload writes on: exact, so equal
     stop = threading.Event()
     writer = _writer(db_dsn, stop)
     try:
-        code, doc, text = _verify(db_dsn, src, lake, fmt)
+        code, doc, text = _verify(db_dsn, src, lake, fmt, *null)
     finally:
         stop.set()
         writer.join()
     assert code == 0, (text, doc)
-    assert doc["equal"] and doc["caught_up"] and len(doc["tables"]) == 3, doc
+    assert doc["equal"] and doc["caught_up"] and len(doc["tables"]) == 4, doc
     assert _tables(doc)["public.a"]["rows_postgres"] == 220
 
     # behind pgrecv's back: a row deleted, a value changed, a row added; caught up to the writer's
@@ -169,21 +175,21 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     _tamper(lake, fmt, "a", "delete 5")
     _tamper(lake, fmt, "b", "change 77")
     _tamper(lake, fmt, "b", "extra")
-    code, doc, text = _verify(db_dsn, src, lake, fmt)
+    code, doc, text = _verify(db_dsn, src, lake, fmt, *null)
     assert code == ExitCode.DIFFERENT, text
     tables = _tables(doc)
     a, b, odd = tables["public.a"], tables["public.b"], tables["public.odd name"]
     assert (a["missing"], a["extra"], a["changed"], a["missing_keys"]) == (1, 0, 0, ["id=5"]), a
     assert (b["missing"], b["extra"], b["changed"]) == (0, 1, 1), b
     assert b["extra_keys"] == ["id=9999"] and b["changed_rows"] == [{"key": "id=77", "columns": ["v"]}], b
-    assert odd["status"] == "equal", odd
+    assert odd["status"] == "equal" and tables["public.p"]["status"] == "equal", tables
     # a table removed: missing (the lake as it is: a catch-up's apply would rebuild it from the files)
     shutil.rmtree(lake / table_dir_name("public", "odd name"))
     plain = pgrecv(
-        "verify", "-d", db_dsn, "--slot", "s", "--target", str(lake), "--format", fmt, *FAST, timeout=600
+        "verify", "-d", db_dsn, "--slot", "s", "--target", str(lake), "--format", fmt, *null, *FAST, timeout=600
     )  # fmt: skip
     assert plain.returncode == ExitCode.DIFFERENT
     out = plain.stdout.decode()
     assert "public.a" in out and "1 missing (id=5)" in out and "1 changed (id=77: v)" in out, out
     assert "public.odd name  MISSING    no such table in the lake (50 rows in PostgreSQL)" in out, out
-    assert err(plain).strip().splitlines()[-1].startswith("pgrecv: error: 3 of 3 tables differ"), err(plain)
+    assert err(plain).strip().splitlines()[-1].startswith("pgrecv: error: 3 of 4 tables differ"), err(plain)
