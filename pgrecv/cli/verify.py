@@ -118,7 +118,7 @@ def verify(
     if not report.equal:
         from pgrecv.errors import Different
 
-        bad = [t for t in report.tables if t.status != "equal"]
+        bad = [t for t in report.tables if t.differs]
         raise Different(
             f"{len(bad)} of {len(report.tables)} tables differ from PostgreSQL at {lsn_str(report.lsn)}: {bad[0].name}"
             + (" and more (listed above)" if len(bad) > 1 else " (listed above)")
@@ -141,6 +141,8 @@ def report_text(report: Report) -> str:
             text = f"MISSING    no such table in the lake ({t.note})"
         elif t.status == "not compared":
             text = f"skipped    {t.note}"
+        elif t.status == "only in the lake":
+            text = f"lake only  {t.note}"
         else:
             assert d is not None
             parts = [f"{d.rows_pg} rows in PostgreSQL, {d.rows_lake} in the lake"]

@@ -142,3 +142,34 @@ def table_dir_name(schema: str, table: str) -> str:
         digest = hashlib.sha256(f"{schema}\0{table}".encode()).hexdigest()[:16]
         name = f"{name[: MAX_DIR_NAME - 18]}~~{digest}"
     return name
+
+
+def table_of_dir_name(name: str) -> Name | None:
+    """The (schema, table) a directory of :func:`table_dir_name` holds; None for another name, or a
+    name cut to MAX_DIR_NAME (its hash cannot be read back)."""
+    schema, dot, table = name.partition(".")
+    if not dot or not schema or not table or "." in table or "~~" in name:
+        return None
+    try:
+        return _dec(schema), _dec(table)
+    except ValueError:
+        return None
+
+
+def _dec(text: str) -> str:
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "~":
+            digits = text[i + 1 : i + 3]
+            if len(digits) != 2 or not all(c in "0123456789ABCDEF" for c in digits):
+                raise ValueError(text)
+            out.append(int(digits, 16))
+            i += 3
+        elif ch.isascii() and (ch.isalnum() or ch in "_-"):
+            out.append(ord(ch))
+            i += 1
+        else:
+            raise ValueError(text)
+    return out.decode()

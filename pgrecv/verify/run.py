@@ -57,12 +57,17 @@ class VerifyConfig:
 @dataclass
 class TableReport:
     name: str
-    status: str  # equal, different, missing (no such table in the lake), not compared
+    status: str  # equal, different, missing (no such table in the lake), not compared, only in the lake
     key: tuple[str, ...] = ()
     applied: int | None = None  # the lake table's applied position
     diff: TableDiff | None = None
     not_compared: tuple[str, ...] = ()  # columns without a shared canonical form
     note: str = ""
+
+    @property
+    def differs(self) -> bool:
+        """A difference: one not compared, or only in the lake (named in the report), is none."""
+        return self.status not in ("equal", "not compared", "only in the lake")
 
 
 @dataclass
@@ -74,8 +79,7 @@ class Report:
 
     @property
     def equal(self) -> bool:
-        """No table differs (one not compared, named in the report, is no difference)."""
-        return all(t.status in ("equal", "not compared") for t in self.tables)
+        return not any(t.differs for t in self.tables)
 
 
 def run_verify(
@@ -157,10 +161,30 @@ def run_verify(
                 result.note = f"held back by the catch-up's apply: {held[result.name]}"
             report.tables.append(result)
             hooks.table_done(result.name)
+        report.tables += _only_in_lake(config, tables)
         conn.execute("ROLLBACK")
         return report
     finally:
         conn.close()
+
+
+def _only_in_lake(config: VerifyConfig, tables: Sequence[PgTable]) -> list[TableReport]:
+    """The lake's tables PostgreSQL has not among those compared (dropped, renamed, or outside the
+    publication): listed, not differences, since the lake keeps what spark-apply once wrote."""
+    from pgrecv.filters import table_filter
+    from pgrecv.spark.model import STATE_DIR, table_dir_name, table_of_dir_name
+
+    known = {table_dir_name(t.relation.namespace, t.relation.name) for t in tables}
+    keep = table_filter(config.tables, ())
+    out = []
+    for entry in sorted(config.target.iterdir(), key=lambda p: p.name):
+        name = table_of_dir_name(entry.name)
+        if entry.name in known or entry.name == STATE_DIR or name is None or not entry.is_dir():
+            continue
+        if keep is None or keep(*name):
+            note = "no such table in PostgreSQL (dropped, renamed, or outside the publication): not compared"
+            out.append(TableReport(f"{name[0]}.{name[1]}", "only in the lake", note=note))
+    return out
 
 
 def _confirmed(conn: psycopg.Connection[Any], slot: str) -> int | None:

@@ -185,6 +185,7 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     assert odd["status"] == "equal" and tables["public.p"]["status"] == "equal", tables
     # a table removed: missing (the lake as it is: a catch-up's apply would rebuild it from the files)
     shutil.rmtree(lake / table_dir_name("public", "odd name"))
+    sql(db_dsn, "DROP TABLE p")  # the lake keeps it: listed, no difference
     plain = pgrecv(
         "verify", "-d", db_dsn, "--slot", "s", "--target", str(lake), "--format", fmt, *null, *FAST, timeout=600
     )  # fmt: skip
@@ -192,4 +193,7 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     out = plain.stdout.decode()
     assert "public.a" in out and "1 missing (id=5)" in out and "1 changed (id=77: v)" in out, out
     assert "public.odd name  MISSING    no such table in the lake (50 rows in PostgreSQL)" in out, out
+    assert any(
+        line.startswith("public.p ") and "lake only  no such table in PostgreSQL" in line for line in out.splitlines()
+    ), out
     assert err(plain).strip().splitlines()[-1].startswith("pgrecv: error: 3 of 4 tables differ"), err(plain)
