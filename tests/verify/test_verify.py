@@ -22,9 +22,12 @@ import pytest
 from pgrecv.errors import ExitCode
 from pgrecv.pg.server import TempServer
 from pgrecv.spark.model import table_dir_name
+from tests.spark.test_command import _here
 from tests.util import err, pgrecv, sql
 
 pytest.importorskip("pyspark")
+# verify and spark-apply run in this process on the session's SparkSession; one run is a process of its own
+pytestmark = pytest.mark.usefixtures("spark")
 FAST = ("--conf", "spark.sql.shuffle.partitions=2", "--master", "local[2]")
 
 SCHEMA = """
@@ -45,9 +48,10 @@ ROW = (
 
 
 def _verify(dsn: str, src: Path, lake: Path, fmt: str, *extra: str) -> tuple[int, dict[str, Any], str]:
-    proc = pgrecv(
+    """``pgrecv verify ... --json`` in this process, on the test session's SparkSession (no JVM start per run)."""
+    proc = _here(
         "verify", "-d", dsn, "--slot", "s", "--target", str(lake), "--format", fmt, "--source", str(src),
-        "--json", *FAST, *extra, timeout=600,
+        "--json", *FAST, *extra,
     )  # fmt: skip
     doc = orjson.loads(proc.stdout) if proc.stdout.strip() else {}
     return proc.returncode, doc, err(proc)
@@ -142,7 +146,7 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     proc = pgrecv("start", "-d", db_dsn, "--slot", "s", "--output-dir", str(src), "--until-caught-up")
     assert proc.returncode == 0, err(proc)
     null = ("--bad-values", "null")  # p's NaN and infinity are stored as NULL
-    proc = pgrecv("spark-apply", str(src), "--target", str(lake), "--format", fmt, *null, *FAST, timeout=600)
+    proc = _here("spark-apply", str(src), "--target", str(lake), "--format", fmt, *null, *FAST)
     assert proc.returncode == 0, err(proc)
     sql(db_dsn, "UPDATE a SET v = 'later' WHERE id = 3")
     sql(db_dsn, "DELETE FROM a WHERE id = 4")
@@ -197,3 +201,28 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
         line.startswith("public.p ") and "lake only  no such table in PostgreSQL" in line for line in out.splitlines()
     ), out
     assert err(plain).strip().splitlines()[-1].startswith("pgrecv: error: 3 of 4 tables differ"), err(plain)
+
+
+def test_a_test_decoding_slot_with_key_given(db_dsn: str, tmp_path: Path, fmt: str) -> None:
+    """A test_decoding slot's tables are all tables (no publication); a table whose changes name
+    no key is applied, and compared, by the --key given to verify, as spark-apply's would be."""
+    sql(db_dsn, "CREATE TABLE t (id int NOT NULL, v text)")  # no key: test_decoding names none
+    sql(db_dsn, "INSERT INTO t SELECT i, 'v' || i FROM generate_series(1, 40) i")
+    src, lake = tmp_path / "cdc", tmp_path / "lake"
+    lake.mkdir()
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "-P", "test_decoding", "--output-dir", str(src))
+    assert proc.returncode == 0, err(proc)
+    sql(db_dsn, "UPDATE t SET v = 'x' WHERE id = 7")
+    sql(db_dsn, "INSERT INTO t VALUES (41, 'new')")  # (a delete without a key cannot be applied at all)
+    key = ("--key", "public.t=id")
+    code, doc, text = _verify(db_dsn, src, lake, fmt, *key)
+    assert code == 0, (text, doc)
+    (t,) = doc["tables"]
+    assert (t["table"], t["key"], t["rows_postgres"], t["rows_lake"]) == ("public.t", ["id"], 41, 41), t
+    # without --key the catch-up's apply holds the update back, and verify says why, by whole rows
+    sql(db_dsn, "UPDATE t SET v = 'y' WHERE id = 9")
+    code, doc, text = _verify(db_dsn, src, lake, fmt)
+    assert code == ExitCode.DIFFERENT, text
+    (t,) = doc["tables"]
+    assert (t["missing"], t["extra"]) == (1, 1) and "held back" in t["note"] and "--key" in t["note"], t
+    assert t["missing_keys"] == ["(id=9, v=y)"] and t["extra_keys"] == ["(id=9, v=v9)"], t
