@@ -14,7 +14,7 @@ import click
 from pgrecv.cli.options import STATE, Command, common_options, log
 from pgrecv.errors import UsageError
 
-F = TypeVar("F", bound=Callable[..., Any])
+_Decorated = TypeVar("_Decorated", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from pgrecv.spark.model import BadValues, DeltaEngine, Format, Mode
@@ -48,7 +48,7 @@ BAD_VALUES_HELP = (
 )
 
 
-def bad_values_option(help_text: str = BAD_VALUES_HELP) -> Callable[[F], F]:
+def bad_values_option(help_text: str = BAD_VALUES_HELP) -> Callable[[_Decorated], _Decorated]:
     return click.option(
         "--bad-values", type=click.Choice(["fail", "null", "text"]), default="fail", show_default=True, help=help_text
     )
