@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "pg_server" in getattr(item, "fixturenames", ()):
+        if {"pg_server", "newest_tcp_server"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.pg)
 
 
@@ -104,6 +104,24 @@ def tcp_server(pg_server: TempServer) -> Iterator[TempServer]:
 def tcp_dsn(tcp_server: TempServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """:func:`db_dsn` on :func:`tcp_server`: the connection goes over TCP."""
     yield from _fresh_database(tcp_server, request)
+
+
+@pytest.fixture(scope="session")
+def newest_tcp_server() -> Iterator[TempServer]:
+    """A TCP server of the newest tested version only, for tests whose subject is not PostgreSQL's
+    version (an Iceberg catalog kept in it, say): they run once, not once per version."""
+    version = max(VERSIONS)
+    found = [i for i in find_installations() if i.version == version]
+    if not found:
+        pytest.fail(f"PostgreSQL {version} binaries not found (see the pg_server fixture)", pytrace=False)
+    with TempServer(found[0], tcp=True) as server:
+        yield server
+
+
+@pytest.fixture
+def newest_tcp_dsn(newest_tcp_server: TempServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """:func:`tcp_dsn` on :func:`newest_tcp_server`."""
+    yield from _fresh_database(newest_tcp_server, request)
 
 
 @pytest.fixture

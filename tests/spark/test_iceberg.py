@@ -377,20 +377,21 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
 
 
 def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
-    tmp_path: Path, tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str
+    tmp_path: Path, newest_tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str
 ) -> None:
     """Issue 58's Iceberg case: the change files and the tables' warehouse on the S3 server
     (``s3a://``), the catalog Iceberg's JDBC one in PostgreSQL, which commits by swapping a
     table's metadata pointer in one SQL statement, so the store needs no rename; a second run
     applies the next file as a MERGE, a re-run changes nothing, and pyiceberg reads the table
-    from the store. --target holds only pgrecv's own state, locally."""
+    from the store. --target holds only pgrecv's own state, locally. On one PostgreSQL version:
+    the other test of the JDBC catalog runs on each."""
 
     import psycopg
 
     from tests.util import err, pgrecv
 
     bucket = s3_server.bucket()
-    name, args = jdbc_catalog(tcp_dsn, f"s3a://{bucket}/warehouse")
+    name, args = jdbc_catalog(newest_tcp_dsn, f"s3a://{bucket}/warehouse")
     args += ["--conf", f"spark.jars={spark_jars_conf},{s3a_jars_conf}"]
     first, second = _insert_then_merge(
         tmp_path / "0000000000000001-0000000000001000.jsonl", tmp_path / "0000000000002000-0000000000002000.jsonl"
@@ -412,7 +413,7 @@ def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     client.upload_file(str(second), bucket, f"cdc/{second.name}")
     assert [(t["status"], t["updates"], t["deletes"]) for t in apply()["tables"]] == [("applied", 1, 1)]
     assert [t["status"] for t in apply()["tables"]] == ["up to date"]
-    with psycopg.connect(tcp_dsn) as conn:
+    with psycopg.connect(newest_tcp_dsn) as conn:
         found = conn.execute(
             "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 's' "
             "AND table_name = 't'",
