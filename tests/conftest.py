@@ -30,7 +30,7 @@ import psycopg
 import pytest
 
 from pgrecv.errors import ServerEnvError
-from pgrecv.pg.server import TempServer, find_installations
+from pgrecv.pg.server import PgInstall, TempServer, find_installations
 
 
 def _versions() -> list[int]:
@@ -55,10 +55,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.pg)
 
 
-@pytest.fixture(scope="session", params=VERSIONS, ids=[f"pg{v}" for v in VERSIONS])
-def pg_server(request: pytest.FixtureRequest) -> Iterator[TempServer]:
-    """A running TempServer of the parametrized major version, shared by the session."""
-    version: int = request.param
+def _installation(version: int) -> PgInstall:
+    """The PostgreSQL installation of a major version; the test fails, saying how to get it, without one."""
     found = [i for i in find_installations() if i.version == version]
     if not found:
         have = ", ".join(f"{i.version} ({i.bin_dir})" for i in find_installations()) or "none"
@@ -68,7 +66,13 @@ def pg_server(request: pytest.FixtureRequest) -> Iterator[TempServer]:
             "or set PGRECV_TEST_VERSIONS",
             pytrace=False,
         )
-    server = TempServer(found[0])
+    return found[0]
+
+
+@pytest.fixture(scope="session", params=VERSIONS, ids=[f"pg{v}" for v in VERSIONS])
+def pg_server(request: pytest.FixtureRequest) -> Iterator[TempServer]:
+    """A running TempServer of the parametrized major version, shared by the session."""
+    server = TempServer(_installation(request.param))
     try:
         server.start()
     except ServerEnvError as exc:
@@ -110,11 +114,7 @@ def tcp_dsn(tcp_server: TempServer, request: pytest.FixtureRequest) -> Iterator[
 def newest_tcp_server() -> Iterator[TempServer]:
     """A TCP server of the newest tested version only, for tests whose subject is not PostgreSQL's
     version (an Iceberg catalog kept in it, say): they run once, not once per version."""
-    version = max(VERSIONS)
-    found = [i for i in find_installations() if i.version == version]
-    if not found:
-        pytest.fail(f"PostgreSQL {version} binaries not found (see the pg_server fixture)", pytrace=False)
-    with TempServer(found[0], tcp=True) as server:
+    with TempServer(_installation(max(VERSIONS)), tcp=True) as server:
         yield server
 
 
