@@ -45,14 +45,47 @@ VERSIONS = _versions()
 _db_counter = itertools.count(1)
 
 
+# The suite runs in two processes (-n 2 --dist loadfile): xdist hands out whole files in the order
+# of the collection, after sorting them by their number of tests (its "reorder"). The slowest files
+# have few tests (whole paths through Spark), so they came last and one ran alone at the end. They
+# go out longest first instead, by the seconds tests/file_seconds.json holds for each (a CI run's
+# --durations, summed by tools/file_seconds.py); a file it does not list counts as quick.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+class _LongestFirst:
+    @pytest.hookimpl(trylast=True)  # after pytest's own ordering by fixtures, which it keeps within a file
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        seconds: dict[str, float] = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+        items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pg: needs a real PostgreSQL server (the pg_server fixture)")
+    config.pluginmanager.register(_LongestFirst(), "pgrecv-longest-first")
+    if getattr(config.option, "loadscopereorder", False):
+        config.option.loadscopereorder = False
+    config.addinivalue_line(
+        "markers",
+        "newest_server: the test (or the case it marks) uses a server for its input only, its subject is "
+        "not PostgreSQL's version: it runs on the newest tested version, not once per version",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, dropped = [], []
     for item in items:
         if {"pg_server", "newest_tcp_server"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.pg)
+        callspec = getattr(item, "callspec", None)
+        version = callspec.params.get("pg_server") if callspec is not None else None
+        if version is not None and version != max(VERSIONS) and item.get_closest_marker("newest_server"):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def _installation(version: int) -> PgInstall:

@@ -25,6 +25,24 @@ def pgrecv(*args: str, env: dict[str, str] | None = None, timeout: float = 120) 
     )
 
 
+def pgrecv_here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """``pgrecv ARGS`` through ``main``, the entry point ``python -m pgrecv`` calls, in this process,
+    with its own stdout, stderr and environment: exit codes and messages as a user gets them. A
+    command that starts Spark gets the session's SparkSession (the ``spark`` fixture), not a JVM of
+    its own: a JVM start and its warm-up cost more CPU than most tests' whole work."""
+    from click.testing import CliRunner
+
+    from pgrecv.cli.main import main
+
+    with CliRunner().isolation(env=env) as (out, error, _):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        return subprocess.CompletedProcess(["pgrecv", *args], code, out.getvalue(), error.getvalue())
+
+
 def err(proc: subprocess.CompletedProcess[bytes]) -> str:
     return proc.stderr.decode()
 

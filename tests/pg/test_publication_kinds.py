@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from pgrecv.errors import ExitCode
-from tests.util import err, pgrecv, sql
+from tests.util import err, pgrecv, pgrecv_here, sql
 
 
 def rows_of(out: Path) -> list[dict[str, Any]]:
@@ -100,7 +100,7 @@ def test_partitions_via_root_attach_detach_truncate(db_dsn: str, tmp_path: Path,
     ]
 
     target = tmp_path / "lake"
-    proc = pgrecv("spark-apply", str(out), "--target", str(target), "--format", "delta", "-q")
+    proc = pgrecv_here("spark-apply", str(out), "--target", str(target), "--format", "delta", "-q")
     assert proc.returncode == 0, err(proc)
     from deltalake import DeltaTable
 

@@ -82,7 +82,10 @@ def _counts(tables: list[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
     return {t["table"]: tuple(t[k] for k in keys) for t in tables}
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+# Delta only: the writers share their Spark writes (pgrecv/spark/tables/rewrite.py), which is what runs
+# in the cluster's executors; Parquet's commit is the driver's renames, the same as in local mode
+# (test_engine). The Parquet case took 125 s of CI (2026-12-06).
+@pytest.mark.parametrize("fmt", ["delta"])
 def test_cluster_equals_local(
     spark_cluster: Any, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path, fmt: str
 ) -> None:

@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 import pytest
 
-from pgrecv.cli.main import main
 from pgrecv.spark.model import table_dir_name
 from tests.util import err, pgrecv
+from tests.util import pgrecv_here as _here
 
 pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
@@ -85,20 +85,6 @@ def _first(tmp: Path) -> Path:
 def _rows(target: Path, table: str) -> list[dict[str, Any]]:
     rows = deltalake.DeltaTable(str(target / table_dir_name("s", table))).to_pyarrow_table().to_pylist()
     return sorted(rows, key=lambda r: r["id"])
-
-
-def _here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """``pgrecv ARGS`` through ``main``, the entry point ``python -m pgrecv`` calls, with its own
-    stdout, stderr and environment: exit codes and messages as a user gets them."""
-    from click.testing import CliRunner
-
-    with CliRunner().isolation(env=env) as (out, error, _):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        return subprocess.CompletedProcess(["pgrecv", *args], code, out.getvalue(), error.getvalue())
 
 
 def _apply(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -315,9 +301,10 @@ def test_two_runs_started_at_once_under_load(tmp_path: Path, fmt: str, extra: tu
     for code, stderr in done:
         if code == 8:
             assert "another spark-apply run is applying to this target" in stderr and len(stderr.splitlines()) == 1
-    # the table one run alone makes
+    # the table one run alone makes (in this process: the race is over)
     alone = tmp_path / "alone"
-    assert subprocess.run([*cmd[:6], str(alone), *cmd[7:], *extra], capture_output=True).returncode == 0
+    proc = _here(*cmd[3:6], str(alone), *cmd[7:], *extra)
+    assert proc.returncode == 0, err(proc)
     for table in ("t", "u"):
         if fmt == "delta":
             assert _rows(target, table) == _rows(alone, table)
@@ -435,7 +422,7 @@ def test_the_in_driver_replay_is_gone_and_replay_is_a_deprecated_no_op(tmp_path:
     assert err(gone) == (
         "pgrecv: error: --replay driver: the in-driver replay is gone (spark-apply replays in Spark): leave it out\n"
     )
-    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", "delta", "--replay", "spark")
+    proc = _here("spark-apply", str(src), "--target", str(target), "--format", "delta", "--replay", "spark")
     assert proc.returncode == 0, err(proc)
     assert "warning: --replay is deprecated and does nothing" in err(proc)
     assert _rows(target, "t") == [{"id": 1, "x": "b"}]
@@ -471,7 +458,7 @@ def test_a_full_target_device_is_one_line_and_exit_8(tmp_path: Path) -> None:
     try:
         src = tmp_path / "big.jsonl"
         _random_rows(src, 3000, 600)  # ~3.6 MB of random text: more than the device holds
-        proc = pgrecv("spark-apply", str(src), "--target", str(tiny / "lake"), "--format", "parquet", timeout=300)
+        proc = _here("spark-apply", str(src), "--target", str(tiny / "lake"), "--format", "parquet")
         assert proc.returncode == 8, err(proc)
         lines = err(proc).strip().splitlines()
         assert "Traceback" not in err(proc) and len(lines) == 1, err(proc)

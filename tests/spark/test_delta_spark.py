@@ -27,8 +27,9 @@ from pgrecv.spark.jars import connector_jars, session_conf
 from pgrecv.spark.model import table_dir_name
 from tests.spark.changegen import Gen
 from tests.spark.connector_runner import Runner
-from tests.spark.test_command import _first, _here, _rel, _row, _txn, _write, assert_busy, held_target
+from tests.spark.test_command import _first, _rel, _row, _txn, _write, assert_busy, held_target
 from tests.spark.test_differential import _canon_value, _expected, _files, assert_history
+from tests.util import pgrecv_here
 
 pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
@@ -103,7 +104,7 @@ def test_session_conf_adds_the_extension_only_with_the_connector() -> None:
 
 def test_without_the_connector_spark_engine_is_refused(tmp_path: Path, spark: Any) -> None:
     """In a session without the jars (the test session's), ``--delta-engine spark`` is a usage error."""
-    proc = _here("spark-apply", str(_first(tmp_path)), "--target", str(tmp_path / "lake"), "--format", "delta",
+    proc = pgrecv_here("spark-apply", str(_first(tmp_path)), "--target", str(tmp_path / "lake"), "--format", "delta",
                  "--delta-engine", "spark")  # fmt: skip
     assert proc.returncode == 2
     assert b"--delta-engine spark: Delta Lake's Spark connector is not in this Spark session" in proc.stderr
@@ -182,7 +183,9 @@ def test_merge_rerun_schema_evolution_toast_and_deletion_vectors(tmp_path: Path,
     assert s1["tables"][0]["status"] == "applied"
 
     # delta-rs must not write a table whose files hold rows deleted by deletion vectors
-    refused = _here("spark-apply", *inputs, "--target", str(target), "--format", "delta", "--delta-engine", "delta-rs")
+    refused = pgrecv_here(
+        "spark-apply", *inputs, "--target", str(target), "--format", "delta", "--delta-engine", "delta-rs"
+    )
     assert refused.returncode == 2
     assert b"has deletion vectors" in refused.stderr
 

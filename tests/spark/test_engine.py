@@ -15,7 +15,7 @@ from pgrecv.spark.model import ApplyConfig as PConfig
 from pgrecv.spark.model import Tuning, table_dir_name
 from pgrecv.spark.tables import Batch, Table
 from tests.spark.oracle import ApplyConfig, run_apply
-from tests.util import pgrecv
+from tests.util import pgrecv_here
 
 pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
@@ -77,7 +77,7 @@ def test_json_reaches_the_target_as_the_exact_text(tmp_path: Path, spark: Any) -
     assert [r["doc"] for r in _rows(target, "j")] == docs
 
 
-def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path) -> None:
+def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path, spark: Any) -> None:
     lines = [
         orjson.dumps(_rel("good", [("id", "integer"), ("d", "date")])).decode(),
         orjson.dumps(_rel("bad", [("id", "integer"), ("d", "date"), ("n", "numeric")])).decode(),
@@ -90,7 +90,7 @@ def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path)
     src = _write(tmp_path / "a.jsonl", lines + _txn("0/100", rows))
     target = tmp_path / "lake"
     target.mkdir()
-    proc = pgrecv("spark-apply", str(src), "--target", str(target), "--format", "delta", timeout=900)
+    proc = pgrecv_here("spark-apply", str(src), "--target", str(target), "--format", "delta")
     assert proc.returncode == 15, proc.stderr
     err = proc.stderr.decode()
     assert f"{src}:6" in err and "'10000-01-01'" in err and "column d" in err, err

@@ -20,9 +20,10 @@ import pytest
 
 from pgrecv.spark.model import table_dir_name
 from tests.spark.connector_runner import Runner
-from tests.spark.test_command import _here, _rel, _row, _txn, _write, assert_busy, held_target
+from tests.spark.test_command import _rel, _row, _txn, _write, assert_busy, held_target
 from tests.spark.test_delta_spark import FAST, _gen_files
 from tests.spark.test_differential import _canon_value, _expected, assert_history
+from tests.util import pgrecv_here
 
 pytest.importorskip("pyspark")
 pyiceberg_table = pytest.importorskip("pyiceberg.table")
@@ -243,7 +244,7 @@ def test_without_the_runtime_iceberg_is_refused(tmp_path: Path, spark: Any) -> N
     """In a session without Iceberg's jars (the test session's), --format iceberg is a usage
     error that names the jars, and nothing is written."""
     src = _write(tmp_path / "1.jsonl", [_rel("t"), *_txn("0/1000", _row("insert", "t", "0/1000", "0/100", 1, "a"))])
-    proc = _here("spark-apply", str(src), "--target", str(tmp_path / "lake"), "--format", "iceberg")
+    proc = pgrecv_here("spark-apply", str(src), "--target", str(tmp_path / "lake"), "--format", "iceberg")
     assert proc.returncode == 2, proc.stderr
     assert b"--format iceberg: Apache Iceberg's Spark runtime is not in this Spark session" in proc.stderr
     assert b"Traceback" not in proc.stderr
@@ -371,7 +372,7 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
 
     missing = _proc(connector, str(first), "--target", str(tmp_path / "x"), "--iceberg-catalog", "nosuch")
     assert missing.returncode == 2 and b"--iceberg-catalog nosuch: the Spark session has no catalog" in missing.stderr
-    other = _here("spark-apply", str(first), "--target", str(tmp_path / "y"), "--format", "delta",
+    other = pgrecv_here("spark-apply", str(first), "--target", str(tmp_path / "y"), "--format", "delta",
                   "--iceberg-catalog", name)  # fmt: skip
     assert other.returncode == 2 and b"--iceberg-catalog" in other.stderr and b"Traceback" not in other.stderr
 

@@ -101,6 +101,7 @@ def workload_files(db_dsn: str, tmp_path: Path) -> tuple[Path, Path]:
 REPLAYS = [("parquet", "spark"), ("delta", "spark")]
 
 
+@pytest.mark.newest_server  # the subject is the writers' atomicity, not the server
 @pytest.mark.parametrize(("fmt", "replay"), REPLAYS)
 def test_killed_and_rerun_gives_the_exact_tables(
     db_dsn: str, tmp_path: Path, spark: Any, workload_files: tuple[Path, Path], fmt: str, replay: str
@@ -147,6 +148,7 @@ class Injected(Exception):
     pass
 
 
+@pytest.mark.newest_server  # the subject is the writers' atomicity, not the server
 @pytest.mark.parametrize(("fmt", "replay"), REPLAYS)
 def test_failure_between_tables_then_rerun(
     db_dsn: str, tmp_path: Path, spark: Any, workload_files: tuple[Path, Path], fmt: str, replay: str

@@ -80,6 +80,7 @@ def _write_rows(dsn: str, together: bool) -> None:
 READ = {"lean": "lean", "direct": "direct", "streamed": "staged"}  # the read each shape takes
 
 
+@pytest.mark.newest_server  # the subject is Spark's JSON reading, not the server
 @pytest.mark.parametrize("shape", list(READ))
 def test_values_past_the_json_parsers_limits_are_applied_whole(
     db_dsn: str, tmp_path: Path, spark: Any, shape: str

@@ -34,6 +34,7 @@ def apply_s3(s3: S3Server, jars: str, sources: list[str], target: Path, *extra: 
     )  # fmt: skip
 
 
+@pytest.mark.newest_server  # the subject is the store
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 def test_postgresql_to_s3_to_tables(
     db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path, fmt: str

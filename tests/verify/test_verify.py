@@ -22,8 +22,7 @@ import pytest
 from pgrecv.errors import ExitCode
 from pgrecv.pg.server import TempServer
 from pgrecv.spark.model import table_dir_name
-from tests.spark.test_command import _here
-from tests.util import err, pgrecv, sql
+from tests.util import err, pgrecv, pgrecv_here, sql
 
 pytest.importorskip("pyspark")
 # verify and spark-apply run in this process on the session's SparkSession; one run is a process of its own
@@ -49,7 +48,7 @@ ROW = (
 
 def _verify(dsn: str, src: Path, lake: Path, fmt: str, *extra: str) -> tuple[int, dict[str, Any], str]:
     """``pgrecv verify ... --json`` in this process, on the test session's SparkSession (no JVM start per run)."""
-    proc = _here(
+    proc = pgrecv_here(
         "verify", "-d", dsn, "--slot", "s", "--target", str(lake), "--format", fmt, "--source", str(src),
         "--json", *FAST, *extra,
     )  # fmt: skip
@@ -146,7 +145,7 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     proc = pgrecv("start", "-d", db_dsn, "--slot", "s", "--output-dir", str(src), "--until-caught-up")
     assert proc.returncode == 0, err(proc)
     null = ("--bad-values", "null")  # p's NaN and infinity are stored as NULL
-    proc = _here("spark-apply", str(src), "--target", str(lake), "--format", fmt, *null, *FAST)
+    proc = pgrecv_here("spark-apply", str(src), "--target", str(lake), "--format", fmt, *null, *FAST)
     assert proc.returncode == 0, err(proc)
     sql(db_dsn, "UPDATE a SET v = 'later' WHERE id = 3")
     sql(db_dsn, "DELETE FROM a WHERE id = 4")
