@@ -62,14 +62,14 @@ class _LongestFirst:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pg: needs a real PostgreSQL server (the pg_server fixture)")
-    config.pluginmanager.register(_LongestFirst(), "pgrecv-longest-first")
-    if getattr(config.option, "loadscopereorder", False):
-        config.option.loadscopereorder = False
     config.addinivalue_line(
         "markers",
         "newest_server: the test (or the case it marks) uses a server for its input only, its subject is "
         "not PostgreSQL's version: it runs on the newest tested version, not once per version",
     )
+    config.pluginmanager.register(_LongestFirst(), "pgrecv-longest-first")
+    if getattr(config.option, "loadscopereorder", False):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
