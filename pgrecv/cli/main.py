@@ -28,6 +28,7 @@ from pgrecv.cli.options import (
     filter_options,
     info,
     log,
+    reset_state,
     warn_divergence,
 )
 from pgrecv.errors import ExitCode, PgrecvError, Unhealthy, UsageError
@@ -750,6 +751,8 @@ def main(argv: list[str] | None = None) -> None:
         _silence_stdout()
         click.echo("pgrecv: error: the reader of standard output went away before all was written", err=True)
         sys.exit(ExitCode.OUTPUT)
+    finally:
+        reset_state()  # a run's -q and -v end with it (the tests run many in one process)
     sys.exit(ExitCode.OK)
 
 

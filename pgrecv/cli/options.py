@@ -29,6 +29,13 @@ class _State:
 STATE = _State()
 
 
+def reset_state() -> None:
+    """The default verbosity again, when a run of ``main`` ends. The options only raise it (``-v``
+    counts up over the group and the command, ``-q`` sticks), so what ran next in the process (the
+    tests run many) would otherwise inherit the run's ``-q``."""
+    STATE.verbose, STATE.quiet = 0, False
+
+
 def log(message: str, level: int = 1) -> None:
     """A diagnostic line on stderr, shown from verbosity ``level`` on (never with -q)."""
     if not STATE.quiet and STATE.verbose >= level:
