@@ -287,3 +287,14 @@ def test_password_without_a_terminal_is_read_from_standard_input(pg_server: Temp
         assert wrong.returncode == ExitCode.CONNECTION, wrong.stderr
         assert "password authentication failed" in wrong.stderr and "Not-it" not in wrong.stderr
         assert "Traceback" not in piped.stderr + ended.stderr + wrong.stderr
+
+
+def test_a_runs_quiet_and_verbose_end_with_it() -> None:
+    """The options only raise the verbosity, so a second run of ``main`` in one process (the tests
+    run many) inherited the first one's ``-q`` (stop 72's CI: a psycopg warning went unshown)."""
+    from pgrecv.cli import options
+    from pgrecv.cli.main import main
+
+    with pytest.raises(SystemExit):  # a run that ends in an error, after its options were taken
+        main(["slots", "-q", "-d", "dbname=x host=/nonexistent"])
+    assert (options.STATE.verbose, options.STATE.quiet) == (0, False)

@@ -77,7 +77,8 @@ def test_json_reaches_the_target_as_the_exact_text(tmp_path: Path, spark: Any) -
     assert [r["doc"] for r in _rows(target, "j")] == docs
 
 
-def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path, spark: Any) -> None:
+@pytest.mark.usefixtures("spark")  # the run gets the session's SparkSession
+def test_a_value_the_type_cannot_hold_holds_back_its_table_alone(tmp_path: Path) -> None:
     lines = [
         orjson.dumps(_rel("good", [("id", "integer"), ("d", "date")])).decode(),
         orjson.dumps(_rel("bad", [("id", "integer"), ("d", "date"), ("n", "numeric")])).decode(),
