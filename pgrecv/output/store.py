@@ -86,7 +86,7 @@ class ObjectStore:
 
     def fail(self, exc: Exception, doing: str, name: str | None = None) -> OutputError:
         """One line naming the object, what was being done and S3's error code (never a credential)."""
-        code = _code(exc)
+        code = code_of(exc)
         what = f"{code}" if code else type(exc).__name__
         detail = _message(exc)
         return OutputError(
@@ -114,7 +114,7 @@ class ObjectStore:
         try:
             head = self.client.head_object(Bucket=self.url.bucket, Key=self.url.key(name))
         except Exception as exc:
-            if _status(exc) == 404:
+            if status_of(exc) == 404:
                 return None
             raise self.fail(exc, "look at", name) from None
         return dict(head.get("Metadata", {}))
@@ -125,7 +125,7 @@ class ObjectStore:
             got = self.client.get_object(Bucket=self.url.bucket, Key=self.url.key(name))
             return got["Body"].read(), str(got["ETag"])
         except Exception as exc:
-            if _status(exc) == 404:
+            if status_of(exc) == 404:
                 return None
             raise self.fail(exc, "read", name) from None
 
@@ -136,7 +136,7 @@ class ObjectStore:
         try:
             put = self.client.put_object(Bucket=self.url.bucket, Key=self.url.key(name), Body=data, **cond)
         except Exception as exc:
-            if _status(exc) in (409, 412):
+            if status_of(exc) in (409, 412):
                 raise OutputError(
                     f"{self.where(name)} was written by someone else while this run held it: is another "
                     "pgrecv writing to this prefix? nothing more was confirmed: give each slot a prefix of its own"
@@ -165,7 +165,7 @@ class ObjectStore:
         except OutputError:
             raise
         except Exception as exc:
-            if _status(exc) in (409, 412):
+            if status_of(exc) in (409, 412):
                 raise OutputError(
                     f"cannot publish {self.where(name)}: it already exists; is another program writing "
                     f"{self.url}? nothing more was confirmed"
@@ -194,7 +194,7 @@ class ObjectStore:
             raise
 
 
-def _status(exc: Exception) -> int | None:
+def status_of(exc: Exception) -> int | None:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -202,7 +202,7 @@ def _status(exc: Exception) -> int | None:
     return None
 
 
-def _code(exc: Exception) -> str | None:
+def code_of(exc: Exception) -> str | None:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         code = response.get("Error", {}).get("Code")
@@ -212,7 +212,7 @@ def _code(exc: Exception) -> str | None:
 
 def _message(exc: Exception) -> str:
     """botocore's own text for connection and credential errors (it names the endpoint, never a secret)."""
-    if _code(exc):
+    if code_of(exc):
         response = getattr(exc, "response", {})
         return str(response.get("Error", {}).get("Message", ""))[:200]
     return str(exc).splitlines()[0][:200] if str(exc) else ""

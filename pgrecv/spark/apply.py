@@ -7,11 +7,8 @@ next time; see docs/spark-apply.md.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pgrecv.errors import OutputError, PgrecvError, UsageError
@@ -19,6 +16,7 @@ from pgrecv.spark import ledger, stores
 from pgrecv.spark.inputs import check_snapshots, expand_sources, ignored_in_directories
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Progress, Summary, Tuning
 from pgrecv.spark.stores import SourceFile, StoreFile, is_store_source
+from pgrecv.spark.targets import target_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,7 +36,7 @@ def run_apply(
         raise UsageError("--format is delta, parquet or iceberg, --mode latest or history")
     if config.bad_values not in ("fail", "null", "text"):
         raise UsageError("--bad-values is fail, null or text")
-    with target_lock(config.target):
+    with target_of(config).lock():
         stores.use_conf(config.conf)
         listed = expand_sources(config.sources, config.conf)
         unread = ledger.split(config, listed)  # files every table applied before: not read again
@@ -90,7 +88,7 @@ def list_applied(config: ApplyConfig) -> list[SourceFile]:
     be retired (pgrecv/spark/ledger.py). Under the target's lock, so that no run moves it meanwhile."""
     if not config.target.is_dir():
         return []
-    with target_lock(config.target):
+    with target_of(config).lock():
         return ledger.split(config, expand_sources(config.sources, config.conf)).skipped
 
 
@@ -105,49 +103,3 @@ def _no_space(exc: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
-
-
-@contextlib.contextmanager
-def target_lock(target: Path) -> Iterator[None]:
-    """One run per target at a time: two overlapping runs would both apply the same changes
-    (``--append-only`` would append them twice, Parquet versions would race). An advisory lock on
-    ``TARGET/_pgrecv/lock``, held for the whole run; the kernel lets it go when the process dies.
-    Holding it, the run also removes the staging directories of runs that were killed."""
-    import shutil
-
-    from pgrecv.output.files import open_lock, output_error
-
-    work = target / STATE_DIR
-    try:
-        work.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # the directory itself, never through a link: its lock, staging and chmod would land in a
-        # directory someone else chose
-        dfd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:  # a target where nothing can be made: say so before Spark starts
-        if work.is_symlink():
-            raise OutputError(
-                f"{work} is a symbolic link: spark-apply keeps the target's lock and change data there, in a "
-                "directory of its own; remove the link"
-            ) from None
-        raise output_error(exc, work, "create the target's state directory") from None
-    try:
-        owner = os.fstat(dfd).st_uid
-        if owner != os.geteuid():
-            raise OutputError(
-                f"{work} belongs to another user (uid {owner}): spark-apply keeps change data there; "
-                "remove it, or use a --target of your own"
-            )
-        os.fchmod(dfd, 0o700)  # change data goes in here: this user only
-    finally:
-        os.close(dfd)
-    fd = open_lock(
-        work / "lock",
-        busy=f"{target}: another spark-apply run is applying to this target: "
-        "wait for it to finish (runs on one target must not overlap)",
-    )
-    try:
-        for stale in work.glob("stage-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        yield
-    finally:
-        os.close(fd)

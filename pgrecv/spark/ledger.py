@@ -29,11 +29,12 @@ from typing import Any
 import orjson
 
 from pgrecv.lsn import lsn_str
-from pgrecv.output.files import named_last, write_atomic
+from pgrecv.output.files import named_last
 from pgrecv.spark import stores
 from pgrecv.spark.inputs import parse_lsn
-from pgrecv.spark.model import STATE_DIR, ApplyConfig, Summary
+from pgrecv.spark.model import ApplyConfig, Summary
 from pgrecv.spark.stores import SourceFile, is_store_source
+from pgrecv.spark.targets import Target, target_of
 
 LEDGER = "applied.json"
 VERSION = 1
@@ -61,26 +62,23 @@ def options_of(config: ApplyConfig) -> dict[str, Any]:
     }
 
 
-def _path(target: Path) -> Path:
-    return target / STATE_DIR / LEDGER
-
-
 KEPT = 16  # records of as many option sets (jobs that apply parts of one target); the oldest goes
 
 
-def _records(target: Path) -> list[dict[str, Any]]:
+def _records(target: Target) -> list[dict[str, Any]]:
     """The file's records, newest first (none: no file, or one of another version or unreadable,
     which only makes the next run read every file again)."""
+    data = target.read_state(LEDGER)
     try:
-        raw = orjson.loads(_path(target).read_bytes())
-    except (OSError, ValueError):
+        raw = orjson.loads(data) if data is not None else None
+    except ValueError:
         return []
     if not isinstance(raw, dict) or raw.get("v") != VERSION or not isinstance(raw.get("records"), list):
         return []
     return [r for r in raw["records"] if isinstance(r, dict)]
 
 
-def load(target: Path, options: dict[str, Any]) -> Ledger | None:
+def load(target: Target, options: dict[str, Any]) -> Ledger | None:
     """The record of runs with these options, or None."""
     for raw in _records(target):
         if raw.get("options") != options:
@@ -96,7 +94,7 @@ def load(target: Path, options: dict[str, Any]) -> Ledger | None:
     return None
 
 
-def save(target: Path, ledger: Ledger) -> None:
+def save(target: Target, ledger: Ledger) -> None:
     """Writes ``ledger`` as the newest record, in place of the one of its options."""
     mine = {
         "options": ledger.options,
@@ -105,7 +103,7 @@ def save(target: Path, ledger: Ledger) -> None:
     }
     others = [r for r in _records(target) if r.get("options") != ledger.options]
     data = {"v": VERSION, "records": [mine, *others][:KEPT]}
-    write_atomic(_path(target), orjson.dumps(data, option=orjson.OPT_INDENT_2), what="spark-apply's record")
+    target.write_state(LEDGER, orjson.dumps(data, option=orjson.OPT_INDENT_2), what="spark-apply's record")
 
 
 def _source_dirs(config: ApplyConfig) -> set[str]:
@@ -149,7 +147,7 @@ def split(config: ApplyConfig, files: list[SourceFile]) -> Unread:
     options = options_of(config)
     if config.catalog is not None:  # its tables' positions are read through Spark only: every file is read
         return Unread(files, [], Ledger(options=options))
-    ledger = load(config.target, options)
+    ledger = load(target_of(config), options)
     if ledger is None or not ledger.through.keys() & _source_dirs(config):
         return Unread(files, [], ledger or Ledger(options=options))
     reason = _stale(config, ledger)
@@ -184,4 +182,4 @@ def advance(config: ApplyConfig, unread: Unread, summary: Summary) -> None:
             d, last = str(f.parent.resolve()), named_last(f.name)
             if last is not None and d in dirs:
                 ledger.through[d] = max(ledger.through.get(d, 0), last)
-    save(config.target, ledger)
+    save(target_of(config), ledger)

@@ -241,8 +241,8 @@ def held_target(target: Path) -> Iterator[None]:
             sys.executable,
             "-c",
             "import sys, pathlib\n"
-            "from pgrecv.spark.apply import target_lock\n"
-            "with target_lock(pathlib.Path(sys.argv[1])):\n"
+            "from pgrecv.spark.targets import LocalTarget\n"
+            "with LocalTarget(pathlib.Path(sys.argv[1])).lock():\n"
             "    print('held', flush=True)\n"
             "    sys.stdin.read()\n",
             str(target),

@@ -18,11 +18,11 @@ import pyarrow as pa
 from pgrecv.errors import InputError, UsageError
 from pgrecv.filters import table_filter
 from pgrecv.lsn import lsn_str
-from pgrecv.spark.apply import target_lock
 from pgrecv.spark.inputs import check_snapshots, expand_sources, ignored_in_directories
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Progress, Summary, TableResult, table_dir_name
 from pgrecv.spark.schema import HISTORY_COLS, ColumnType, plan
 from pgrecv.spark.tables.parquet import atomic_write
+from pgrecv.spark.targets import LocalTarget
 from tests.spark.oracle import reduce as rd
 from tests.spark.oracle.convert import _timestamptz, convert_value, fast_column
 from tests.spark.oracle.read import Reader, ReadResult, TableInput
@@ -55,7 +55,7 @@ def run(
     after_table: Callable[[str], None] | None = None,
 ) -> Summary:
     """The whole run in this process: read every line, replay per table, write through Arrow."""
-    with target_lock(config.target):
+    with LocalTarget(config.target).lock():
         summary = _run(config, spark, progress or Progress(), after_table)
     summary.warnings[:0] = ignored_in_directories(config.sources)
     return summary
