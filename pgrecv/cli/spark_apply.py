@@ -146,23 +146,24 @@ def _spark_apply(
             raise UsageError(f"--master {master} and --remote {remote} (or SPARK_REMOTE) exclude each other: pick one")
         if not remote.startswith("sc://"):
             raise UsageError(f"--remote {remote}: a Spark Connect URL is sc://HOST:PORT")
-    from pgrecv.spark.stores import check_scheme, is_store_source
+    from pgrecv.spark.stores import StorePath, TargetPath, check_scheme, filesystem, is_store_source
 
     for given in sources:
         if is_store_source(given):
             check_scheme(given)
-    if is_store_source(target):
-        raise UsageError(
-            f"--target {target}: spark-apply writes tables on a POSIX file system (local, or a mount every "
-            "executor shares); a target on an object store is not supported yet"
-        )
     if catalog is not None and fmt != "iceberg":
         raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
-    target_path = Path(target)
-    if not target_path.parent.is_dir():  # a typo must not grow a new directory tree
-        raise UsageError(f"--target {target}: its parent directory does not exist: create it first")
-    if target_path.exists() and not target_path.is_dir():
-        raise UsageError(f"--target {target}: not a directory: give a directory (one table per subdirectory)")
+    conf = parse_conf(confs)
+    target_path: TargetPath
+    if is_store_source(target):
+        check_scheme(target, "--target")
+        target_path = StorePath.of(target, filesystem(conf))
+    else:
+        target_path = Path(target)
+        if not target_path.parent.is_dir():  # a typo must not grow a new directory tree
+            raise UsageError(f"--target {target}: its parent directory does not exist: create it first")
+        if target_path.exists() and not target_path.is_dir():
+            raise UsageError(f"--target {target}: not a directory: give a directory (one table per subdirectory)")
     config = ApplyConfig(
         sources=sources,
         target=target_path,
@@ -172,7 +173,7 @@ def _spark_apply(
         engine=delta_engine,
         master=master,
         remote=remote,
-        conf=parse_conf(confs),
+        conf=conf,
         append_only=append_only,
         keys=parse_keys(keys),
         bad_values=bad_values,

@@ -16,7 +16,7 @@ from pgrecv.spark import ledger, stores
 from pgrecv.spark.inputs import check_snapshots, expand_sources, ignored_in_directories
 from pgrecv.spark.model import STATE_DIR, ApplyConfig, Progress, Summary, Tuning
 from pgrecv.spark.stores import SourceFile, StoreFile, is_store_source
-from pgrecv.spark.targets import target_of
+from pgrecv.spark.targets import check_store, target_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -36,7 +36,9 @@ def run_apply(
         raise UsageError("--format is delta, parquet or iceberg, --mode latest or history")
     if config.bad_values not in ("fail", "null", "text"):
         raise UsageError("--bad-values is fail, null or text")
-    with target_of(config).lock():
+    check_store(config)
+    on_store = isinstance(config.target, stores.StorePath)
+    with target_of(config).lock() as held:
         stores.use_conf(config.conf)
         listed = expand_sources(config.sources, config.conf)
         unread = ledger.split(config, listed)  # files every table applied before: not read again
@@ -55,16 +57,24 @@ def run_apply(
             # connector's (a Spark Connect server's is fixed too)
             fixed = SparkSession.getActiveSession() is not None or config.remote is not None
             conf = config.conf if fixed else session_conf(config.conf, config.fmt, config.engine)
-            if any(is_store_source(s) for s in config.sources):
+            if on_store or any(is_store_source(s) for s in config.sources):
                 conf = stores.session_conf(conf)  # (a fixed session takes the runtime ones)
             spark = start_session(config.master, conf, remote=config.remote)
-        if spark is not None and has_input and any(isinstance(f, StoreFile) for f in files):
+        if spark is not None and has_input and (on_store or any(isinstance(f, StoreFile) for f in files)):
             stores.check_session(spark)
         from pgrecv.spark.engine.run import run_frames
 
         try:
             summary: Summary = run_frames(
-                config, spark, files, manifests, state, progress or Progress(), after_table, tuning or Tuning.from_env()
+                config,
+                spark,
+                files,
+                manifests,
+                state,
+                progress or Progress(),
+                after_table,
+                tuning or Tuning.from_env(),
+                guard=held.check,
             )
         except PgrecvError:
             raise
@@ -76,6 +86,7 @@ def run_apply(
                 "space): free some and run spark-apply again (every table is at its last applied position)"
             ) from None
         summary.files_skipped = len(unread.skipped)
+        held.check()  # (a run that lost a store's lock records nothing: another run has the target)
         ledger.advance(config, unread, summary)
     summary.warnings[:0] = ignored_in_directories(config.sources, config.conf)
     if unread.warning is not None:

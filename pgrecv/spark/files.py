@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pgrecv.errors import InputError
-from pgrecv.spark.stores import SourceFile, StoreFile
+from pgrecv.output.store import SCHEMES
+from pgrecv.spark.stores import SourceFile, StoreFile, StorePath
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
@@ -60,10 +61,21 @@ def literal_read(spark: SparkSession) -> DataFrameReader:
     return spark.read.option("__globPaths__", "false")
 
 
-def file_url(path: Path) -> str:
+def file_url(path: Path | StorePath) -> str:
     """A local path for Spark: ``file://`` and the path as it is (Hadoop's Path escapes it itself;
-    a percent-encoded URI would be taken literally and not found)."""
+    a percent-encoded URI would be taken literally and not found); a key of a store: ``s3a://``."""
+    if isinstance(path, StorePath):
+        return path.spark_url
     return "file://" + str(path.resolve())
+
+
+def data_file_url(name: str) -> str:
+    """A table's data file for Spark, as a writer lists it: a local path, or an object's
+    ``s3://``/``s3a://`` URL (the writers' own names for files on a store target)."""
+    for scheme in SCHEMES:
+        if name.startswith(scheme):
+            return "s3a://" + name[len(scheme) :]
+    return file_url(Path(name))
 
 
 def spelling(spark: SparkSession, url: str) -> str:

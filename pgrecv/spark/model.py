@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
+
+from pgrecv.spark.stores import TargetPath
 
 Format = Literal["delta", "parquet", "iceberg"]
 Mode = Literal["latest", "history"]
@@ -28,7 +29,7 @@ def app_id(table: str) -> str:
 @dataclass
 class ApplyConfig:
     sources: tuple[str, ...]
-    target: Path
+    target: TargetPath  # a local directory, or a prefix of a bucket (Delta only)
     fmt: Format = "delta"
     tables: tuple[str, ...] = ()
     mode: Mode = "latest"

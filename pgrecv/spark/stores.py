@@ -16,6 +16,7 @@ serves both (:data:`SourceFile`).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from pgrecv.errors import InputError, UsageError
 from pgrecv.output.store import SCHEMES, StoreURL, is_store_url
 
 if TYPE_CHECKING:
-    from pyarrow.fs import FileSystem
+    from pyarrow.fs import FileInfo, FileSystem
     from pyarrow.parquet import FileMetaData
     from pyspark.sql import SparkSession
 
@@ -41,8 +42,9 @@ def check_scheme(text: str, what: str = "SOURCE") -> None:
     if not text.startswith(SCHEMES):
         scheme = text.split("://", 1)[0]
         raise UsageError(
-            f"{what} {text}: spark-apply reads s3:// and s3a:// (any S3-compatible store); {scheme}:// is not "
-            "supported yet: copy the files to S3 or to a local path"
+            f"{what} {text}: spark-apply takes s3:// and s3a:// (any S3-compatible store); {scheme}:// is not "
+            "supported yet: "
+            + ("copy the files to S3 or to a local path" if what == "SOURCE" else "use S3 or a local path")
         )
 
 
@@ -195,6 +197,28 @@ def parquet_metadata(path: str) -> FileMetaData:
     return pq.read_metadata(path.split("://", 1)[1], filesystem=_run_fs[0])
 
 
+def delta_location(path: Path | StorePath) -> tuple[str, dict[str, str] | None]:
+    """A Delta table's location as delta-rs takes it: a local path, or an object's URL with the
+    run's store settings (``--conf`` first, then AWS's environment, which delta-rs also reads
+    itself). delta-rs commits to S3 with conditional writes (``If-None-Match``): no lock table."""
+    if not isinstance(path, StorePath):
+        return str(path), None
+    out: dict[str, str] = {}
+    endpoint = _conf_or_env(_run, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    if endpoint:
+        endpoint = endpoint if "://" in endpoint else f"https://{endpoint}"
+        out["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
+    region = _conf_or_env(_run, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION")
+    if region:
+        out["AWS_REGION"] = region
+    key, secret = _run.get(_HADOOP + "access.key"), _run.get(_HADOOP + "secret.key")
+    if key and secret:
+        out["AWS_ACCESS_KEY_ID"], out["AWS_SECRET_ACCESS_KEY"] = key, secret
+    return str(path), out
+
+
 def session_conf(conf: dict[str, str]) -> dict[str, str]:
     """``conf`` with what Spark's S3A connector needs to reach the store the driver reaches: the
     endpoint and region of AWS's environment when ``--conf`` names none (and path-style requests
@@ -265,3 +289,156 @@ def listing(d: StoreDir, source: str) -> list[StoreFile]:
         raise _trouble(source, exc) from None
     out = [d.file(i.base_name, i.size or 0) for i in infos if i.type == pafs.FileType.File]
     return sorted(out, key=lambda f: f.name)
+
+
+@dataclass(frozen=True)
+class StorePath:
+    """A key of a bucket (or the prefix of the keys under it) where a target's tables and state
+    are written: the part of :class:`pathlib.Path` that the writers use of a local directory
+    (``/``, ``name``, ``exists``, ``iterdir``, ``glob``, ``stat``, ``unlink``...), through pyarrow's
+    S3 file system. Directories do not exist on a store: ``mkdir`` makes nothing, and a prefix
+    exists while any object is under it. Spark and delta-rs take it by :attr:`spark_url`."""
+
+    bucket: str
+    key: str  # no slash at either end ('' for the bucket's top)
+    fs: FileSystem = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, text: str, fs: FileSystem) -> StorePath:
+        url = StoreURL.parse(text)
+        return cls(url.bucket, url.prefix, fs)
+
+    def __truediv__(self, name: str) -> StorePath:
+        name = name.strip("/")
+        return StorePath(self.bucket, f"{self.key}/{name}" if self.key else name, self.fs)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}" if self.key else f"s3://{self.bucket}"
+
+    @property
+    def spark_url(self) -> str:
+        return f"s3a://{self.bucket}/{self.key}" if self.key else f"s3a://{self.bucket}"
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> StorePath:
+        return StorePath(self.bucket, self.key.rpartition("/")[0], self.fs)
+
+    def with_name(self, name: str) -> StorePath:
+        return self.parent / name
+
+    def resolve(self) -> StorePath:
+        return self
+
+    @property
+    def _path(self) -> str:
+        return f"{self.bucket}/{self.key}" if self.key else self.bucket
+
+    def _info(self) -> FileInfo:
+        try:
+            return self.fs.get_file_info(self._path)
+        except OSError as exc:
+            raise _trouble(str(self), exc) from None
+
+    def exists(self) -> bool:
+        from pyarrow import fs as pafs
+
+        return bool(self._info().type != pafs.FileType.NotFound)
+
+    def is_dir(self) -> bool:
+        from pyarrow import fs as pafs
+
+        return bool(self._info().type == pafs.FileType.Directory)
+
+    def is_symlink(self) -> bool:
+        return False
+
+    def mkdir(self, mode: int = 0o777, parents: bool = False, exist_ok: bool = False) -> None:
+        """Nothing: a prefix needs no making."""
+
+    def rmdir(self) -> None:
+        """Nothing: a prefix goes with its last object."""
+
+    def stat(self) -> _Stat:
+        return _Stat(self._info().size or 0)
+
+    def read_bytes(self) -> bytes:
+        try:
+            with self.fs.open_input_stream(self._path) as f:
+                return bytes(f.read())
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise _trouble(str(self), exc) from None
+
+    def write_bytes(self, data: bytes) -> None:
+        """One PUT: the object appears whole or not at all."""
+        with self.fs.open_output_stream(self._path) as f:
+            f.write(data)
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        try:
+            self.fs.delete_file(self._path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    def remove_tree(self) -> None:
+        """Every object under the prefix (none: nothing)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_dir(self._path)
+
+    def copy_to(self, other: StorePath) -> None:
+        self.fs.copy_file(self._path, other._path)
+
+    def iterdir(self) -> list[StorePath]:
+        """The objects and prefixes directly under it (none when there is nothing)."""
+        from pyarrow import fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self._path, allow_not_found=True))
+        except OSError as exc:
+            raise _trouble(str(self), exc) from None
+        return sorted((self / i.base_name for i in infos), key=lambda p: p.key)
+
+    def glob(self, pattern: str) -> list[StorePath]:
+        return [p for p in self.iterdir() if fnmatchcase(p.name, pattern)]
+
+    def rglob(self, pattern: str) -> list[StorePath]:
+        """The objects at any depth under it whose name matches ``pattern``."""
+        from pyarrow import fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self._path, recursive=True, allow_not_found=True))
+        except OSError as exc:
+            raise _trouble(str(self), exc) from None
+        return sorted(
+            (
+                StorePath(self.bucket, i.path.partition("/")[2], self.fs)
+                for i in infos
+                if i.type == pafs.FileType.File and fnmatchcase(i.base_name, pattern)
+            ),
+            key=lambda p: p.key,
+        )
+
+
+# a target: a local directory, or a prefix of a bucket
+TargetPath = Path | StorePath
+
+
+def remove_tree(path: TargetPath) -> None:
+    """A directory and all in it, or every object under a prefix (nothing there: nothing)."""
+    if isinstance(path, StorePath):
+        path.remove_tree()
+    else:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def as_source(path: TargetPath) -> SourceFile:
+    """A file the target keeps (a carried transaction) as the read path takes it."""
+    return StoreFile(path.bucket, path.key, -1, path.fs) if isinstance(path, StorePath) else path

@@ -34,9 +34,10 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Final
 
-from pgrecv.errors import OutputError
+from pgrecv.errors import OutputError, UsageError
 from pgrecv.output.store import ObjectStore, StoreURL, code_of, status_of
 from pgrecv.spark.model import STATE_DIR, ApplyConfig
+from pgrecv.spark.stores import StorePath
 
 LOCK: Final = "lock"
 LEASE: Final = 60.0  # seconds a store lock holds without renewal (PGRECV_LOCK_LEASE_SECONDS)
@@ -363,5 +364,26 @@ class StoreTarget(Target):
 
 
 def target_of(config: ApplyConfig) -> Target:
-    """The run's target (a local directory: spark-apply's CLI takes no other yet)."""
-    return LocalTarget(config.target)
+    """The run's target: a local directory, or a prefix of a bucket."""
+    t = config.target
+    if isinstance(t, StorePath):
+        url = StoreURL(t.bucket, t.key)
+        return StoreTarget(url, ObjectStore(url))
+    return LocalTarget(t)
+
+
+def check_store(config: ApplyConfig) -> None:
+    """What a target on an object store does not take yet: one line naming it, before anything runs."""
+    if not isinstance(config.target, StorePath):
+        return
+    if config.fmt != "delta":
+        raise UsageError(
+            f"--target {config.target}: --format {config.fmt} on an object store is not supported yet: use "
+            "--format delta there, or a local --target"
+            + (" (or an Iceberg catalog's warehouse on S3: --iceberg-catalog)" if config.fmt == "iceberg" else "")
+        )
+    if config.engine == "spark":
+        raise UsageError(
+            f"--target {config.target}: --delta-engine spark on an object store is not supported yet: use "
+            "--delta-engine delta-rs (it commits with S3's conditional writes)"
+        )

@@ -979,3 +979,37 @@ class _FilesTable(Table):
 
     def write_frames(self, batch: Batch) -> int:
         raise NotImplementedError
+
+
+def test_a_table_whose_guard_raises_commits_nothing(tmp_path: Path, spark: Any) -> None:
+    """The guard (a store lock's check, pgrecv/spark/targets.py) runs after the data files are
+    written and before the commit: when it raises, the table stays at its version and the batch's
+    files are removed."""
+    from pgrecv.errors import OutputError
+    from pgrecv.spark.model import app_id
+    from pgrecv.spark.tables import Batch
+    from pgrecv.spark.tables.delta import DeltaRsTable
+
+    t = _rel("t", [("id", "integer")])
+    first = _write(
+        tmp_path / "a.jsonl", [orjson.dumps(t).decode(), *_txn("0/100", [_insert("t", "0/100", "0/90", '{"id":1}')])]
+    )
+    target = tmp_path / "lake"
+    run_apply(ApplyConfig((str(first),), target, fmt="delta", engine="delta-rs"), spark=spark)
+    path = target / table_dir_name("public", "t")
+    table = DeltaRsTable(path, app_id("public.t"), spark)
+    table.open()
+    assert table.version is not None and table.schema is not None
+
+    def lost() -> None:
+        raise OutputError("the lock was lost")
+
+    table.guard = lost
+    rows = spark.createDataFrame([(5,)], "id int")
+    batch = Batch(table.schema, ["id"], False, False, rows, rows.select("id"), 0x500)
+    before = sorted(path.rglob("*"))
+    with pytest.raises(OutputError, match="the lock was lost"):
+        table.write_frames(batch)
+    assert deltalake.DeltaTable(str(path)).version() == table.version
+    assert sorted(path.rglob("*")) == before  # the batch's files removed
+    assert _rows(target, "t") == [{"id": 1}]

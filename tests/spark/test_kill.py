@@ -79,6 +79,10 @@ def _killed_run(args: list[str], target: Path, rng: random.Random, after_write: 
 
 @pytest.fixture
 def workload_files(db_dsn: str, tmp_path: Path) -> tuple[Path, Path]:
+    return make_workload_files(db_dsn, tmp_path)
+
+
+def make_workload_files(db_dsn: str, tmp_path: Path) -> tuple[Path, Path]:
     """Two JSONL files of the real tool: `a` (first half) and `b` (second half) of a random workload."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)

@@ -27,7 +27,7 @@ SEED = 5151
 FAST = ("--conf", "spark.sql.shuffle.partitions=2", "--master", "local[2]")
 
 
-def apply_s3(s3: S3Server, jars: str, sources: list[str], target: Path, *extra: str) -> Any:
+def apply_s3(s3: S3Server, jars: str, sources: list[str], target: Path | str, *extra: str) -> Any:
     return pgrecv(
         "spark-apply", *sources, "--target", str(target), *FAST, "--conf", f"spark.jars={jars}", "--json", *extra,
         env=s3.env, timeout=900,

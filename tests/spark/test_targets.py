@@ -50,9 +50,9 @@ def _lock_object(target: StoreTarget) -> dict[str, Any] | None:
 def test_a_held_lock_refuses_a_second_run_and_its_end_frees_it(target: StoreTarget) -> None:
     holder = _holder(target)
     try:
-        with pytest.raises(OutputError, match=rf"another spark-apply run is applying.*process {holder.pid} on"):
-            with target.lock():
-                pass
+        busy = rf"another spark-apply run is applying.*process {holder.pid} on"
+        with pytest.raises(OutputError, match=busy), target.lock():
+            pass
     finally:
         holder.communicate(b"")
     assert holder.returncode == 0
@@ -76,11 +76,13 @@ def test_a_killed_holder_on_this_machine_is_taken_over_at_once(target: StoreTarg
 def test_another_machines_lock_holds_until_its_lease_runs_out_by_the_stores_clock(target: StoreTarget) -> None:
     other = {"v": 1, "run": "x", "host": "some-other-host", "boot": "b", "pid": 1, "started": "1", "lease": 4}
     target.write_state("lock", json.dumps(other).encode(), what="a test's lock")
-    with pytest.raises(
-        OutputError, match=r"held by process 1 on some-other-host \(if that run died, the lock is free in [0-4] s\)"
+    with (
+        pytest.raises(
+            OutputError, match=r"held by process 1 on some-other-host \(if that run died, the lock is free in [0-4] s\)"
+        ),
+        target.lock(),
     ):
-        with target.lock():
-            pass
+        pass
     time.sleep(5.5)
     with target.lock():
         assert _lock_object(target)["host"] != "some-other-host"  # type: ignore[index]
@@ -98,7 +100,7 @@ def test_a_run_whose_lock_was_taken_over_stops_before_its_next_commit(
         target.write_state("lock", b'{"v": 1, "host": "elsewhere", "pid": 2}', what="a test's lock")
         time.sleep(2)
         with pytest.raises(
-            OutputError, match="lost the target's lock .another run took it over.*run spark-apply again"
+            OutputError, match=r"lost the target's lock \(another run took it over\).*run spark-apply again"
         ):
             held.check()
     # the run that took it keeps it: the loser does not delete it
@@ -122,9 +124,8 @@ def test_an_unreachable_store_is_one_line_naming_the_lock(monkeypatch: pytest.Mo
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     target = StoreTarget.of("s3://no-such-bucket/lake")
-    with pytest.raises(OutputError) as err:
-        with target.lock():
-            pass
+    with pytest.raises(OutputError) as err, target.lock():
+        pass
     text = str(err.value)
     assert text.startswith("cannot read the target's lock s3://no-such-bucket/lake/_pgrecv/lock: ")
     assert "\n" not in text and "pgrecv-test-secret" not in text

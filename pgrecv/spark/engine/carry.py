@@ -6,20 +6,20 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgrecv.output.format import FORMAT_VERSION, REPLAY_FIELDS, FieldKind, record_pieces
 from pgrecv.spark.files import file_url
 from pgrecv.spark.replay import committed as rp
+from pgrecv.spark.stores import StorePath, TargetPath
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
 def carry_pending(
-    pending: DataFrame | None, st: rp.Structure, state: Path, spark: SparkSession
-) -> tuple[int, Path | None]:
+    pending: DataFrame | None, st: rp.Structure, state: TargetPath, spark: SparkSession
+) -> tuple[int, TargetPath | None]:
     """Prepared transactions whose outcome is not in the input: their records (and their tables'
     relation records) are written, by Spark, to one 0600 file under ``state`` for the next run.
     Returns (how many, the file)."""
@@ -60,9 +60,18 @@ def carry_pending(
             *[F.lit(0).cast(t).alias(c) for c, t in zip(rp.POS, ("int", "bigint", "bigint"), strict=True)],
         ).unionByName(lines)
     lines = lines.repartition(1).sortWithinPartitions("_first", *rp.POS).select("value")
+    if isinstance(state, StorePath):  # (objects: the bucket's access rules are the store's)
+        spark_out = state / f".tmp-{uuid.uuid4().hex}"
+        lines.write.text(file_url(spark_out))
+        written = next(p for p in spark_out.iterdir() if p.name.startswith("part-"))
+        carried = state / f"{uuid.uuid4().hex}.jsonl"
+        written.copy_to(carried)  # a new object appears whole
+        spark_out.remove_tree()
+        return count, carried
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(state, 0o700)  # raw change data: this user only (also for a directory an older run made)
     tmp = state / f".tmp-{uuid.uuid4().hex}"
+    final = state / f"{uuid.uuid4().hex}.jsonl"
     lines.write.text(file_url(tmp))
     part = next(p for p in tmp.iterdir() if p.name.startswith("part-"))
     os.chmod(part, 0o600)
@@ -71,7 +80,6 @@ def carry_pending(
         os.fsync(fd)
     finally:
         os.close(fd)
-    final = state / f"{uuid.uuid4().hex}.jsonl"
     os.replace(part, final)
     shutil.rmtree(tmp, ignore_errors=True)
     fsync_dir(state)
@@ -91,7 +99,7 @@ def _json_text(col: Column, kind: FieldKind) -> Column:
     return F.to_json(col)
 
 
-def finish_carried(carried: list[Path], written: Path | None) -> None:
+def finish_carried(carried: list[TargetPath], written: TargetPath | None) -> None:
     """Files carried by earlier runs, once every table is applied: what is still pending is in
     this run's new file."""
     for p in carried:

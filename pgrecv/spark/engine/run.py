@@ -10,6 +10,7 @@ file:line, column and value, and the other tables are applied (exit code 15, par
 from __future__ import annotations
 
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -51,7 +52,7 @@ from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import delta_names
 from pgrecv.spark.schema import plan as table_plan
 from pgrecv.spark.sparkops import is_connect
-from pgrecv.spark.stores import SourceFile
+from pgrecv.spark.stores import SourceFile, StorePath, TargetPath, as_source, remove_tree
 from pgrecv.spark.tables import Table, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
 from pgrecv.spark.tables.delta_spark import DeltaSparkTable, delta_writer
@@ -135,24 +136,25 @@ def run_frames(
     spark: SparkSession | None,
     files: list[SourceFile],
     manifests: dict[SourceFile, dict[str, Any]],
-    state: Path,
+    state: TargetPath,
     progress: Progress,
     after_table: Callable[[str], None] | None,
     tuning: Tuning,
     lean: bool | None = None,
+    guard: Callable[[], None] = lambda: None,
 ) -> Summary:
     """The run; ``lean``: whether it may take the lean read (None: it tries, where the lean read
     may apply, and if that declines, runs again without it)."""
     if lean is None:
         args = (config, spark, files, manifests, state, progress, after_table, tuning)
         try:
-            return run_frames(*args, lean=tuning.direct and tuning.lean)
+            return run_frames(*args, lean=tuning.direct and tuning.lean, guard=guard)
         except direct.LeanDeclined:  # nothing was committed: the ordinary way applies it or names what it is
-            return run_frames(*args, lean=False)
+            return run_frames(*args, lean=False, guard=guard)
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    carried = sorted(state.glob("*.jsonl")) if state.is_dir() else []
+    carried: list[TargetPath] = sorted(state.glob("*.jsonl"), key=str) if state.is_dir() else []
     if config.fmt == "iceberg":
         from pgrecv.spark.jars import ICEBERG_PACKAGE, iceberg_session
         from pgrecv.spark.tables.iceberg import iceberg_writer, use_catalog
@@ -165,9 +167,12 @@ def run_frames(
                     "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
                     f"spark.jars.packages={ICEBERG_PACKAGE}; a Spark Connect server's own)"
                 )
+            assert isinstance(config.target, Path)  # (targets.check_store)
             use_catalog(spark, config.target, config.catalog)
     else:
-        writer = ParquetTable if config.fmt == "parquet" else delta_writer(spark, config.engine)
+        # a target on a store: delta-rs (targets.check_store refuses the connector there)
+        engine = "delta-rs" if isinstance(config.target, StorePath) else config.engine
+        writer = ParquetTable if config.fmt == "parquet" else delta_writer(spark, engine)
     summary = Summary(
         engine=_ENGINES.get(writer, "iceberg/spark"),
         files=len(files) + len(carried),
@@ -181,8 +186,13 @@ def run_frames(
     work = state.parent  # made 0700 by run_apply's target lock
     stage = work / f"stage-{uuid.uuid4().hex}"
     by_table = stage.with_name(f"{stage.name}-changes")
-    links = stage.with_name(f"{stage.name}-inputs")  # links to inputs Spark cannot name (source._urls)
-    restores = [size_shuffles(spark, config, [*files, *carried])]  # the session's conf, given back
+    # links to inputs Spark cannot name (files.input_urls): local ones, made by the driver
+    links = (
+        Path(tempfile.mkdtemp(prefix="pgrecv-inputs-")) / "links"
+        if isinstance(stage, StorePath)
+        else stage.with_name(f"{stage.name}-inputs")
+    )
+    restores = [size_shuffles(spark, config, [*files, *map(as_source, carried)])]  # the session's conf, given back
     # PostgreSQL's names are case-sensitive: columns "a" and "A" are two columns (Spark's default
     # would take them as one, and fail as ambiguous)
     restores.append(for_run(spark, config, "spark.sql.caseSensitive", "true"))
@@ -208,8 +218,8 @@ def run_frames(
             commits = plain.commit_keys() if keep is None else None
             summary.input_read = "lean" if plain.lean else "direct"
         else:
-            records = read_records(spark, files, carried, stage, links)
-            restores.append(size_reads(spark, config, list(stage.rglob("*.parquet"))))
+            records = read_records(spark, files, [as_source(p) for p in carried], stage, links)
+            restores.append(size_reads(spark, config, [as_source(p) for p in stage.rglob("*.parquet")]))
             df, commits, any_truncate = records.frame, None, True  # (not counted: maybe)
             check_input(records)
             st = rp.structure(df)
@@ -230,6 +240,7 @@ def run_frames(
             # absolute: data files are matched against the paths Spark reports
             path = config.target.resolve() / table_dir_name(s, t)
             target = writer(path, app_id(f"{s}.{t}"), spark)
+            target.guard = guard
             target.names = (s, t)
             if (changed is None or (s, t) in changed) and target.exists():
                 target.open()
@@ -419,6 +430,6 @@ def run_frames(
         for restore in reversed(restores):
             restore()
         spark.catalog.clearCache()  # the run's persisted frames (changes, final events)
-        shutil.rmtree(stage, ignore_errors=True)
-        shutil.rmtree(by_table, ignore_errors=True)
-        shutil.rmtree(links, ignore_errors=True)
+        remove_tree(stage)
+        remove_tree(by_table)
+        shutil.rmtree(links if isinstance(stage, Path) else links.parent, ignore_errors=True)

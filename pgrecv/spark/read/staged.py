@@ -18,7 +18,7 @@ from pgrecv.lsn import lsn_str
 from pgrecv.spark.files import file_url, find_line, input_urls, line_of_text, literal_read, local_path, spelling
 from pgrecv.spark.read.envelope import ENVELOPE, LSN_FIELDS, LSN_PATTERN, json_read, lsn_expr, named_last
 from pgrecv.spark.replay.committed import CHANGE_OPS, KNOWN_OPS, ROW_OPS
-from pgrecv.spark.stores import SourceFile
+from pgrecv.spark.stores import SourceFile, TargetPath
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -35,8 +35,8 @@ class Records:
 def read_records(
     spark: SparkSession,
     files: list[SourceFile],
-    carried: list[Path],
-    stage: Path | None = None,
+    carried: list[SourceFile],
+    stage: TargetPath | None = None,
     links: Path | None = None,
 ) -> Records:
     """Carried-over prepared transactions first (negative ranks), then the input in name order.

@@ -28,8 +28,9 @@ import orjson
 import pyarrow as pa
 
 from pgrecv.errors import UsageError
-from pgrecv.spark.files import file_url, literal_read
+from pgrecv.spark.files import data_file_url, literal_read
 from pgrecv.spark.model import app_id
+from pgrecv.spark.stores import TargetPath
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -97,7 +98,7 @@ def mode_of(table: Table) -> str | None:
     return "history" if set(HISTORY_NAMES) <= set(table.schema.names) else "latest"
 
 
-def applied_position(path: Path, fmt: str, table: str) -> int | None:
+def applied_position(path: TargetPath, fmt: str, table: str) -> int | None:
     """The position applied to the table ``schema.table`` at ``path``, read without Spark (None:
     no such table): for the record of what a target has applied (pgrecv/spark/ledger.py)."""
     if fmt == "parquet":
@@ -108,12 +109,14 @@ def applied_position(path: Path, fmt: str, table: str) -> int | None:
     if fmt == "iceberg":
         from pgrecv.spark.tables.iceberg import current_snapshot, position_of
 
+        assert isinstance(path, Path)  # (a target on a store takes Delta only: targets.check_store)
         return position_of(current_snapshot(path))
-    from deltalake import DeltaTable
+    from pgrecv.spark.tables.delta import delta_table
 
-    if not DeltaTable.is_deltatable(str(path)):
+    dt = delta_table(path)
+    if dt is None:
         return None
-    version = DeltaTable(str(path)).transaction_version(app_id(table))
+    version = dt.transaction_version(app_id(table))
     return int(version) if version is not None else None
 
 
@@ -125,7 +128,7 @@ _MARKS = {
 }
 
 
-def refuse_other_format(path: Path, fmt: str) -> None:
+def refuse_other_format(path: TargetPath, fmt: str) -> None:
     """A table directory of the other format is refused before anything is written: writing
     into it would leave one directory that holds two tables, each reader seeing only its own."""
     for other, (mark, name) in _MARKS.items():
@@ -133,10 +136,14 @@ def refuse_other_format(path: Path, fmt: str) -> None:
             raise UsageError(f"{path} is {name}: use --format {other} with this target, or another --target")
 
 
+def _nothing() -> None:
+    pass
+
+
 class Table(ABC):
     """A table under the target path; ``applied``/``schema``/``version`` describe it before the batch."""
 
-    def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
+    def __init__(self, path: TargetPath, app_id: str, spark: SparkSession) -> None:
         self.path = path
         self.app_id = app_id
         self.spark = spark
@@ -148,6 +155,9 @@ class Table(ABC):
         self.mode: str | None = None
         # the PostgreSQL (schema, table): a catalog's name for it (Iceberg's --iceberg-catalog)
         self.names: tuple[str, str] | None = None
+        # called just before the commit: raises when the run may commit no more (a lock on a store
+        # whose lease was lost: pgrecv/spark/targets.py)
+        self.guard: Callable[[], None] = _nothing
 
     def exists(self) -> bool:
         """Whether the table exists before the batch (to be opened)."""
@@ -178,4 +188,4 @@ class Table(ABC):
         files = self.data_files()
         if not files or self.schema is None:
             return None
-        return literal_read(self.spark).schema(spark_schema(self.schema)).parquet(*[file_url(Path(f)) for f in files])
+        return literal_read(self.spark).schema(spark_schema(self.schema)).parquet(*[data_file_url(f) for f in files])

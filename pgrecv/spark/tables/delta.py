@@ -5,16 +5,15 @@ delta-rs commits them (with the removal of the files they replace and the app tr
 from __future__ import annotations
 
 import re
-import shutil
 import time
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
 
 from pgrecv.errors import OutputError, UsageError
+from pgrecv.spark.stores import StorePath, TargetPath, delta_location, parquet_metadata, remove_tree
 from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, refuse_other_format
 from pgrecv.spark.tables.rewrite import fsync_files, missing_dirs, rewrite_for, unmake
 
@@ -35,10 +34,20 @@ def read_log(table: Table, dt: DeltaTable) -> pa.Table:
     return pa.table(actions) if not isinstance(actions, pa.Table) else actions
 
 
+def delta_table(path: TargetPath) -> DeltaTable | None:
+    """The Delta table at ``path`` (a local directory or a key prefix of a store); None: none there."""
+    from deltalake import DeltaTable
+
+    where, options = delta_location(path)
+    if not DeltaTable.is_deltatable(where, storage_options=options):
+        return None
+    return DeltaTable(where, storage_options=options)
+
+
 class DeltaRsTable(Table):
     """A Delta table written by Spark and committed by delta-rs."""
 
-    def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
+    def __init__(self, path: TargetPath, app_id: str, spark: SparkSession) -> None:
         super().__init__(path, app_id, spark)
         self._files: dict[str, int] = {}  # path relative to the table → size, as in the log
         escape = re.search(r"%[0-9A-Fa-f]{2}", str(path))
@@ -52,12 +61,11 @@ class DeltaRsTable(Table):
             )
 
     def open(self) -> None:
-        from deltalake import DeltaTable
 
         refuse_other_format(self.path, "delta")
-        if not DeltaTable.is_deltatable(str(self.path)):
+        dt = delta_table(self.path)
+        if dt is None:
             return
-        dt = DeltaTable(str(self.path))
         if "deletionVectors" in (dt.protocol().reader_features or []):
             # its files hold rows deleted by deletion vectors, which this writer would read back
             raise UsageError(
@@ -70,13 +78,17 @@ class DeltaRsTable(Table):
         self._files = dict(zip(paths, sizes, strict=True))
 
     def data_files(self) -> list[str]:
-        from urllib.parse import unquote
+        return [self._name(p) for p in sorted(self._files)]
 
-        return [str(self.path / unquote(p)) for p in sorted(self._files)]
+    def _name(self, rel: str) -> str:
+        """A data file's name, from its path in the log: a local path, or its ``s3a://`` URL
+        (as Spark's ``_metadata.file_path`` gives it back)."""
+        if isinstance(self.path, StorePath):
+            return f"{self.path.spark_url}/{_unq(rel)}"
+        return str(self.path / _unq(rel))
 
     def write_frames(self, batch: Batch) -> int:
-        import pyarrow.parquet as pq
-        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake import CommitProperties, Transaction
         from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
         current = self.data_files()
@@ -90,38 +102,46 @@ class DeltaRsTable(Table):
             if batch.settle is not None:
                 batch.settle()
         except BaseException:
-            shutil.rmtree(self.path / sub, ignore_errors=True)  # no commit names these files
+            remove_tree(self.path / sub)  # no commit names these files
             unmake(made)
             raise
         for f in (self.path / sub).iterdir():
             if f not in written:
                 f.unlink()
-        fsync_files(written)
+        sizes = {f: f.stat().st_size for f in written}
+        if not isinstance(self.path, StorePath):
+            fsync_files(written)  # (an object is durable once its PUT returned)
         now = int(time.time() * 1000)
         adds = []
         for f in written:
-            meta = pq.read_metadata(f)
+            meta = parquet_metadata(self._name(f"{sub}/{f.name}"))
             adds.append(
                 AddAction(
                     path=f"{sub}/{f.name}",
-                    size=f.stat().st_size,
+                    size=sizes[f],
                     partition_values={},
                     modification_time=now,
                     data_change=True,
                     stats=orjson.dumps({"numRecords": meta.num_rows}).decode(),
                 )
             )
-        by_local = {str(self.path / _unq(p)): p for p in self._files}
+        by_local = {self._name(p): p for p in self._files}
         removes = [
             RemoveAction(path=by_local[f], data_change=True, deletion_timestamp=now, size=self._files[by_local[f]])
             for f in dropped
         ]
         applied = Transaction(self.app_id, batch.position)
         commit = CommitProperties(app_transactions=[applied])
+        where, options = delta_location(self.path)
+        try:
+            self.guard()
+        except BaseException:
+            remove_tree(self.path / sub)
+            raise
         try:
             if self.version is None:
                 create_table_with_add_actions(
-                    str(self.path),
+                    where,
                     _delta_schema(batch.schema),
                     adds,
                     mode="error",
@@ -132,10 +152,11 @@ class DeltaRsTable(Table):
                             Transaction(MODE_APP_ID + ("history" if batch.history else "latest"), 1),
                         ]
                     ),
+                    storage_options=options,
                 )
             else:
                 self._add_columns(batch.schema)
-                DeltaTable(str(self.path)).create_write_transaction(
+                _existing(self.path).create_write_transaction(
                     [*adds, *removes], mode="append", schema=batch.schema, commit_properties=commit
                 )
         except Exception as exc:
@@ -147,8 +168,8 @@ class DeltaRsTable(Table):
                     "run spark-apply again (one run per target at a time)"
                 ) from None
             raise
-        self.version = DeltaTable(str(self.path)).version()
-        return sum(f.stat().st_size for f in written)
+        self.version = _existing(self.path).version()
+        return sum(sizes.values())
 
     def _add_columns(self, schema: pa.Schema) -> None:
         """Columns the batch adds (a relation record with a new column) join the table's schema
@@ -156,12 +177,16 @@ class DeltaRsTable(Table):
         has, and a reader would not see a column the log does not name (the values were in the
         files, invisible). A run stopped between the two commits leaves the column in the schema,
         NULL in every row, and the position where it was: the next run applies the batch again."""
-        from deltalake import DeltaTable
-
         have = set(self.schema.names) if self.schema is not None else set()
         added = [f for f in schema if f.name not in have]
         if added:
-            DeltaTable(str(self.path)).alter.add_columns(list(_delta_schema(pa.schema(added)).fields))
+            _existing(self.path).alter.add_columns(list(_delta_schema(pa.schema(added)).fields))
+
+
+def _existing(path: TargetPath) -> DeltaTable:
+    dt = delta_table(path)
+    assert dt is not None  # (a table this run opened, or just made)
+    return dt
 
 
 def _unq(p: str) -> str:

@@ -38,6 +38,8 @@ NEW_TABLE = {"delta.enableDeletionVectors": "true"}
 class DeltaSparkTable(Table):
     """A Delta table written and committed by Delta's Spark connector."""
 
+    path: Path  # a local directory: a target on a store takes the delta-rs writer only (targets.check_store)
+
     def __init__(self, path: Path, app_id: str, spark: Any) -> None:
         super().__init__(path, app_id, spark)
         self._files: list[str] = []

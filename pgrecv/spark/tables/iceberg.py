@@ -204,6 +204,8 @@ class IcebergTable(Table):
     state read from its metadata files, or (``catalog`` set) in a catalog of the session, its
     state read through Spark (its ``refs``, ``snapshots`` and properties)."""
 
+    path: Path  # a local directory: a target on a store takes the delta-rs writer only (targets.check_store)
+
     catalog: str | None = None
 
     def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:

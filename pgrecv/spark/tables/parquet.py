@@ -58,6 +58,8 @@ class ParquetTable(Table):
     """``TABLE/_versions/vNNNNNN/`` data, ``TABLE/_pgrecv_table.json`` the truth, ``TABLE/current``
     a symlink to the current version for readers."""
 
+    path: Path  # a local directory: a target on a store takes the delta-rs writer only (targets.check_store)
+
     KEEP = 2  # versions kept: the current one and the one before (readers still on it)
 
     def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pgrecv.spark.files import file_url, literal_read, local_path
+from pgrecv.spark.files import data_file_url, file_url, literal_read, local_path
 from pgrecv.spark.schema import quoted
 from pgrecv.spark.sparkops import shuffle_partitions, spark_schema
-from pgrecv.spark.stores import parquet_metadata
+from pgrecv.spark.stores import StorePath, TargetPath, parquet_metadata
 from pgrecv.spark.tables import DATA_SUFFIX, Batch
 
 if TYPE_CHECKING:
@@ -156,9 +156,7 @@ class Rewrite:
     def _read(self, files: list[str]) -> DataFrame:
         # the batch's schema: columns a file lacks (added since it was written) read as NULL
         rows = (
-            literal_read(self.spark)
-            .schema(spark_schema(self.batch.schema))
-            .parquet(*[file_url(Path(f)) for f in files])
+            literal_read(self.spark).schema(spark_schema(self.batch.schema)).parquet(*[data_file_url(f) for f in files])
         )
         return rows.coalesce(1) if self.batch.single else rows
 
@@ -187,7 +185,7 @@ class Rewrite:
         the range partitioner, whose sample is a job of its own (bench/NOTES.md: many small tables)."""
         return fits_one_file(self.batch.upserts_at_most, dropped)
 
-    def write(self, rows: DataFrame, out: Path, dropped: list[str]) -> list[Path]:
+    def write(self, rows: DataFrame, out: TargetPath, dropped: list[str]) -> list[TargetPath]:
         """Rows clustered by key into files of at most ROWS_PER_FILE rows; the new files' paths.
         ``dropped``: the files :meth:`plan` replaces, whose rows are among ``rows``."""
         b = self.batch
@@ -205,7 +203,9 @@ class Rewrite:
                 rows = rows.repartitionByRange(*keys)
             rows = rows.sortWithinPartitions(*keys)
         rows.write.mode("error").option("maxRecordsPerFile", ROWS_PER_FILE).parquet(file_url(out))
-        return sorted(p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_")))
+        return sorted(
+            (p for p in out.iterdir() if p.name.endswith(DATA_SUFFIX) and not p.name.startswith((".", "_"))), key=str
+        )
 
 
 class ArrowRewrite(Rewrite):
@@ -216,14 +216,18 @@ class ArrowRewrite(Rewrite):
         assert self.batch.arrow is not None
         return list(self.files), self.batch.arrow
 
-    def write(self, rows: Any, out: Path, dropped: list[str]) -> list[Path]:
+    def write(self, rows: Any, out: TargetPath, dropped: list[str]) -> list[TargetPath]:
         import uuid
 
         import pyarrow.parquet as pq
 
         out.mkdir()
         path = out / f"part-00000-{uuid.uuid4().hex}{DATA_SUFFIX}"
-        pq.write_table(rows, path)
+        if isinstance(path, StorePath):
+            with path.fs.open_output_stream(f"{path.bucket}/{path.key}") as sink:
+                pq.write_table(rows, sink)
+        else:
+            pq.write_table(rows, path)
         return [path]
 
 
@@ -319,16 +323,19 @@ def rows_in(files: list[str], above: int | None = None) -> int:
     return n
 
 
-def missing_dirs(path: Path) -> list[Path]:
-    """The directories down to ``path`` that do not exist yet (outermost first)."""
-    out: list[Path] = []
+def missing_dirs(path: TargetPath) -> list[TargetPath]:
+    """The directories down to ``path`` that do not exist yet (outermost first; none on a store,
+    which has no directories)."""
+    out: list[TargetPath] = []
+    if isinstance(path, StorePath):
+        return out
     while not path.exists():
         out.insert(0, path)
         path = path.parent
     return out
 
 
-def unmake(made: list[Path]) -> None:
+def unmake(made: list[TargetPath]) -> None:
     """Removes what a failed write made of a new table's directories (innermost first), so that a
     held-back new table leaves no directory behind; a directory with anything in it stays."""
     for d in reversed(made):
@@ -338,8 +345,9 @@ def unmake(made: list[Path]) -> None:
             d.rmdir()
 
 
-def fsync_files(paths: list[Path]) -> None:
+def fsync_files(paths: list[TargetPath]) -> None:
     for p in paths:
+        assert isinstance(p, Path)
         fd = os.open(p, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -1,0 +1,268 @@
+"""``spark-apply --target s3://BUCKET/PREFIX``: Delta tables written onto a real S3-compatible
+server (moto's, on 127.0.0.1): Spark's tasks write the data files through Hadoop's S3A connector,
+delta-rs commits with S3's conditional writes, and the target's lock and record are objects
+under ``_pgrecv/`` (pgrecv/spark/targets.py). The tables equal PostgreSQL's, and a local run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import orjson
+import pytest
+
+from pgrecv.errors import ExitCode
+from pgrecv.spark.apply import run_apply
+from pgrecv.spark.model import ApplyConfig, table_dir_name
+from tests.conftest import S3Server
+from tests.spark.changegen import Gen
+from tests.spark.test_cluster import assert_same_tables
+from tests.spark.test_differential import _files
+from tests.spark.test_s3_source import apply_s3
+from tests.stream.test_start import insert_txns
+from tests.util import err, pgrecv, sql
+
+pytest.importorskip("pyspark")
+SEED = 6262
+
+
+def download(s3: S3Server, bucket: str, prefix: str, to: Path) -> list[str]:
+    """Every object under ``prefix`` as a local file under ``to`` (what a reader of the store sees);
+    the keys, relative to the prefix."""
+    client = s3.client()
+    keys = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix) + 1 :]
+            if rel.endswith("/") or not rel:
+                continue  # the empty marker of a prefix (Hadoop's S3A and pyarrow make them)
+            keys.append(rel)
+            (to / rel).parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, obj["Key"], str(to / rel))
+    return sorted(keys)
+
+
+def _storage(s3: S3Server) -> dict[str, str]:
+    e = s3.env
+    return {
+        "AWS_ENDPOINT_URL": e["AWS_ENDPOINT_URL"],
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": e["AWS_REGION"],
+        "AWS_ACCESS_KEY_ID": e["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": e["AWS_SECRET_ACCESS_KEY"],
+    }
+
+
+@pytest.mark.newest_server  # the subject is the store
+def test_postgresql_to_delta_tables_on_s3(db_dsn: str, s3_server: S3Server, s3a_jars_conf: str) -> None:
+    """The whole path on the store: `snapshot` and `start` write change files to S3, spark-apply
+    reads them and writes the Delta table to S3; delta-rs reads it there as PostgreSQL's table. The
+    lock is gone after the run, the record is on the store, and a second run skips every file."""
+    sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
+    insert_txns(db_dsn, 1, 4)
+    bucket = s3_server.bucket()
+    changes = f"s3://{bucket}/cdc"
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", changes, env=s3_server.env)
+    assert proc.returncode == 0, err(proc)
+    insert_txns(db_dsn, 5, 6)
+    sql(db_dsn, "UPDATE t SET v = 'changed' WHERE id % 4 = 0")
+    sql(db_dsn, "DELETE FROM t WHERE id % 5 = 0")
+    proc = pgrecv(
+        "start", "-d", db_dsn, "--slot", "s", "--output-dir", changes, "--until-caught-up", "--rotate-size", "1kB",
+        env=s3_server.env,
+    )  # fmt: skip
+    assert proc.returncode == 0, err(proc)
+    lake = f"s3://{bucket}/lake one"  # a space: Spark's spelling of the objects must match delta-rs's log
+    first = apply_s3(s3_server, s3a_jars_conf, [changes], lake, "--format", "delta")
+    assert first.returncode == 0, err(first)
+    summary = orjson.loads(first.stdout)
+    assert summary["files"] > 3 and summary["engine"] == "delta/delta-rs+spark", summary
+    table = f"{lake}/{table_dir_name('public', 't')}"
+    got = deltalake.DeltaTable(table, storage_options=_storage(s3_server)).to_pyarrow_table()
+    rows = sorted((r["id"], r["v"]) for r in got.to_pylist())
+    assert rows == sorted(tuple(r) for r in sql(db_dsn, "SELECT id, v FROM t")), "the lake is not PostgreSQL's table"
+    assert len(rows) > 20
+    client = s3_server.client()
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="lake one/_pgrecv/").get("Contents", [])
+    keys = [o["Key"] for o in listed if not o["Key"].endswith("/")]  # (not the empty markers of prefixes)
+    assert keys == ["lake one/_pgrecv/applied.json"], keys  # the lock deleted, no staging left
+    # again: every file applied before is skipped unopened (the record on the store holds)
+    again = apply_s3(s3_server, s3a_jars_conf, [changes], lake, "--format", "delta")
+    assert again.returncode == 0, err(again)
+    assert orjson.loads(again.stdout)["files_skipped"] == summary["files"]
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gen, list[Path]]:
+    where = tmp_path_factory.mktemp("s3-target-stream")
+    gen = Gen(SEED)
+    return gen, _files(gen.run(40), where, SEED)
+
+
+def test_the_generated_stream_onto_s3_equals_the_local_run(
+    s3_server: S3Server, s3a_jars_conf: str, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path
+) -> None:
+    """Every kind of change the generator makes (streamed and two-phase transactions, which take
+    the staged read and carry prepared ones over on the store; TOAST; many tables): the Delta
+    tables written onto S3, read back, equal a local run's and the truth."""
+    gen, files = stream
+    bucket = s3_server.bucket()
+    proc = apply_s3(s3_server, s3a_jars_conf, [str(f) for f in files], f"s3://{bucket}/lake", "--format", "delta")
+    assert proc.returncode == 0, err(proc)
+    assert orjson.loads(proc.stdout)["input_read"] == "staged"
+    local = tmp_path / "local"
+    run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt="delta", engine="delta-rs"), spark=spark)
+    copy = tmp_path / "copy"
+    keys = download(s3_server, bucket, "lake", copy)
+    assert not [k for k in keys if "stage-" in k or ".tmp-" in k], keys  # the run's scratch is gone
+    assert_same_tables(gen, copy, local, "delta", "a run onto S3")
+
+
+def test_a_target_on_s3_is_one_run_at_a_time(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
+    """A run that finds the lock held by a live run is refused in one line (exit code 4: the target
+    cannot be written), naming the holder; nothing is written."""
+    bucket = s3_server.bucket()
+    lake = f"s3://{bucket}/lake"
+    env = {**os.environ, **s3_server.env}
+    hold = (
+        "import sys\nfrom pgrecv.spark.targets import StoreTarget\n"
+        "with StoreTarget.of(sys.argv[1]).lock():\n    print('held', flush=True)\n    sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, lake], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        f = tmp_path / "0000000000000010-0000000000000020.jsonl"
+        f.write_bytes(b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n')
+        proc = apply_s3(s3_server, s3a_jars_conf, [str(f)], lake, "--format", "delta")
+    finally:
+        holder.communicate(b"")
+    assert proc.returncode == ExitCode.OUTPUT, err(proc)
+    lines = err(proc).strip().splitlines()
+    assert len(lines) == 1 and f"{lake}: another spark-apply run is applying" in lines[0], lines
+    assert f"process {holder.pid}" in lines[0]
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert keys == [], keys  # the holder deleted its lock; the refused run wrote nothing
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--format", "parquet"], "--format parquet on an object store is not supported yet: use --format delta"),
+        (["--format", "iceberg"], "(or an Iceberg catalog's warehouse on S3: --iceberg-catalog)"),
+        (["--format", "delta", "--delta-engine", "spark"], "--delta-engine spark on an object store is not supported"),
+    ],
+)
+def test_what_a_target_on_s3_does_not_take_is_one_line(
+    s3_server: S3Server, tmp_path: Path, args: list[str], says: str
+) -> None:
+    f = tmp_path / "0000000000000010-0000000000000020.jsonl"
+    f.write_bytes(b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n')
+    bucket = s3_server.bucket()
+    proc = pgrecv("spark-apply", str(f), "--target", f"s3://{bucket}/lake", *args, env=s3_server.env)
+    assert proc.returncode == ExitCode.USAGE, err(proc)
+    lines = err(proc).strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
+    assert json.dumps(s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])) == "[]"
+
+
+def test_a_prepared_transaction_waits_on_the_store_for_its_outcome(
+    s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path
+) -> None:
+    """A prepared transaction whose outcome is not in the input is carried over as an object under
+    ``_pgrecv/prepared/``; the next run, given only the outcome, applies it and removes the object."""
+    from tests.spark.test_engine import _insert, _prepared, _rel, _txn, _write
+
+    t = _rel("t", [("id", "integer")])
+    held = {"op": "insert", "schema": "public", "table": "t", "lsn": "0/1F8", "key": ["id"], "new": {"id": 2}}
+    held["unchanged_toast"] = []
+    committed = _txn("0/100", [_insert("t", "0/100", "0/90", '{"id":1}')])
+    first = _write(tmp_path / "a.jsonl", [orjson.dumps(t).decode(), *committed, *_prepared("g", "0/200", [held])])
+    bucket = s3_server.bucket()
+    lake = f"s3://{bucket}/lake"
+    storage = _storage(s3_server)
+    proc = apply_s3(s3_server, s3a_jars_conf, [str(first)], lake, "--format", "delta")
+    assert proc.returncode == 0, err(proc)
+    assert orjson.loads(proc.stdout)["pending_prepared"] == 1
+    table = f"{lake}/{table_dir_name('public', 't')}"
+    assert deltalake.DeltaTable(table, storage_options=storage).to_pyarrow_table().to_pylist() == [{"id": 1}]
+    client = s3_server.client()
+
+    def carried() -> list[str]:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix="lake/_pgrecv/prepared/").get("Contents", [])
+        return [o["Key"] for o in listed if not o["Key"].endswith("/")]
+
+    assert len(carried()) == 1 and carried()[0].endswith(".jsonl"), carried()
+    outcome = {"op": "commit_prepared", "xid": 2, "gid": "g", "commit_lsn": "0/300", "end_lsn": "0/301"}
+    second = _write(tmp_path / "b.jsonl", [orjson.dumps({"v": 1, **outcome, "commit_time": None}).decode()])
+    proc = apply_s3(s3_server, s3a_jars_conf, [str(second)], lake, "--format", "delta")
+    assert proc.returncode == 0, err(proc)
+    assert orjson.loads(proc.stdout)["pending_prepared"] == 0
+    got = deltalake.DeltaTable(table, storage_options=storage).to_pyarrow_table().to_pylist()
+    assert sorted(r["id"] for r in got) == [1, 2]
+    assert carried() == []
+
+
+@pytest.mark.newest_server  # the subject is the writer's atomicity on the store, not the server
+def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
+    db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, spark: Any, tmp_path: Path
+) -> None:
+    """Runs SIGKILLed (the JVM too) at random moments after their first write under the target,
+    then one run to the end: each table is PostgreSQL's. A killed run leaves its lock object
+    behind; the next run on this machine takes it over at once (its process is gone)."""
+    import random
+    import signal
+    import time
+
+    from tests.spark.test_apply_server import _assert_equal
+    from tests.spark.test_kill import make_workload_files
+
+    first, second = make_workload_files(db_dsn, tmp_path)
+    bucket = s3_server.bucket()
+    lake = f"s3://{bucket}/lake"
+    base = apply_s3(s3_server, s3a_jars_conf, [str(first)], lake, "--format", "delta")  # an existing state
+    assert base.returncode == 0, err(base)
+    client = s3_server.client()
+
+    def objects() -> int:
+        return sum(p.get("KeyCount", 0) for p in client.get_paginator("list_objects_v2").paginate(Bucket=bucket))
+
+    rng = random.Random(f"s3-kill-{db_dsn}")
+    args = [sys.executable, "-m", "pgrecv", "spark-apply", str(first), str(second), "--target", lake]
+    args += ["--format", "delta", "--master", "local[1]", "--conf", f"spark.jars={s3a_jars_conf}"]
+    kills = 0
+    for _ in range(3):
+        before = objects()
+        proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            env={**os.environ, **s3_server.env},
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and objects() == before and time.monotonic() < deadline:
+            time.sleep(0.05)  # (its lock object is its first write)
+        try:
+            proc.wait(timeout=rng.uniform(0.0, 4.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        assert proc.stderr is not None
+        stderr = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert proc.returncode in (0, -signal.SIGKILL), stderr
+    assert kills >= 1, "no run was killed: delays do not fit this machine"
+    done = apply_s3(s3_server, s3a_jars_conf, [str(first), str(second)], lake, "--format", "delta")
+    assert done.returncode == 0, err(done)
+    copy = tmp_path / "copy"
+    download(s3_server, bucket, "lake", copy)
+    _assert_equal(db_dsn, copy, "delta", spark)
+    again = apply_s3(s3_server, s3a_jars_conf, [str(first), str(second)], lake, "--format", "delta")
+    assert again.returncode == 0, err(again)
+    assert all(t["status"] == "up to date" for t in orjson.loads(again.stdout)["tables"])
