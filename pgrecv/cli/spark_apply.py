@@ -56,7 +56,12 @@ def bad_values_option(help_text: str = BAD_VALUES_HELP) -> Callable[[_Decorated]
 
 @click.command("spark-apply", cls=Command)
 @click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
-@click.option("--target", required=True, metavar="PATH", help="Directory holding one table per PostgreSQL table.")
+@click.option(
+    "--target",
+    required=True,
+    metavar="PATH",
+    help="Directory holding one table per PostgreSQL table; for --format delta also s3://BUCKET/PREFIX.",
+)
 @click.option(
     "--format", "fmt", type=click.Choice(["delta", "parquet", "iceberg"]), required=True, help="Table format."
 )
