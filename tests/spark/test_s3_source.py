@@ -13,12 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pgrecv.errors import ExitCode
-from pgrecv.spark.apply import run_apply
-from pgrecv.spark.model import ApplyConfig, table_dir_name
+from pgrecv.spark.model import table_dir_name
 from tests.conftest import S3Server
-from tests.spark.changegen import Gen
-from tests.spark.test_cluster import _counts, assert_same_tables
-from tests.spark.test_differential import _files
 from tests.stream.test_start import insert_txns
 from tests.util import err, pgrecv, sql
 
@@ -77,27 +73,7 @@ def test_postgresql_to_s3_to_tables(
     assert len(names) == summary["files"] and all(n.startswith(f"{url}/") for n in names), names
 
 
-@pytest.fixture(scope="module")
-def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gen, list[Path]]:
-    where = tmp_path_factory.mktemp("s3-stream")
-    gen = Gen(SEED)
-    return gen, _files(gen.run(40), where, SEED)
-
-
-def test_the_generated_stream_from_s3_equals_the_local_run(
-    s3_server: S3Server, s3a_jars_conf: str, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path
-) -> None:
-    """Every kind of change the generator makes (streamed, two-phase, TOAST, many tables), read
-    from objects whose key holds characters URIs quote: the same tables as a local run."""
-    gen, files = stream
-    bucket = s3_server.bucket()
-    urls = s3_server.upload(bucket, "a b/%20/ü", files)
-    remote, local = tmp_path / "remote", tmp_path / "local"
-    proc = apply_s3(s3_server, s3a_jars_conf, urls, remote, "--format", "parquet")
-    assert proc.returncode == 0, err(proc)
-    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt="parquet"), spark=spark)
-    assert _counts(orjson.loads(proc.stdout)["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
-    assert_same_tables(gen, remote, local, "parquet", "a read from S3")
+# The generated stream read from S3 (keys URIs quote) is tests/spark/test_s3_target.py's, written onto S3.
 
 
 def test_a_bad_line_is_named_by_its_object_and_line(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
