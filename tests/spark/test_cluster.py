@@ -135,22 +135,25 @@ def test_cluster_equals_local(
     print(f"{fmt}: cluster {cluster_seconds:.0f} s, local {local_seconds:.0f} s, {rows} rows, app {app['id']}")
 
 
-def test_cluster_reads_source_from_s3(
+def test_cluster_reads_source_from_s3_and_writes_onto_it(
     spark_cluster: Any, spark: Any, s3_server: Any, s3a_jars_conf: str, stream: tuple[Gen, list[Path]], tmp_path: Path
 ) -> None:
-    """SOURCE on the S3 server: the executors read the objects through S3A (its jars on the
-    cluster's class path, as a cluster image has them; credentials of their own, here through
-    spark.executorEnv), the driver lists the prefix; the same tables as the local run."""
+    """Every path on the S3 server: the executors read the objects and write the Delta tables'
+    files through S3A (its jars on the cluster's class path, as a cluster image has them;
+    credentials of their own, here through spark.executorEnv), the driver lists the prefix and
+    commits through delta-rs; the same tables as the local run."""
+    from tests.spark.test_s3_target import download
+
     gen, files = stream
     bucket = s3_server.bucket()
     urls = s3_server.upload(bucket, "cdc", files)
-    on_cluster, local = tmp_path / "cluster", tmp_path / "local"
+    local = tmp_path / "local"
     before = _app_ids(spark_cluster.status())
     class_path = s3a_jars_conf.replace(",", ":")
     executor_env = [("--conf", f"spark.executorEnv.{k}={v}") for k, v in s3_server.env.items() if k.startswith("AWS_")]
     proc = pgrecv(
-        "spark-apply", *urls, "--target", str(on_cluster),
-        "--format", "parquet", "--master", spark_cluster.url, *LOOPBACK, *CONF, "--json",
+        "spark-apply", *urls, "--target", f"s3://{bucket}/lake",
+        "--format", "delta", "--master", spark_cluster.url, *LOOPBACK, *CONF, "--json",
         "--conf", f"spark.driver.extraClassPath={class_path}", "--conf", f"spark.executor.extraClassPath={class_path}",
         *(a for pair in executor_env for a in pair),
         env={"SPARK_LOCAL_IP": "127.0.0.1", **s3_server.env},
@@ -160,9 +163,12 @@ def test_cluster_reads_source_from_s3(
     app = _finished_app(spark_cluster, before)
     log = "\n".join(p.read_text(errors="replace") for p in (spark_cluster.work_dir / app["id"]).glob("*/stderr"))
     assert "Finished task" in log, log[-3000:]
-    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt="parquet"), spark=spark)
+    config = ApplyConfig(tuple(str(f) for f in files), local, fmt="delta", engine="delta-rs")
+    local_summary = run_apply(config, spark=spark)
     assert _counts(orjson.loads(proc.stdout)["tables"]) == _counts([asdict(t) for t in local_summary.tables])
-    assert_same_tables(gen, on_cluster, local, "parquet", "the cluster reading S3")
+    on_cluster = tmp_path / "cluster"
+    download(s3_server, bucket, "lake", on_cluster)
+    assert_same_tables(gen, on_cluster, local, "delta", "the cluster on S3")
 
 
 def test_spark_submit_uses_its_master(spark_cluster: Any, stream: tuple[Gen, list[Path]], tmp_path: Path) -> None:

@@ -64,23 +64,29 @@ def test_connect_equals_local(
     print(f"{fmt}: Spark Connect {seconds:.0f} s, {rows} rows")
 
 
-def test_connect_reads_source_from_s3(
+def test_connect_reads_source_from_s3_and_writes_onto_it(
     spark_connect: ConnectServer, s3_server: S3Server, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path
 ) -> None:
-    """SOURCE on the S3 server: pgrecv lists the prefix, the Spark Connect server's tasks read
-    the objects; the same tables as the local run."""
+    """Every path on the S3 server: pgrecv lists the prefix, the Spark Connect server's tasks read
+    the objects and write the Delta tables' files, pgrecv commits them through delta-rs; the same
+    tables as the local run."""
+    from tests.spark.test_s3_target import download
+
     gen, files = stream
     bucket = s3_server.bucket()
     urls = s3_server.upload(bucket, "cdc", files)
-    remote, local = tmp_path / "remote", tmp_path / "local"
     proc = pgrecv(
-        "spark-apply", *urls, "--target", str(remote), "--format",
-        "parquet", "--json", "--remote", spark_connect.url, env=s3_server.env, timeout=900,
+        "spark-apply", *urls, "--target", f"s3://{bucket}/lake", "--format",
+        "delta", "--json", "--remote", spark_connect.url, env=s3_server.env, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
-    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt="parquet"), spark=spark)
+    local = tmp_path / "local"
+    config = ApplyConfig(tuple(str(f) for f in files), local, fmt="delta", engine="delta-rs")
+    local_summary = run_apply(config, spark=spark)
     assert _counts(orjson.loads(proc.stdout)["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
-    assert_same_tables(gen, remote, local, "parquet", "Spark Connect reading S3")
+    remote = tmp_path / "remote"
+    download(s3_server, bucket, "lake", remote)
+    assert_same_tables(gen, remote, local, "delta", "Spark Connect on S3")
 
 
 def test_connect_writes_iceberg(spark_connect: ConnectServer, stream: tuple[Gen, list[Path]], tmp_path: Path) -> None:
