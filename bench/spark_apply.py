@@ -17,9 +17,10 @@ With ``--delta-engine spark`` Delta is written by Delta's Spark connector (issue
 the session from the start (the floor runs in that session too).
 With ``--source-s3`` the change file is an object on a local S3 server (moto's, the tests' one),
 read by both sides through Hadoop's S3A connector (jvm/s3a/jars) and listed by pgrecv through
-pyarrow; the target stays local (a target on S3 is not supported yet).
+pyarrow. With ``--target-s3`` (Delta only; implies ``--source-s3``) the tables are on that server too:
+each round applies the existing table onto a fresh prefix first, and the floor writes its output there.
 Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--format ...] [--delta-engine ...]
-[--source-s3].
+[--source-s3] [--target-s3].
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pgrecv.spark.apply import run_apply
 from pgrecv.spark.jars import session_conf, spark_jars
 from pgrecv.spark.model import ApplyConfig
 from pgrecv.spark.sparkops import start_session
+from pgrecv.spark.stores import TargetPath
 
 REL = {
     "v": 1,
@@ -183,8 +185,13 @@ def main() -> None:
         help="Delta's writer (spark: Delta's Spark connector, its jars from jvm/jars, in the floor's session too)",
     )
     ap.add_argument("--source-s3", action="store_true", help="the change file on a local S3 server (moto)")
+    ap.add_argument("--target-s3", action="store_true", help="the tables on that server too (Delta only)")
     args = ap.parse_args()
     fmts = args.fmts or ["parquet", "delta"]
+    if args.target_s3:
+        args.source_s3 = True
+        if fmts != ["delta"]:
+            ap.error("--target-s3: --format delta only (spark-apply writes no other format onto S3 yet)")
     conf = {"spark.sql.shuffle.partitions": "2"}
     s3 = None
     if args.source_s3:
@@ -216,8 +223,16 @@ def main() -> None:
             print(f"uploaded {changes.stat().st_size >> 20} MB to the S3 server in {time.monotonic() - t0:.2f} s")
             source = f"s3://{bucket}/cdc/{changes.name}"
 
-        def config(sources: tuple[str, ...], fmt: str, target: Path | None = None) -> ApplyConfig:
-            return ApplyConfig(sources, target or base / fmt, fmt=fmt, engine=args.delta_engine)
+        def place(name: str) -> TargetPath:
+            """A target (or the floor's output) by name: local, or on the S3 server (--target-s3)."""
+            if not args.target_s3:
+                return base / name
+            from pgrecv.spark import stores
+
+            return stores.StorePath.of(f"s3://{bucket}/lake/{name}", stores.filesystem({}))
+
+        def config(sources: tuple[str, ...], fmt: str, target: TargetPath | None = None) -> ApplyConfig:
+            return ApplyConfig(sources, target or place(fmt), fmt=fmt, engine=args.delta_engine)
 
         for fmt in fmts:  # the existing table (also warms the JVM up)
             run_apply(config((str(base_in),), fmt), spark=spark)
@@ -225,7 +240,8 @@ def main() -> None:
         def floor_run(n: int, grouped: bool = True) -> float:
             t0 = time.monotonic()
             if grouped:
-                floor_job(spark, source.replace("s3://", "s3a://"), str(base / f"floor{n}"), args.tables)
+                out = place(f"floor{n}")
+                floor_job(spark, source.replace("s3://", "s3a://"), getattr(out, "spark_url", str(out)), args.tables)
             else:  # the floor of earlier figures: every event written, no grouping
                 read = source.replace("s3://", "s3a://")
                 spark.read.schema(FLOOR_SCHEMA).json(read).write.parquet(str(base / f"events{n}"))
@@ -238,11 +254,11 @@ def main() -> None:
         reads: dict[str, set[str]] = {}  # how each round read its input (lean, direct, staged)
         for fmt in fmts:
             for i in range(repeat):
-                target = base / f"{fmt}-{i}"
-                if fmt == "iceberg":  # (its metadata names its files by absolute paths: made again, not copied)
+                target = place(f"{fmt}-{i}")
+                if fmt == "iceberg" or args.target_s3:  # (Iceberg's metadata names its files by absolute paths)
                     run_apply(config((str(base_in),), fmt, target), spark=spark)
                 else:
-                    shutil.copytree(base / fmt, target, symlinks=True)  # the existing table, as it was
+                    shutil.copytree(base / fmt, target, symlinks=True)  # type: ignore[arg-type]  # the existing table
                 t0 = time.monotonic()
                 summary = run_apply(config((source,), fmt, target), spark=spark)
                 results.setdefault(fmt, []).append(time.monotonic() - t0)
@@ -250,7 +266,9 @@ def main() -> None:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         f"events {args.events}, keys {args.keys}, tables {args.tables}, {args.txn_size} a transaction, local[2], "
-        f"Delta written by {args.delta_engine}" + (", input on the local S3 server" if s3 is not None else "")
+        f"Delta written by {args.delta_engine}"
+        + (", input on the local S3 server" if s3 is not None else "")
+        + (", tables and the floor's output on it too" if args.target_s3 else "")
     )
     n = max(1, args.repeat)
     print(f"floor (Spark: read JSONL with schema, max_by per key, write the final table; best of {n}): {floor:.2f} s")

@@ -100,6 +100,7 @@ def list_applied(config: ApplyConfig) -> list[SourceFile]:
     if not config.target.is_dir():
         return []
     with target_of(config).lock():
+        stores.use_conf(config.conf)
         return ledger.split(config, expand_sources(config.sources, config.conf)).skipped
 
 

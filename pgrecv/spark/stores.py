@@ -172,6 +172,26 @@ def filesystem(conf: dict[str, str]) -> FileSystem:
     return pafs.S3FileSystem(**kwargs)
 
 
+def s3_client(conf: dict[str, str]) -> object:
+    """boto3's S3 client, set up as :func:`filesystem` is (for the conditional writes of a target's
+    lock, which pyarrow's S3 file system cannot make); boto3's own chain for what is not given."""
+    try:
+        import boto3
+    except ImportError:
+        raise UsageError("a --target on S3 needs boto3 (AWS's SDK for Python): pip install 'pgrecv[s3]'") from None
+    endpoint = _conf_or_env(conf, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    region = _conf_or_env(conf, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION")
+    key, secret = conf.get(_HADOOP + "access.key"), conf.get(_HADOOP + "secret.key")
+    kwargs: dict[str, str] = {}
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"https://{endpoint}"
+    if region:
+        kwargs["region_name"] = region
+    if key and secret:
+        kwargs["aws_access_key_id"], kwargs["aws_secret_access_key"] = key, secret
+    return boto3.session.Session().client("s3", **kwargs)
+
+
 # the run's settings (run_apply sets them) and the file system made from them, for the table
 # files the driver reads a footer of (an Iceberg warehouse on s3a://)
 _run: dict[str, str] = {}
@@ -373,11 +393,6 @@ class StorePath:
             raise
         except OSError as exc:
             raise _trouble(str(self), exc) from None
-
-    def write_bytes(self, data: bytes) -> None:
-        """One PUT: the object appears whole or not at all."""
-        with self.fs.open_output_stream(self._path) as f:
-            f.write(data)
 
     def unlink(self, missing_ok: bool = False) -> None:
         try:

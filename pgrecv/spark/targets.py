@@ -37,7 +37,7 @@ from typing import Final
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.output.store import ObjectStore, StoreURL, code_of, status_of
 from pgrecv.spark.model import STATE_DIR, ApplyConfig
-from pgrecv.spark.stores import StorePath
+from pgrecv.spark.stores import StorePath, s3_client
 
 LOCK: Final = "lock"
 LEASE: Final = 60.0  # seconds a store lock holds without renewal (PGRECV_LOCK_LEASE_SECONDS)
@@ -368,7 +368,7 @@ def target_of(config: ApplyConfig) -> Target:
     t = config.target
     if isinstance(t, StorePath):
         url = StoreURL(t.bucket, t.key)
-        return StoreTarget(url, ObjectStore(url))
+        return StoreTarget(url, ObjectStore(url, s3_client(config.conf)))
     return LocalTarget(t)
 
 

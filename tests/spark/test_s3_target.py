@@ -266,3 +266,45 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
     copy = tmp_path / "copy"
     download(s3_server, bucket, "lake", copy)
     _assert_equal(db_dsn, copy, "delta", spark)
+
+
+def test_the_store_named_only_by_hadoops_settings_holds_the_lock_and_tables(
+    s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path
+) -> None:
+    """``--conf spark.hadoop.fs.s3a.endpoint`` and its keys, with no AWS_* in the environment:
+    the lock, the record, Spark's writes and delta-rs's commits all go to that store."""
+    from tests.spark.test_engine import _insert, _rel, _txn, _write
+
+    t = _rel("t", [("id", "integer")])
+    first = _write(
+        tmp_path / "a.jsonl", [orjson.dumps(t).decode(), *_txn("0/100", [_insert("t", "0/100", "0/90", '{"id":7}')])]
+    )
+    bucket = s3_server.bucket()
+    e = s3_server.env
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }
+    hadoop = {
+        "endpoint": e["AWS_ENDPOINT_URL"],
+        "endpoint.region": e["AWS_REGION"],
+        "access.key": e["AWS_ACCESS_KEY_ID"],
+        "secret.key": e["AWS_SECRET_ACCESS_KEY"],
+        "path.style.access": "true",
+    }
+    confs = [a for k, v in hadoop.items() for a in ("--conf", f"spark.hadoop.fs.s3a.{k}={v}")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgrecv", "spark-apply", str(first), "--target", f"s3://{bucket}/lake",
+         "--format", "delta", "--master", "local[1]", "--conf", f"spark.jars={s3a_jars_conf}", *confs, "--json"],
+        capture_output=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert e["AWS_SECRET_ACCESS_KEY"] not in (proc.stdout + proc.stderr).decode()
+    table = f"s3://{bucket}/lake/{table_dir_name('public', 't')}"
+    assert deltalake.DeltaTable(table, storage_options=_storage(s3_server)).to_pyarrow_table().to_pylist() == [
+        {"id": 7}
+    ]
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix="lake/_pgrecv/").get("Contents", [])
+    assert [o["Key"] for o in listed if not o["Key"].endswith("/")] == ["lake/_pgrecv/applied.json"]
