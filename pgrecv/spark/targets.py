@@ -333,12 +333,25 @@ class StoreTarget(Target):
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[Lock]:
+        """The lease on ``_pgrecv/lock``; holding it, the run also removes what runs that were
+        killed left under ``_pgrecv/`` (their staged input, a carried file half made)."""
         held = StoreLock(self.store, self)
         held.acquire()
         try:
+            self._sweep()
             yield held
         finally:
             held.release()
+
+    def _sweep(self) -> None:
+        client, bucket = self.store.client, self.url.bucket
+        for left in (f"{STATE_DIR}/stage-", f"{STATE_DIR}/prepared/.tmp-"):
+            with contextlib.suppress(Exception):  # (best effort: the next run tries again)
+                pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=self.url.key(left))
+                for page in pages:
+                    keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                    if keys:
+                        client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
 
     def read_state(self, name: str) -> bytes | None:
         try:

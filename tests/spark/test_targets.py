@@ -129,3 +129,21 @@ def test_an_unreachable_store_is_one_line_naming_the_lock(monkeypatch: pytest.Mo
     text = str(err.value)
     assert text.startswith("cannot read the target's lock s3://no-such-bucket/lake/_pgrecv/lock: ")
     assert "\n" not in text and "pgrecv-test-secret" not in text
+
+
+def test_the_lock_sweeps_what_killed_runs_left(target: StoreTarget, s3_server: S3Server) -> None:
+    """Staged input and a half-made carried file of a killed run go when the next run takes the
+    lock; the record and the carried transactions stay."""
+    client, bucket = s3_server.client(), target.url.bucket
+    left = [
+        "_pgrecv/stage-1/part-0.parquet",
+        "_pgrecv/stage-1-changes/_tid=0/x.parquet",
+        "_pgrecv/prepared/.tmp-2/part-0",
+    ]
+    kept = ["_pgrecv/applied.json", "_pgrecv/prepared/3.jsonl", "public.t/_delta_log/00000000000000000000.json"]
+    for k in left + kept:
+        client.put_object(Bucket=bucket, Key=f"lake/{k}", Body=b"x")
+    with target.lock():
+        pass
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="lake/").get("Contents", [])
+    assert sorted(o["Key"][len("lake/") :] for o in listed) == sorted(kept)
