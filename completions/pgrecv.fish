@@ -92,7 +92,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -s w -l no-password
 complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -s W -l password -d 'Prompt for a password before connecting.'
 complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -s v -l verbose -d 'More detail on stderr (repeat for more).'
 complete -c pgrecv -n '__fish_seen_subcommand_from snapshot' -s q -l quiet -d 'Print no progress or notices.'
-complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l target -x -d 'Directory holding one table per PostgreSQL table; for --format delta also s3://BUCKET/PREFIX.'
+complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l target -x -d 'Directory holding one table per PostgreSQL table; for Delta and Parquet also s3://BUCKET/PREFIX.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l format -x -a 'delta parquet iceberg' -d 'Table format.'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l table -x -d 'Only these tables (schema.table glob).'
 complete -c pgrecv -n '__fish_seen_subcommand_from spark-apply' -l master -x -d 'Spark master (default local[*], or spark-submit\'s).'

@@ -126,7 +126,7 @@ _pgrecv() {
         spark-apply)
             _arguments \
                 '--help[show help]' \
-                '--target[Directory holding one table per PostgreSQL table; for --format delta also s3\://BUCKET/PREFIX.]:path: ' \
+                '--target[Directory holding one table per PostgreSQL table; for Delta and Parquet also s3\://BUCKET/PREFIX.]:path: ' \
                 '--format[Table format.]:value:(delta parquet iceberg)' \
                 '*--table[Only these tables (schema.table glob).]:glob: ' \
                 '--master[Spark master (default local\[*\], or spark-submit'\''s).]:url: ' \

@@ -60,7 +60,7 @@ def bad_values_option(help_text: str = BAD_VALUES_HELP) -> Callable[[_Decorated]
     "--target",
     required=True,
     metavar="PATH",
-    help="Directory holding one table per PostgreSQL table; for --format delta also s3://BUCKET/PREFIX.",
+    help="Directory holding one table per PostgreSQL table; for Delta and Parquet also s3://BUCKET/PREFIX.",
 )
 @click.option(
     "--format", "fmt", type=click.Choice(["delta", "parquet", "iceberg"]), required=True, help="Table format."

@@ -389,11 +389,11 @@ def check_store(config: ApplyConfig) -> None:
     """What a target on an object store does not take yet: one line naming it, before anything runs."""
     if not isinstance(config.target, StorePath):
         return
-    if config.fmt != "delta":
+    if config.fmt == "iceberg":
         raise UsageError(
-            f"--target {config.target}: --format {config.fmt} on an object store is not supported yet: use "
-            "--format delta there, or a local --target"
-            + (" (or an Iceberg catalog's warehouse on S3: --iceberg-catalog)" if config.fmt == "iceberg" else "")
+            f"--target {config.target}: --format iceberg on an object store is not supported yet (its Hadoop "
+            "catalog commits by renaming a file): use an Iceberg catalog whose warehouse is on S3 "
+            "(--iceberg-catalog) with a local --target, or --format delta or parquet"
         )
     if config.engine == "spark":
         raise UsageError(

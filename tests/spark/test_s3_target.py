@@ -1,7 +1,8 @@
-"""``spark-apply --target s3://BUCKET/PREFIX``: Delta tables written onto a real S3-compatible
-server (moto's, on 127.0.0.1): Spark's tasks write the data files through Hadoop's S3A connector,
-delta-rs commits with S3's conditional writes, and the target's lock and record are objects
-under ``_pgrecv/`` (pgrecv/spark/targets.py). The tables equal PostgreSQL's, and a local run's."""
+"""``spark-apply --target s3://BUCKET/PREFIX``: Delta and Parquet tables written onto a real
+S3-compatible server (moto's, on 127.0.0.1): Spark's tasks write the data files through Hadoop's
+S3A connector; delta-rs commits with S3's conditional writes, a Parquet table's pointer object is
+replaced in one PUT; the target's lock and record are objects under ``_pgrecv/``
+(pgrecv/spark/targets.py). The tables equal PostgreSQL's, and a local run's."""
 
 from __future__ import annotations
 
@@ -44,7 +45,33 @@ def download(s3: S3Server, bucket: str, prefix: str, to: Path) -> list[str]:
             keys.append(rel)
             (to / rel).parent.mkdir(parents=True, exist_ok=True)
             client.download_file(bucket, obj["Key"], str(to / rel))
+    for pointer in to.glob("*/_pgrecv_table.json"):  # a Parquet table: its version as readers take it
+        current = pointer.parent / "current"
+        current.mkdir()
+        for f in orjson.loads(pointer.read_bytes())["files"]:
+            os.link(pointer.parent / f, current / Path(f).name)
     return sorted(keys)
+
+
+def read_parquet_on_s3(s3: S3Server, bucket: str, table: str) -> list[dict[str, Any]]:
+    """A Parquet table on the store as a reader reads it: the pointer object, then the files it
+    names (docs/spark-apply.md), through pyarrow's S3 file system."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    e = s3.env
+    fs = pafs.S3FileSystem(
+        endpoint_override=e["AWS_ENDPOINT_URL"].split("://")[1],
+        scheme="http",
+        access_key=e["AWS_ACCESS_KEY_ID"],
+        secret_key=e["AWS_SECRET_ACCESS_KEY"],
+        region=e["AWS_REGION"],
+    )
+    with fs.open_input_stream(f"{bucket}/{table}/_pgrecv_table.json") as f:
+        pointer = orjson.loads(f.read())
+    parts = [pq.read_table(f"{bucket}/{table}/{name}", filesystem=fs) for name in pointer["files"]]
+    return pa.concat_tables(parts).to_pylist() if parts else []
 
 
 def _storage(s3: S3Server) -> dict[str, str]:
@@ -59,10 +86,12 @@ def _storage(s3: S3Server) -> dict[str, str]:
 
 
 @pytest.mark.newest_server  # the subject is the store
-def test_postgresql_to_delta_tables_on_s3(db_dsn: str, s3_server: S3Server, s3a_jars_conf: str) -> None:
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+def test_postgresql_to_tables_on_s3(db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, fmt: str) -> None:
     """The whole path on the store: `snapshot` and `start` write change files to S3, spark-apply
-    reads them and writes the Delta table to S3; delta-rs reads it there as PostgreSQL's table. The
-    lock is gone after the run, the record is on the store, and a second run skips every file."""
+    reads them and writes the table to S3; delta-rs (or a reader following the Parquet pointer)
+    reads it there as PostgreSQL's table. The lock is gone after the run, the record is on the
+    store, and a second run skips every file."""
     sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
     sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
     insert_txns(db_dsn, 1, 4)
@@ -79,13 +108,18 @@ def test_postgresql_to_delta_tables_on_s3(db_dsn: str, s3_server: S3Server, s3a_
     )  # fmt: skip
     assert proc.returncode == 0, err(proc)
     lake = f"s3://{bucket}/lake one"  # a space: Spark's spelling of the objects must match delta-rs's log
-    first = apply_s3(s3_server, s3a_jars_conf, [changes], lake, "--format", "delta")
+    first = apply_s3(s3_server, s3a_jars_conf, [changes], lake, "--format", fmt)
     assert first.returncode == 0, err(first)
     summary = orjson.loads(first.stdout)
-    assert summary["files"] > 3 and summary["engine"] == "delta/delta-rs+spark", summary
-    table = f"{lake}/{table_dir_name('public', 't')}"
-    got = deltalake.DeltaTable(table, storage_options=_storage(s3_server)).to_pyarrow_table()
-    rows = sorted((r["id"], r["v"]) for r in got.to_pylist())
+    assert (
+        summary["files"] > 3 and summary["engine"] == {"delta": "delta/delta-rs+spark", "parquet": "parquet/spark"}[fmt]
+    )
+    if fmt == "delta":
+        table = f"{lake}/{table_dir_name('public', 't')}"
+        got = deltalake.DeltaTable(table, storage_options=_storage(s3_server)).to_pyarrow_table().to_pylist()
+    else:
+        got = read_parquet_on_s3(s3_server, bucket, f"lake one/{table_dir_name('public', 't')}")
+    rows = sorted((r["id"], r["v"]) for r in got)
     assert rows == sorted(tuple(r) for r in sql(db_dsn, "SELECT id, v FROM t")), "the lake is not PostgreSQL's table"
     assert len(rows) > 20
     client = s3_server.client()
@@ -93,7 +127,7 @@ def test_postgresql_to_delta_tables_on_s3(db_dsn: str, s3_server: S3Server, s3a_
     keys = [o["Key"] for o in listed if not o["Key"].endswith("/")]  # (not the empty markers of prefixes)
     assert keys == ["lake one/_pgrecv/applied.json"], keys  # the lock deleted, no staging left
     # again: every file applied before is skipped unopened (the record on the store holds)
-    again = apply_s3(s3_server, s3a_jars_conf, [changes], lake, "--format", "delta")
+    again = apply_s3(s3_server, s3a_jars_conf, [changes], lake, "--format", fmt)
     assert again.returncode == 0, err(again)
     assert orjson.loads(again.stdout)["files_skipped"] == summary["files"]
 
@@ -105,26 +139,26 @@ def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gen, list[Path]]:
     return gen, _files(gen.run(40), where, SEED)
 
 
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
 def test_the_generated_stream_from_s3_onto_s3_equals_the_local_run(
-    s3_server: S3Server, s3a_jars_conf: str, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path
+    s3_server: S3Server, s3a_jars_conf: str, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path, fmt: str
 ) -> None:
     """Every kind of change the generator makes (streamed and two-phase transactions, which take
     the staged read, staged on the store; TOAST; many tables), read from objects whose keys hold
-    characters URIs quote: the Delta tables written onto S3, read back, equal a local run's and
-    the truth."""
+    characters URIs quote: the tables written onto S3, read back, equal a local run's and the truth."""
     gen, files = stream
     bucket = s3_server.bucket()
     urls = s3_server.upload(bucket, "a b/%20/ü", files)
-    proc = apply_s3(s3_server, s3a_jars_conf, urls, f"s3://{bucket}/lake", "--format", "delta")
+    proc = apply_s3(s3_server, s3a_jars_conf, urls, f"s3://{bucket}/lake", "--format", fmt)
     assert proc.returncode == 0, err(proc)
     assert orjson.loads(proc.stdout)["input_read"] == "staged"
     local = tmp_path / "local"
-    run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt="delta", engine="delta-rs"), spark=spark)
+    run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt=fmt, engine="delta-rs"), spark=spark)
     copy = tmp_path / "copy"
     keys = download(s3_server, bucket, "lake", copy)
     assert not [k for k in keys if "stage-" in k or ".tmp-" in k], keys  # the run's scratch is gone
     assert "_pgrecv/applied.json" in keys
-    assert_same_tables(gen, copy, local, "delta", "a run onto S3")
+    assert_same_tables(gen, copy, local, fmt, "a run onto S3")
 
 
 def test_a_target_on_s3_is_one_run_at_a_time(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
@@ -158,8 +192,7 @@ def test_a_target_on_s3_is_one_run_at_a_time(s3_server: S3Server, s3a_jars_conf:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--format", "parquet"], "--format parquet on an object store is not supported yet: use --format delta"),
-        (["--format", "iceberg"], "(or an Iceberg catalog's warehouse on S3: --iceberg-catalog)"),
+        (["--format", "iceberg"], "--format iceberg on an object store is not supported yet (its Hadoop catalog"),
         (["--format", "delta", "--delta-engine", "spark"], "--delta-engine spark on an object store is not supported"),
     ],
 )
@@ -214,12 +247,14 @@ def test_a_prepared_transaction_waits_on_the_store_for_its_outcome(
 
 
 @pytest.mark.newest_server  # the subject is the writer's atomicity on the store, not the server
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
 def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
-    db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, spark: Any, tmp_path: Path
+    db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, spark: Any, tmp_path: Path, fmt: str
 ) -> None:
     """Runs SIGKILLed (the JVM too) at random moments after their first write under the target,
     then one run to the end: each table is PostgreSQL's. A killed run leaves its lock object
-    behind; the next run on this machine takes it over at once (its process is gone)."""
+    behind; the next run on this machine takes it over at once (its process is gone). A Parquet
+    table keeps only the versions its pointer and the one before name."""
     import random
     import signal
     import time
@@ -230,16 +265,16 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
     first, second = make_workload_files(db_dsn, tmp_path)
     bucket = s3_server.bucket()
     lake = f"s3://{bucket}/lake"
-    base = apply_s3(s3_server, s3a_jars_conf, [str(first)], lake, "--format", "delta")  # an existing state
+    base = apply_s3(s3_server, s3a_jars_conf, [str(first)], lake, "--format", fmt)  # an existing state
     assert base.returncode == 0, err(base)
     client = s3_server.client()
 
     def objects() -> int:
         return sum(p.get("KeyCount", 0) for p in client.get_paginator("list_objects_v2").paginate(Bucket=bucket))
 
-    rng = random.Random(f"s3-kill-{db_dsn}")
+    rng = random.Random(f"s3-kill-{fmt}-{db_dsn}")
     args = [sys.executable, "-m", "pgrecv", "spark-apply", str(first), str(second), "--target", lake]
-    args += ["--format", "delta", "--master", "local[1]", "--conf", f"spark.jars={s3a_jars_conf}"]
+    args += ["--format", fmt, "--master", "local[1]", "--conf", f"spark.jars={s3a_jars_conf}"]
     kills = 0
     for _ in range(3):
         before = objects()
@@ -261,11 +296,14 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
         proc.stderr.close()
         assert proc.returncode in (0, -signal.SIGKILL), stderr
     assert kills >= 1, "no run was killed: delays do not fit this machine"
-    done = apply_s3(s3_server, s3a_jars_conf, [str(first), str(second)], lake, "--format", "delta")
+    done = apply_s3(s3_server, s3a_jars_conf, [str(first), str(second)], lake, "--format", fmt)
     assert done.returncode == 0, err(done)
     copy = tmp_path / "copy"
     download(s3_server, bucket, "lake", copy)
-    _assert_equal(db_dsn, copy, "delta", spark)
+    _assert_equal(db_dsn, copy, fmt, spark)
+    for pointer in copy.glob("*/_pgrecv_table.json"):
+        versions = {p.name for p in (pointer.parent / "_versions").iterdir()}
+        assert 1 <= len(versions) <= 2, versions  # the current version and at most the one before
 
 
 def test_the_store_named_only_by_hadoops_settings_holds_the_lock_and_tables(

@@ -56,7 +56,7 @@ from pgrecv.spark.stores import SourceFile, StorePath, TargetPath, as_source, re
 from pgrecv.spark.tables import Table, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
 from pgrecv.spark.tables.delta_spark import DeltaSparkTable, delta_writer
-from pgrecv.spark.tables.parquet import ParquetTable
+from pgrecv.spark.tables.parquet import ParquetStoreTable, ParquetTable
 from pgrecv.spark.tables.rewrite import one_pass_failed
 
 if TYPE_CHECKING:
@@ -66,7 +66,12 @@ if TYPE_CHECKING:
 TABLE_THREADS = 4  # tables applied side by side (each a few Spark jobs)
 
 
-_ENGINES = {ParquetTable: "parquet/spark", DeltaRsTable: "delta/delta-rs+spark", DeltaSparkTable: "delta/spark"}
+_ENGINES = {
+    ParquetTable: "parquet/spark",
+    ParquetStoreTable: "parquet/spark",
+    DeltaRsTable: "delta/delta-rs+spark",
+    DeltaSparkTable: "delta/spark",
+}
 
 
 def run_together(
@@ -172,7 +177,8 @@ def run_frames(
     else:
         # a target on a store: delta-rs (targets.check_store refuses the connector there)
         engine = "delta-rs" if isinstance(config.target, StorePath) else config.engine
-        writer = ParquetTable if config.fmt == "parquet" else delta_writer(spark, engine)
+        parquet = ParquetStoreTable if isinstance(config.target, StorePath) else ParquetTable
+        writer = parquet if config.fmt == "parquet" else delta_writer(spark, engine)
     summary = Summary(
         engine=_ENGINES.get(writer, "iceberg/spark"),
         files=len(files) + len(carried),

@@ -38,7 +38,7 @@ NEW_TABLE = {"delta.enableDeletionVectors": "true"}
 class DeltaSparkTable(Table):
     """A Delta table written and committed by Delta's Spark connector."""
 
-    path: Path  # a local directory: a target on a store takes the delta-rs writer only (targets.check_store)
+    path: Path  # a local directory (targets.check_store refuses a store for the connector)
 
     def __init__(self, path: Path, app_id: str, spark: Any) -> None:
         super().__init__(path, app_id, spark)

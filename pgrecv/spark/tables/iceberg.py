@@ -204,7 +204,7 @@ class IcebergTable(Table):
     state read from its metadata files, or (``catalog`` set) in a catalog of the session, its
     state read through Spark (its ``refs``, ``snapshots`` and properties)."""
 
-    path: Path  # a local directory: a target on a store takes the delta-rs writer only (targets.check_store)
+    path: Path  # a local directory (targets.check_store refuses a store: the Hadoop catalog renames)
 
     catalog: str | None = None
 

@@ -22,6 +22,7 @@ import orjson
 from pgrecv.errors import OutputError
 from pgrecv.lsn import lsn_str
 from pgrecv.output.files import fsync_dir
+from pgrecv.spark.stores import StorePath, TargetPath
 from pgrecv.spark.tables import DATA_SUFFIX, POINTER, Batch, Table, refuse_other_format
 from pgrecv.spark.tables.rewrite import fsync_files, missing_dirs, rewrite_for, unmake
 
@@ -58,7 +59,7 @@ class ParquetTable(Table):
     """``TABLE/_versions/vNNNNNN/`` data, ``TABLE/_pgrecv_table.json`` the truth, ``TABLE/current``
     a symlink to the current version for readers."""
 
-    path: Path  # a local directory: a target on a store takes the delta-rs writer only (targets.check_store)
+    path: Path  # a local directory (on a store: ParquetStoreTable)
 
     KEEP = 2  # versions kept: the current one and the one before (readers still on it)
 
@@ -183,3 +184,101 @@ class ParquetTable(Table):
             name = entry.name
             if name.startswith(".tmp-") or (name.startswith("v") and int(name[1:]) <= version - self.KEEP):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+class ParquetStoreTable(Table):
+    """A Parquet table on an object store, where nothing can be renamed or linked:
+    ``TABLE/_versions/vNNNNNN-<random>/`` holds the data files a version wrote (a fresh name each
+    attempt, so a killed run's never meets the next one's), and ``TABLE/_pgrecv_table.json`` is the
+    truth: the version, the applied position, and ``files``, every data file of the version by its
+    path under the table (files a batch did not touch are named again, not copied). A batch writes
+    its files, then replaces the pointer in one PUT, which S3 makes visible whole: readers that
+    follow the pointer see the old version or the new one, never a mix (docs/spark-apply.md).
+    Versions that neither the current pointer nor the one before name are removed after a switch."""
+
+    path: StorePath
+
+    def __init__(self, path: TargetPath, app_id: str, spark: SparkSession) -> None:
+        assert isinstance(path, StorePath)
+        super().__init__(path, app_id, spark)
+        self.pointer: dict[str, Any] | None = None
+
+    def open(self) -> None:
+        import pyarrow.parquet as pq
+
+        refuse_other_format(self.path, "parquet")
+        where = self.path / POINTER
+        if not where.exists():
+            return
+        try:
+            self.pointer = orjson.loads(where.read_bytes())
+            assert self.pointer is not None
+            self.version = int(self.pointer["version"])
+            self.applied = int(self.pointer["applied_lsn_int"])
+            self.mode = self.pointer.get("mode")
+            schema = self.path / str(self.pointer["schema"])
+            self.schema = pq.read_schema(f"{schema.bucket}/{schema.key}", filesystem=self.path.fs)
+            if not isinstance(self.pointer.get("files"), list):
+                raise ValueError("no list of files")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise OutputError(f"{where}: unreadable ({exc}): restore it or remove the table") from None
+
+    def data_files(self) -> list[str]:
+        if self.pointer is None:
+            return []
+        return [f"{self.path.spark_url}/{rel}" for rel in self.pointer["files"]]
+
+    def write_frames(self, batch: Batch) -> int:
+        import pyarrow.parquet as pq
+
+        current = self.data_files()
+        rw = rewrite_for(self.spark, batch, current, self.schema)
+        dropped, rows = rw.plan()
+        version = (self.version or 0) + 1
+        name = f"_versions/v{version:06d}-{uuid.uuid4().hex[:12]}"
+        out = self.path / name
+        try:
+            written = rw.write(rows, out, dropped)
+            if batch.settle is not None:
+                batch.settle()
+            for p in out.iterdir():
+                if not p.name.endswith(DATA_SUFFIX) or p.name.startswith(("_", ".")):
+                    p.unlink()  # Spark's _SUCCESS
+            schema = out / "_schema.parquet"  # the schema even when empty
+            pq.write_metadata(batch.schema, f"{schema.bucket}/{schema.key}", filesystem=self.path.fs)
+            size = sum(p.stat().st_size for p in written)
+            gone = set(dropped)
+            prefix = self.path.spark_url + "/"
+            files = [f[len(prefix) :] for f in current if f not in gone] + [f"{name}/{p.name}" for p in written]
+            self.guard()
+        except BaseException:
+            out.remove_tree()  # no pointer names these files
+            raise
+        before = self.pointer
+        self.pointer = {
+            "v": 1,
+            "format": "parquet",
+            "mode": "history" if batch.history else "latest",
+            "version": version,
+            "schema": f"{name}/_schema.parquet",
+            "files": files,
+            "applied_lsn": lsn_str(batch.position),
+            "applied_lsn_int": batch.position,
+            "key": batch.key_cols,
+        }
+        pointer = self.path / POINTER
+        with self.path.fs.open_output_stream(f"{pointer.bucket}/{pointer.key}") as f:
+            f.write(orjson.dumps(self.pointer, option=orjson.OPT_INDENT_2))
+        self.version = version
+        self._cleanup(before)
+        return size
+
+    def _cleanup(self, before: dict[str, Any] | None) -> None:
+        """Version prefixes that neither this pointer nor the one before names (older versions, a
+        killed run's): readers on the previous version keep its files."""
+        assert self.pointer is not None
+        named = {str(f).split("/", 2)[1] for p in (self.pointer, before or {}) for f in p.get("files", [])}
+        named |= {str(p["schema"]).split("/", 2)[1] for p in (self.pointer, before or {}) if "schema" in p}
+        for entry in (self.path / "_versions").iterdir():
+            if entry.name not in named:
+                entry.remove_tree()
