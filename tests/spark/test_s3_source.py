@@ -30,6 +30,24 @@ def apply_s3(s3: S3Server, jars: str, sources: list[str], target: Path | str, *e
     )  # fmt: skip
 
 
+def changes_to_s3(db_dsn: str, s3: S3Server, url: str) -> None:
+    """Table ``t`` made, changed and streamed to ``url`` by the real tool: `snapshot`, then inserts,
+    updates and deletes, then `start --until-caught-up` in files of about 1 kB."""
+    sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
+    insert_txns(db_dsn, 1, 4)
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", url, env=s3.env)
+    assert proc.returncode == 0, err(proc)
+    insert_txns(db_dsn, 5, 6)
+    sql(db_dsn, "UPDATE t SET v = 'changed' WHERE id % 4 = 0")
+    sql(db_dsn, "DELETE FROM t WHERE id % 5 = 0")
+    proc = pgrecv(
+        "start", "-d", db_dsn, "--slot", "s", "--output-dir", url, "--until-caught-up", "--rotate-size", "1kB",
+        env=s3.env,
+    )  # fmt: skip
+    assert proc.returncode == 0, err(proc)
+
+
 @pytest.mark.newest_server  # the subject is the store
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 def test_postgresql_to_s3_to_tables(
@@ -38,21 +56,9 @@ def test_postgresql_to_s3_to_tables(
     """The whole path with every file on the store: `snapshot` and `start` write to S3, spark-apply
     reads the prefix; the table is PostgreSQL's. A second run skips every file by its name
     (the ledger keeps the prefix's position), and --list-applied names them as s3:// URLs."""
-    sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
-    sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
-    insert_txns(db_dsn, 1, 4)
     bucket = s3_server.bucket()
     url = f"s3://{bucket}/cdc/db 1"  # a space: Spark's spelling of the object must match pgrecv's
-    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", url, env=s3_server.env)
-    assert proc.returncode == 0, err(proc)
-    insert_txns(db_dsn, 5, 6)
-    sql(db_dsn, "UPDATE t SET v = 'changed' WHERE id % 4 = 0")
-    sql(db_dsn, "DELETE FROM t WHERE id % 5 = 0")
-    proc = pgrecv(
-        "start", "-d", db_dsn, "--slot", "s", "--output-dir", url, "--until-caught-up", "--rotate-size", "1kB",
-        env=s3_server.env,
-    )  # fmt: skip
-    assert proc.returncode == 0, err(proc)
+    changes_to_s3(db_dsn, s3_server, url)
     target = tmp_path / "lake"
     first = apply_s3(s3_server, s3a_jars_conf, [url], target, "--format", fmt)
     assert first.returncode == 0, err(first)

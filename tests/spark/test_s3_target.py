@@ -24,8 +24,7 @@ from tests.conftest import S3Server
 from tests.spark.changegen import Gen
 from tests.spark.test_cluster import assert_same_tables
 from tests.spark.test_differential import _files
-from tests.spark.test_s3_source import apply_s3
-from tests.stream.test_start import insert_txns
+from tests.spark.test_s3_source import apply_s3, changes_to_s3
 from tests.util import err, pgrecv, sql
 
 pytest.importorskip("pyspark")
@@ -92,21 +91,9 @@ def test_postgresql_to_tables_on_s3(db_dsn: str, s3_server: S3Server, s3a_jars_c
     reads them and writes the table to S3; delta-rs (or a reader following the Parquet pointer)
     reads it there as PostgreSQL's table. The lock is gone after the run, the record is on the
     store, and a second run skips every file."""
-    sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
-    sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
-    insert_txns(db_dsn, 1, 4)
     bucket = s3_server.bucket()
     changes = f"s3://{bucket}/cdc"
-    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", changes, env=s3_server.env)
-    assert proc.returncode == 0, err(proc)
-    insert_txns(db_dsn, 5, 6)
-    sql(db_dsn, "UPDATE t SET v = 'changed' WHERE id % 4 = 0")
-    sql(db_dsn, "DELETE FROM t WHERE id % 5 = 0")
-    proc = pgrecv(
-        "start", "-d", db_dsn, "--slot", "s", "--output-dir", changes, "--until-caught-up", "--rotate-size", "1kB",
-        env=s3_server.env,
-    )  # fmt: skip
-    assert proc.returncode == 0, err(proc)
+    changes_to_s3(db_dsn, s3_server, changes)
     lake = f"s3://{bucket}/lake one"  # a space: Spark's spelling of the objects must match delta-rs's log
     first = apply_s3(s3_server, s3a_jars_conf, [changes], lake, "--format", fmt)
     assert first.returncode == 0, err(first)
