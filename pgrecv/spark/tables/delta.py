@@ -61,7 +61,6 @@ class DeltaRsTable(Table):
             )
 
     def open(self) -> None:
-
         refuse_other_format(self.path, "delta")
         dt = delta_table(self.path)
         if dt is None:
