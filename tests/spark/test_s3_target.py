@@ -149,7 +149,7 @@ def test_the_generated_stream_from_s3_onto_s3_equals_the_local_run(
 
 
 def test_a_target_on_s3_is_one_run_at_a_time(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
-    """A run that finds the lock held by a live run is refused in one line (exit code 4: the target
+    """A run that finds the lock held by a live run is refused in one line (exit code 8: the target
     cannot be written), naming the holder; nothing is written."""
     bucket = s3_server.bucket()
     lake = f"s3://{bucket}/lake"
