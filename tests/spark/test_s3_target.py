@@ -333,3 +333,24 @@ def test_the_store_named_only_by_hadoops_settings_holds_the_lock_and_tables(
     ]
     listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix="lake/_pgrecv/").get("Contents", [])
     assert [o["Key"] for o in listed if not o["Key"].endswith("/")] == ["lake/_pgrecv/applied.json"]
+
+
+def test_delta_rs_commits_on_the_store_conflict_instead_of_overwriting(s3_server: S3Server) -> None:
+    """What the Delta writer relies on, shown on the server: two writers that both read version 1
+    and both remove the same file: the first commits version 2, the second fails (delta-rs creates
+    the log entry with a conditional write); neither overwrites the other's entry."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    url = f"s3://{s3_server.bucket()}/t"
+    storage = _storage(s3_server)
+    write_deltalake(url, pa.table({"a": [1]}), storage_options=storage)
+    write_deltalake(url, pa.table({"a": [2]}), storage_options=storage, mode="append")
+    one, two = DeltaTable(url, storage_options=storage), DeltaTable(url, storage_options=storage)
+    one.delete("a = 1")
+    with pytest.raises(CommitFailedError):
+        two.delete("a = 1")
+    final = DeltaTable(url, storage_options=storage)
+    assert final.version() == 2
+    assert final.to_pyarrow_table().to_pylist() == [{"a": 2}]
