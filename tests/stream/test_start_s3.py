@@ -340,7 +340,7 @@ def test_spark_apply_names_object_store_paths_as_not_supported(tmp_path: Path, w
     if where == "source":
         source = "gs://bucket/cdc"  # (s3:// is read: tests/spark/test_s3_source.py)
     else:
-        target = "s3a://bucket/lake"
+        target = "gs://bucket/lake"  # (s3:// is written: tests/spark/test_s3_target.py)
     proc = pgrecv("spark-apply", source, "--target", target, "--format", "parquet")
     assert proc.returncode == ExitCode.USAGE and "not supported yet" in err(proc), err(proc)
     assert len(err(proc).strip().splitlines()) == 1

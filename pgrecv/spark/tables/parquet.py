@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+# a table's pointer, ``_pgrecv_table.json``, as read (its fields: ParquetTable._switch, ParquetStoreTable)
+Pointer = dict[str, Any]
+
+
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """``data`` under ``path`` whole or not at all. The temp file has an unpredictable name and is
     created with O_EXCL (mkstemp); ``mode`` None means what the umask allows (lake metadata other
@@ -65,7 +69,7 @@ class ParquetTable(Table):
 
     def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
         super().__init__(path, app_id, spark)
-        self.pointer: dict[str, Any] | None = None
+        self.pointer: Pointer | None = None
 
     def _dir(self, version: int) -> Path:
         return self.path / "_versions" / f"v{version:06d}"
@@ -201,7 +205,7 @@ class ParquetStoreTable(Table):
     def __init__(self, path: TargetPath, app_id: str, spark: SparkSession) -> None:
         assert isinstance(path, StorePath)
         super().__init__(path, app_id, spark)
-        self.pointer: dict[str, Any] | None = None
+        self.pointer: Pointer | None = None
 
     def open(self) -> None:
         import pyarrow.parquet as pq
@@ -273,7 +277,7 @@ class ParquetStoreTable(Table):
         self._cleanup(before)
         return size
 
-    def _cleanup(self, before: dict[str, Any] | None) -> None:
+    def _cleanup(self, before: Pointer | None) -> None:
         """Version prefixes that neither this pointer nor the one before names (older versions, a
         killed run's): readers on the previous version keep its files."""
         assert self.pointer is not None
