@@ -7,13 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import deltalake
 import orjson
-import pyarrow.parquet as pq
 import pytest
 
 from pgrecv.errors import ExitCode
-from pgrecv.spark.model import table_dir_name
 from tests.conftest import S3Server
 from tests.stream.test_start import insert_txns
 from tests.util import err, pgrecv, sql
@@ -48,35 +45,7 @@ def changes_to_s3(db_dsn: str, s3: S3Server, url: str) -> None:
     assert proc.returncode == 0, err(proc)
 
 
-@pytest.mark.newest_server  # the subject is the store
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
-def test_postgresql_to_s3_to_tables(
-    db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path, fmt: str
-) -> None:
-    """The whole path with every file on the store: `snapshot` and `start` write to S3, spark-apply
-    reads the prefix; the table is PostgreSQL's. A second run skips every file by its name
-    (the ledger keeps the prefix's position), and --list-applied names them as s3:// URLs."""
-    bucket = s3_server.bucket()
-    url = f"s3://{bucket}/cdc/db 1"  # a space: Spark's spelling of the object must match pgrecv's
-    changes_to_s3(db_dsn, s3_server, url)
-    target = tmp_path / "lake"
-    first = apply_s3(s3_server, s3a_jars_conf, [url], target, "--format", fmt)
-    assert first.returncode == 0, err(first)
-    summary = orjson.loads(first.stdout)
-    assert summary["files"] > 3 and summary["files_skipped"] == 0
-    path = target / table_dir_name("public", "t")
-    table = deltalake.DeltaTable(str(path)).to_pyarrow_table() if fmt == "delta" else pq.read_table(path / "current")
-    got = sorted((r["id"], r["v"]) for r in table.to_pylist())
-    assert got == sorted(tuple(r) for r in sql(db_dsn, "SELECT id, v FROM t")), "the lake is not PostgreSQL's table"
-    assert len(got) > 20
-    # again: every file applied before is skipped unopened, and listed as one that may be retired
-    again = apply_s3(s3_server, s3a_jars_conf, [url.replace("s3://", "s3a://") + "/"], target, "--format", fmt)
-    assert again.returncode == 0, err(again)
-    assert orjson.loads(again.stdout)["files_skipped"] == summary["files"]
-    listed = pgrecv("spark-apply", url, "--target", str(target), "--format", fmt, "--list-applied", env=s3_server.env)
-    assert listed.returncode == 0, err(listed)
-    names = listed.stdout.decode().splitlines()
-    assert len(names) == summary["files"] and all(n.startswith(f"{url}/") for n in names), names
+# PostgreSQL to S3 to tables: tests/spark/test_s3_target.py (the tables on S3 as well).
 
 
 # The generated stream read from S3 (keys URIs quote) is tests/spark/test_s3_target.py's, written onto S3.
