@@ -342,3 +342,29 @@ def test_delta_rs_commits_on_the_store_conflict_instead_of_overwriting(s3_server
     final = DeltaTable(url, storage_options=storage)
     assert final.version() == 2
     assert final.to_pyarrow_table().to_pylist() == [{"a": 2}]
+
+
+def test_many_small_tables_onto_s3(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
+    """Small batches onto several existing tables (the shape of a whole database's OLTP stream),
+    which on a local disk are merged in one group by the driver (pgrecv/spark/engine/together.py):
+    on S3 each is applied on its own, and every table holds its rows. (The group's merge read the
+    current files as local ones: bench/spark_apply.py --tables 50 --target-s3 stopped on it.)"""
+    from tests.spark.test_engine import _insert, _rel, _txn, _write
+
+    names = [f"t{i}" for i in range(3)]
+    rels = [orjson.dumps(_rel(n, [("id", "integer")])).decode() for n in names]
+    first = _write(
+        tmp_path / "a.jsonl", [*rels, *_txn("0/100", [_insert(n, "0/100", "0/90", '{"id":1}') for n in names])]
+    )
+    second = _write(
+        tmp_path / "b.jsonl", [*rels, *_txn("0/200", [_insert(n, "0/200", "0/190", '{"id":2}') for n in names])]
+    )
+    bucket = s3_server.bucket()
+    lake = f"s3://{bucket}/lake"
+    for f in (first, second):
+        proc = apply_s3(s3_server, s3a_jars_conf, [str(f)], lake, "--format", "delta")
+        assert proc.returncode == 0, err(proc)
+    for n in names:
+        table = f"{lake}/{table_dir_name('public', n)}"
+        got = deltalake.DeltaTable(table, storage_options=_storage(s3_server)).to_pyarrow_table().to_pylist()
+        assert sorted(r["id"] for r in got) == [1, 2], n

@@ -30,6 +30,7 @@ from pgrecv.spark.read.envelope import JSON_LIMITS
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.replay import events as rev
 from pgrecv.spark.replay.convert import scalar
+from pgrecv.spark.stores import StorePath
 from pgrecv.spark.tables import Batch, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
 from pgrecv.spark.tables.parquet import ParquetTable
@@ -70,6 +71,8 @@ def fits(plan: TablePlan, target: Table, facts: dict[str, Any], config: ApplyCon
     if config.mode != "latest" or config.bad_values != "fail" or plan.append_only or plan.full:
         return False
     if not isinstance(target, ParquetTable | DeltaRsTable) or mode_of(target) not in (None, "latest"):
+        return False
+    if isinstance(target.path, StorePath):  # the group's merge reads current files as local ones
         return False
     if facts.get("lean") or facts["truncate_at"] is not None or facts["toast"] or facts["truncate"]:
         return False
