@@ -152,23 +152,44 @@ def _conf_or_env(conf: dict[str, str], key: str, *env: str) -> str | None:
     return next((os.environ[e] for e in env if os.environ.get(e)), None)
 
 
+@dataclass(frozen=True)
+class Settings:
+    """Where the store is and who is asking, as Spark's S3A connector takes it: ``--conf
+    spark.hadoop.fs.s3a.*`` first, then AWS's environment. The one reading of them that pyarrow,
+    boto3 and delta-rs are each set up from (None: that client's own default or chain)."""
+
+    endpoint: str | None  # with its scheme (https:// when the setting has none)
+    region: str | None
+    key: str | None
+    secret: str | None
+
+    @classmethod
+    def of(cls, conf: dict[str, str]) -> Settings:
+        endpoint = _conf_or_env(conf, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+        if endpoint and "://" not in endpoint:
+            endpoint = f"https://{endpoint}"
+        key, secret = conf.get(_HADOOP + "access.key"), conf.get(_HADOOP + "secret.key")
+        return cls(
+            endpoint,
+            _conf_or_env(conf, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION"),
+            key if key and secret else None,
+            secret if key and secret else None,
+        )
+
+
 def filesystem(conf: dict[str, str]) -> FileSystem:
-    """pyarrow's S3 file system, set up as Spark's S3A connector is (``--conf`` first, then AWS's
-    environment; pyarrow's own credential chain when no key is given)."""
+    """pyarrow's S3 file system, set up as Spark's S3A connector is (:class:`Settings`; pyarrow's
+    own credential chain when no key is given)."""
     from pyarrow import fs as pafs
 
-    endpoint = _conf_or_env(conf, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-    region = _conf_or_env(conf, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION")
-    key, secret = conf.get(_HADOOP + "access.key"), conf.get(_HADOOP + "secret.key")
+    st = Settings.of(conf)
     kwargs: dict[str, str] = {}
-    if endpoint:
-        scheme, sep, rest = endpoint.partition("://")
-        kwargs["endpoint_override"] = rest if sep else endpoint
-        kwargs["scheme"] = scheme if sep else "https"
-    if region:
-        kwargs["region"] = region
-    if key and secret:
-        kwargs["access_key"], kwargs["secret_key"] = key, secret
+    if st.endpoint:
+        kwargs["scheme"], _, kwargs["endpoint_override"] = st.endpoint.partition("://")
+    if st.region:
+        kwargs["region"] = st.region
+    if st.key and st.secret:
+        kwargs["access_key"], kwargs["secret_key"] = st.key, st.secret
     return pafs.S3FileSystem(**kwargs)
 
 
@@ -179,16 +200,14 @@ def s3_client(conf: dict[str, str]) -> object:
         import boto3
     except ImportError:
         raise UsageError("a --target on S3 needs boto3 (AWS's SDK for Python): pip install 'pgrecv[s3]'") from None
-    endpoint = _conf_or_env(conf, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-    region = _conf_or_env(conf, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION")
-    key, secret = conf.get(_HADOOP + "access.key"), conf.get(_HADOOP + "secret.key")
+    st = Settings.of(conf)
     kwargs: dict[str, str] = {}
-    if endpoint:
-        kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"https://{endpoint}"
-    if region:
-        kwargs["region_name"] = region
-    if key and secret:
-        kwargs["aws_access_key_id"], kwargs["aws_secret_access_key"] = key, secret
+    if st.endpoint:
+        kwargs["endpoint_url"] = st.endpoint
+    if st.region:
+        kwargs["region_name"] = st.region
+    if st.key and st.secret:
+        kwargs["aws_access_key_id"], kwargs["aws_secret_access_key"] = st.key, st.secret
     return boto3.session.Session().client("s3", **kwargs)
 
 
@@ -223,19 +242,16 @@ def delta_location(path: Path | StorePath) -> tuple[str, dict[str, str] | None]:
     itself). delta-rs commits to S3 with conditional writes (``If-None-Match``): no lock table."""
     if not isinstance(path, StorePath):
         return str(path), None
+    st = Settings.of(_run)
     out: dict[str, str] = {}
-    endpoint = _conf_or_env(_run, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-    if endpoint:
-        endpoint = endpoint if "://" in endpoint else f"https://{endpoint}"
-        out["AWS_ENDPOINT_URL"] = endpoint
-        if endpoint.startswith("http://"):
+    if st.endpoint:
+        out["AWS_ENDPOINT_URL"] = st.endpoint
+        if st.endpoint.startswith("http://"):
             out["AWS_ALLOW_HTTP"] = "true"
-    region = _conf_or_env(_run, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION")
-    if region:
-        out["AWS_REGION"] = region
-    key, secret = _run.get(_HADOOP + "access.key"), _run.get(_HADOOP + "secret.key")
-    if key and secret:
-        out["AWS_ACCESS_KEY_ID"], out["AWS_SECRET_ACCESS_KEY"] = key, secret
+    if st.region:
+        out["AWS_REGION"] = st.region
+    if st.key and st.secret:
+        out["AWS_ACCESS_KEY_ID"], out["AWS_SECRET_ACCESS_KEY"] = st.key, st.secret
     return str(path), out
 
 
