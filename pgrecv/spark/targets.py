@@ -389,11 +389,11 @@ def check_store(config: ApplyConfig) -> None:
     """What a target on an object store does not take yet: one line naming it, before anything runs."""
     if not isinstance(config.target, StorePath):
         return
-    if config.fmt == "iceberg":
+    if config.fmt == "iceberg" and config.catalog is None:
         raise UsageError(
-            f"--target {config.target}: --format iceberg on an object store is not supported yet (its Hadoop "
-            "catalog commits by renaming a file): use an Iceberg catalog whose warehouse is on S3 "
-            "(--iceberg-catalog) with a local --target, or --format delta or parquet"
+            f"--target {config.target}: Iceberg's Hadoop catalog cannot be on an object store (it commits by "
+            "renaming a file): name an Iceberg catalog of the session whose warehouse is there "
+            "(--iceberg-catalog, for example Iceberg's JDBC catalog), or use --format delta or parquet"
         )
     if config.engine == "spark":
         raise UsageError(

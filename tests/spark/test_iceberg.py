@@ -18,11 +18,13 @@ from typing import Any
 import orjson
 import pytest
 
+from pgrecv.lsn import LSN, lsn_str
 from pgrecv.spark.model import table_dir_name
+from tests.spark.changegen import Gen
 from tests.spark.connector_runner import Runner
 from tests.spark.test_command import _rel, _row, _txn, _write, assert_busy, held_target
 from tests.spark.test_delta_spark import FAST, _gen_files
-from tests.spark.test_differential import _canon_value, _expected, assert_history
+from tests.spark.test_differential import _canon_value, _expected, _files, assert_history
 from tests.util import pgrecv_here
 
 pytest.importorskip("pyspark")
@@ -44,11 +46,16 @@ def _run(connector: Runner, *args: str) -> dict[str, Any]:
     return _ok(_proc(connector, *args))
 
 
-def read_iceberg(path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def read_iceberg(
+    path: Path, metadata: str | None = None, properties: dict[str, str] | None = None
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """An Iceberg table's rows and its current snapshot's summary, as pyiceberg reads them (its
-    newest metadata file; deletion vectors applied)."""
-    versions = sorted(path.glob("metadata/v*.metadata.json"), key=lambda p: int(p.name[1:].split(".")[0]))
-    table = pyiceberg_table.StaticTable.from_metadata(str(versions[-1]))
+    newest metadata file, or the ``metadata`` a catalog names, read with pyiceberg's
+    ``properties``; deletion vectors applied)."""
+    if metadata is None:
+        versions = sorted(path.glob("metadata/v*.metadata.json"), key=lambda p: int(p.name[1:].split(".")[0]))
+        metadata = str(versions[-1])
+    table = pyiceberg_table.StaticTable.from_metadata(metadata, properties=properties or {})
     snapshot = table.current_snapshot()
     assert snapshot is not None
     rows = table.scan().to_arrow().to_pylist()
@@ -83,10 +90,14 @@ def _change(
     return {**rec, "new": {**key, **values}, "unchanged_toast": list(toast)}
 
 
+def canon_rows(t: Any, rows: list[dict[str, Any]]) -> list[str]:
+    """A generated table's rows as the differential tests compare them (``_expected``)."""
+    return sorted(repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in rows)
+
+
 def _got(t: Any, target: Path) -> list[str]:
     path = target / table_dir_name(t.schema, t.name)
-    rows = read_iceberg(path)[0] if path.exists() else []
-    return sorted(repr(sorted((c["name"], _canon_value(r.get(c["name"]))) for c in t.columns)) for r in rows)
+    return canon_rows(t, read_iceberg(path)[0] if path.exists() else [])
 
 
 def test_two_runs_and_a_rerun(tmp_path: Path, connector: Runner) -> None:
@@ -378,62 +389,140 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
 
 
 def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
-    tmp_path: Path, newest_tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str
+    newest_tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str
 ) -> None:
-    """Issue 58's Iceberg case: the change files and the tables' warehouse on the S3 server
-    (``s3a://``), the catalog Iceberg's JDBC one in PostgreSQL, which commits by swapping a
-    table's metadata pointer in one SQL statement, so the store needs no rename; a second run
-    applies the next file as a MERGE, a re-run changes nothing, and pyiceberg reads the table
-    from the store. --target holds only pgrecv's own state, locally. On one PostgreSQL version:
-    the other test of the JDBC catalog runs on each."""
+    """Issue 58's PostgreSQL-truth test for Iceberg: `snapshot` and `start` write the change files
+    to the S3 server, the tables' warehouse is there too (``s3a://``), the catalog Iceberg's JDBC
+    one in PostgreSQL, which commits by swapping a table's metadata pointer in one SQL statement,
+    so the store needs no rename. A run after the snapshot creates the table; a run after the
+    stream MERGEs its updates and deletes; a re-run changes nothing; pyiceberg reads the table
+    from the store as PostgreSQL's. --target is on the store too: it holds only pgrecv's lock
+    while a run lasts. On one PostgreSQL version: the other test of the JDBC catalog runs on
+    each."""
 
     import psycopg
 
-    from tests.util import err, pgrecv
+    from tests.spark.test_s3_source import changes_to_s3
+    from tests.util import err, pgrecv, sql
 
     bucket = s3_server.bucket()
     name, args = jdbc_catalog(newest_tcp_dsn, f"s3a://{bucket}/warehouse")
     args += ["--conf", f"spark.jars={spark_jars_conf},{s3a_jars_conf}"]
-    first, second = _insert_then_merge(
-        tmp_path / "0000000000000001-0000000000001000.jsonl", tmp_path / "0000000000002000-0000000000002000.jsonl"
-    )
     client = s3_server.client()
-    target = tmp_path / "state"
+    target = f"s3://{bucket}/state"
 
     def apply() -> dict[str, Any]:
         proc = pgrecv(
             "spark-apply", f"s3://{bucket}/cdc", "--target", str(target), "--format", "iceberg", "--json",
-            "--iceberg-catalog", name, *FAST, *args, env=s3_server.env, timeout=900,
+            "--iceberg-catalog", name, "--table", "public.t", *FAST, *args, env=s3_server.env, timeout=900,
         )  # fmt: skip
         assert proc.returncode == 0, err(proc)
         summary: dict[str, Any] = orjson.loads(proc.stdout)
         return summary
 
-    client.upload_file(str(first), bucket, f"cdc/{first.name}")
-    assert [t["applied_lsn"] for t in apply()["tables"]] == ["0/1000"]
-    client.upload_file(str(second), bucket, f"cdc/{second.name}")
-    assert [(t["status"], t["updates"], t["deletes"]) for t in apply()["tables"]] == [("applied", 1, 1)]
+    # (the catalog's own tables are in the same database, so in the publication too: --table)
+    runs = []
+    changes_to_s3(newest_tcp_dsn, s3_server, f"s3://{bucket}/cdc", after_snapshot=lambda: runs.append(apply()))
+    assert [(t["table"], t["status"]) for t in runs[0]["tables"]] == [("public.t", "applied")]
+    last = apply()["tables"]
+    assert [t["status"] for t in last] == ["applied"]
+    assert LSN.parse(runs[0]["tables"][0]["applied_lsn"]) < LSN.parse(last[0]["applied_lsn"])
     assert [t["status"] for t in apply()["tables"]] == ["up to date"]
     with psycopg.connect(newest_tcp_dsn) as conn:
         found = conn.execute(
-            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 's' "
+            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 'public' "
             "AND table_name = 't'",
             (name,),
         ).fetchone()
     assert found is not None and found[0].startswith(f"s3a://{bucket}/warehouse/"), found
+    table = pyiceberg_table.StaticTable.from_metadata(found[0], properties=s3_io(s3_server))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert lsn_str(int(snapshot.summary.additional_properties["pgrecv.applied-lsn"])) == last[0]["applied_lsn"]
+    rows = sorted((r["id"], r["v"]) for r in table.scan().to_arrow().to_pylist())
+    assert rows == sorted(tuple(r) for r in sql(newest_tcp_dsn, "SELECT id, v FROM t")), "not PostgreSQL's table"
+    assert len(rows) > 20
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="state/").get("Contents", [])
+    state = [o["Key"] for o in listed if not o["Key"].endswith("/")]  # (not the empty markers of prefixes)
+    # the lock went with its run, no staging left; the positions are in the tables' snapshots
+    assert state == [], state
+
+
+def s3_io(s3_server: Any) -> dict[str, str]:
+    """pyiceberg's settings of the tests' S3 server."""
     env = s3_server.env
-    io = {
+    return {
         "s3.endpoint": env["AWS_ENDPOINT_URL"],
         "s3.access-key-id": env["AWS_ACCESS_KEY_ID"],
         "s3.secret-access-key": env["AWS_SECRET_ACCESS_KEY"],
         "s3.region": env["AWS_REGION"],
     }
-    table = pyiceberg_table.StaticTable.from_metadata(found[0], properties=io)
-    snapshot = table.current_snapshot()
-    assert snapshot is not None and snapshot.summary.additional_properties["pgrecv.applied-lsn"] == str(0x2000)
-    rows = {r["id"]: r["x"] for r in table.scan().to_arrow().to_pylist()}
-    assert rows == {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}
-    assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
+
+
+def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
+    tmp_path: Path, newest_tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str
+) -> None:
+    """Issue 58's kill and concurrency tests for Iceberg with every path on the S3 server: SOURCE,
+    the warehouse (Iceberg's JDBC catalog in PostgreSQL) and --target (pgrecv's lock). While
+    another process holds the target, a run is refused in one line (exit 8) and commits nothing; a
+    run SIGKILLed once its batch has written a new metadata object (before or after the catalog's
+    swap), then a run to the end: every table equals the truth, read by pyiceberg from the
+    metadata the catalog names."""
+    import psycopg
+
+    gen = Gen(7, tables=3)  # (6 tables took 370 s beside another test)
+    files = _files(gen.run(40), tmp_path, 40)
+    bucket = s3_server.bucket()
+    urls = s3_server.upload(bucket, "cdc", files)
+    name, args = jdbc_catalog(newest_tcp_dsn, f"s3a://{bucket}/warehouse")
+    target = f"s3://{bucket}/state"
+    cmd = [sys.executable, "-m", "pgrecv", "spark-apply", "--target", target, "--format", "iceberg", "--json",
+           "--iceberg-catalog", name, *FAST, *args,
+           "--conf", f"spark.jars={spark_jars_conf},{s3a_jars_conf}"]  # fmt: skip
+    env = {**os.environ, **s3_server.env}
+    client = s3_server.client()
+
+    def pointers() -> dict[tuple[str, str], str]:
+        with psycopg.connect(newest_tcp_dsn) as conn:
+            got = conn.execute(
+                "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = %s",
+                (name,),
+            ).fetchall()
+        return {(ns, t): loc for ns, t, loc in got}
+
+    def metadata_objects() -> int:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="warehouse/")
+        return sum(o["Key"].endswith(".metadata.json") for page in pages for o in page.get("Contents", []))
+
+    first = subprocess.run([*cmd, urls[0]], env=env, capture_output=True, timeout=600, check=False)
+    assert first.returncode == 0, first.stderr.decode(errors="replace")[-4000:]
+    applied = pointers()
+    assert applied and all(loc.startswith(f"s3a://{bucket}/warehouse/") for loc in applied.values()), applied
+
+    with held_target(target, s3_server.env):
+        busy = subprocess.run([*cmd, *urls], env=env, capture_output=True, timeout=600, check=False)
+    assert_busy(busy)
+    assert pointers() == applied  # the refused run committed nothing
+
+    before = metadata_objects()
+    proc = subprocess.Popen(
+        [*cmd, *urls], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and metadata_objects() == before:
+        time.sleep(0.2)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    last = subprocess.run([*cmd, *urls], env=env, capture_output=True, timeout=600, check=False)
+    assert last.returncode == 0, last.stderr.decode(errors="replace")[-4000:]
+    assert not orjson.loads(last.stdout)["warnings"]
+    found = pointers()
+    truth = gen.truth()
+    for t in gen.tables:
+        loc = found.get((t.schema, t.name))
+        rows = read_iceberg(tmp_path, loc, s3_io(s3_server))[0] if loc is not None else []
+        assert canon_rows(t, rows) == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
 
 
 @pytest.mark.parametrize("hint", ["missing", "behind"])

@@ -4,6 +4,7 @@ Hadoop's S3A connector (jvm/s3a/pom.xml). The tables equal PostgreSQL's, and a l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,17 @@ def apply_s3(s3: S3Server, jars: str, sources: list[str], target: Path | str, *e
     )  # fmt: skip
 
 
-def changes_to_s3(db_dsn: str, s3: S3Server, url: str) -> None:
-    """Table ``t`` made, changed and streamed to ``url`` by the real tool: `snapshot`, then inserts,
-    updates and deletes, then `start --until-caught-up` in files of about 1 kB."""
+def changes_to_s3(db_dsn: str, s3: S3Server, url: str, after_snapshot: Callable[[], object] | None = None) -> None:
+    """Table ``t`` made, changed and streamed to ``url`` by the real tool: `snapshot` (then
+    ``after_snapshot``, if given), then inserts, updates and deletes, then `start
+    --until-caught-up` in files of about 1 kB."""
     sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
     sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
     insert_txns(db_dsn, 1, 4)
     proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", url, env=s3.env)
     assert proc.returncode == 0, err(proc)
+    if after_snapshot is not None:
+        after_snapshot()
     insert_txns(db_dsn, 5, 6)
     sql(db_dsn, "UPDATE t SET v = 'changed' WHERE id % 4 = 0")
     sql(db_dsn, "DELETE FROM t WHERE id % 5 = 0")

@@ -172,7 +172,6 @@ def run_frames(
                     "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
                     f"spark.jars.packages={ICEBERG_PACKAGE}; a Spark Connect server's own)"
                 )
-            assert isinstance(config.target, Path)  # (targets.check_store)
             use_catalog(spark, config.target, config.catalog)
     else:
         # a target on a store: delta-rs (targets.check_store refuses the connector there)

@@ -43,6 +43,7 @@ from pgrecv.errors import InputError, UsageError
 from pgrecv.spark.files import file_url
 from pgrecv.spark.schema import TablePlan, quoted
 from pgrecv.spark.sparkops import is_connect, spark_schema
+from pgrecv.spark.stores import TargetPath
 from pgrecv.spark.tables import Batch, Table, frames, refuse_other_format
 from pgrecv.spark.tables.rewrite import missing_dirs, unmake
 
@@ -58,6 +59,7 @@ POSITION = "pgrecv.applied-lsn"  # the snapshot summary's property: the batch's 
 # Iceberg (1.9+) puts a session's settings of this prefix into every snapshot's summary it commits
 SESSION_PROPERTY = "spark.sql.iceberg.snapshot-property."
 _SESSION_WRITES = threading.Lock()  # a session setting serves one statement at a time
+_NAMESPACES = threading.Lock()  # a catalog's namespaces made one at a time (IcebergTable._make_namespace)
 MODE = "pgrecv.mode"  # the table property: the --mode it was made with
 # column names Iceberg keeps for its metadata columns (org.apache.iceberg.MetadataColumns): Spark
 # reads no column of these names from an Iceberg table (checked: "SELECT *" fails), so a table
@@ -98,7 +100,7 @@ def catalog_of(target: Path) -> str:
     return f"pgrecv_iceberg_{digest}"
 
 
-def use_catalog(spark: SparkSession, target: Path, catalog: str | None = None) -> None:
+def use_catalog(spark: SparkSession, target: TargetPath, catalog: str | None = None) -> None:
     """The run's Iceberg catalog: ``catalog`` as the session has it (--iceberg-catalog), else a
     Hadoop catalog whose warehouse is the target, its table cache off (another process, a run
     killed midway or another tool, may have committed meanwhile)."""
@@ -110,6 +112,7 @@ def use_catalog(spark: SparkSession, target: Path, catalog: str | None = None) -
                 f"(--conf spark.sql.catalog.{catalog}.type=jdbc, ...)"
             )
         return
+    assert isinstance(target, Path)  # (targets.check_store: no Hadoop catalog on a store)
     key = f"spark.sql.catalog.{catalog_of(target)}"
     spark.conf.set(key, "org.apache.iceberg.spark.SparkCatalog")
     spark.conf.set(f"{key}.type", "hadoop")
@@ -204,36 +207,44 @@ class IcebergTable(Table):
     state read from its metadata files, or (``catalog`` set) in a catalog of the session, its
     state read through Spark (its ``refs``, ``snapshots`` and properties)."""
 
-    path: Path  # a local directory (targets.check_store refuses a store: the Hadoop catalog renames)
+    # a local directory in the Hadoop catalog (targets.check_store refuses a store: it renames); with
+    # a session's catalog, the table's place under the target (which may be on a store), not its files
+    path: TargetPath
 
     catalog: str | None = None
 
-    def __init__(self, path: Path, app_id: str, spark: SparkSession) -> None:
+    def __init__(self, path: TargetPath, app_id: str, spark: SparkSession) -> None:
         super().__init__(path, app_id, spark)
         self._summary: dict[str, str] = {}
 
     @property
+    def local(self) -> Path:
+        """The table's directory in the target's Hadoop catalog."""
+        assert self.catalog is None and isinstance(self.path, Path)
+        return self.path
+
+    @property
     def ident(self) -> str:
         if self.catalog is None:
-            return f"{catalog_of(self.path.parent)}.{quoted(self.path.name)}"
+            return f"{catalog_of(self.local.parent)}.{quoted(self.path.name)}"
         assert self.names is not None
         return ".".join(map(quoted, (self.catalog, *self.names)))
 
     def exists(self) -> bool:
-        return self.path.exists() if self.catalog is None else bool(self.spark.catalog.tableExists(self.ident))
+        return self.local.exists() if self.catalog is None else bool(self.spark.catalog.tableExists(self.ident))
 
     def open(self) -> None:
         if self.catalog is not None:
             self._open_in_catalog()
             return
-        refuse_other_format(self.path, "iceberg")
-        meta = _metadata(self.path)
+        refuse_other_format(self.local, "iceberg")
+        meta = _metadata(self.local)
         if meta is None:
             return
         props = meta.get("properties")
         mode = props.get(MODE) if isinstance(props, dict) else None
         self.mode = mode if isinstance(mode, str) else None
-        snap = current_snapshot(self.path, meta)
+        snap = current_snapshot(self.local, meta)
         sid = snap.get("snapshot-id") if snap is not None else None
         if isinstance(sid, int):
             self._opened(sid, summary_of(snap))
@@ -277,7 +288,7 @@ class IcebergTable(Table):
         return rows.withColumnRenamed(STORED_DELETED, "_deleted") if self.mode == "history" else rows
 
     def write_frames(self, batch: Batch) -> int:
-        made = missing_dirs(self.path) if self.catalog is None else []
+        made = missing_dirs(self.local) if self.catalog is None else []
         kept = frames.settled(batch) if batch.settle is not None else None
         try:
             self._write(batch)
@@ -292,13 +303,25 @@ class IcebergTable(Table):
         self.open()
         return 0 if self.version == before else int(self._summary.get("added-files-size", 0))
 
+    def _make_namespace(self, name: str) -> None:
+        """The table's schema as a namespace of the catalog, if missing. Iceberg's JDBC catalog
+        checks, then inserts: two new tables of one schema, written at once, both inserted and one
+        failed on the key (seen through Spark Connect). So one at a time here, and once more after
+        a failure, when another process made it in between (IF NOT EXISTS then sees it)."""
+        statement = f"CREATE NAMESPACE IF NOT EXISTS {name}"
+        with _NAMESPACES:
+            try:
+                self.spark.sql(statement)
+            except Exception:  # (the JVM's error, through py4j or Spark Connect)
+                self.spark.sql(statement)
+
     def _write(self, batch: Batch) -> None:
         from pyspark.sql import functions as F
 
         position = {f"snapshot-property.{POSITION}": str(batch.position)}
         if self.version is None:
             if self.catalog is not None and self.names is not None:
-                self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quoted(self.catalog)}.{quoted(self.names[0])}")
+                self._make_namespace(f"{quoted(self.catalog)}.{quoted(self.names[0])}")
             props = {**NEW_TABLE, MODE: "history" if batch.history else "latest"}
             rows = _out(frames.new_rows(batch))
             uuids = _uuid_columns(batch)
@@ -365,7 +388,7 @@ class IcebergTable(Table):
 
     def _iceberg_catalog(self) -> JavaObject:
         """The catalog's Iceberg ``Catalog`` (its Spark catalog's ``icebergCatalog()``)."""
-        name = self.catalog if self.catalog is not None else catalog_of(self.path.parent)
+        name = self.catalog if self.catalog is not None else catalog_of(self.local.parent)
         return self.spark._jsparkSession.sessionState().catalogManager().catalog(name).icebergCatalog()
 
     def _table_identifier(self) -> JavaObject:
