@@ -42,84 +42,105 @@ def apply_remote(connect: ConnectServer, files: list[Path], target: Path, *extra
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
-def test_connect_equals_local(
-    spark_connect: ConnectServer, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path, fmt: str
+def test_connect_on_s3_equals_local(
+    spark_connect: ConnectServer,
+    s3_server: S3Server,
+    spark: Any,
+    stream: tuple[Gen, list[Path]],
+    tmp_path: Path,
+    fmt: str,
 ) -> None:
-    gen, files = stream
-    remote, local = tmp_path / "remote", tmp_path / "local"
-    started = time.monotonic()
-    proc = apply_remote(spark_connect, files, remote, "--format", fmt)
-    seconds = time.monotonic() - started
-    assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
-    summary = orjson.loads(proc.stdout)
-    assert not summary["warnings"], summary["warnings"]
-    assert summary["engine"] != "delta/spark"
-    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt=fmt, engine="delta-rs"), spark=spark)
-    assert _counts(summary["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
-    rows = assert_same_tables(gen, remote, local, fmt, "Spark Connect")
-    # a second run through the server changes nothing
-    again = apply_remote(spark_connect, files, remote, "--format", fmt)
-    assert again.returncode == 0, err(again)
-    assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}, again.stdout
-    print(f"{fmt}: Spark Connect {seconds:.0f} s, {rows} rows")
-
-
-def test_connect_reads_source_from_s3_and_writes_onto_it(
-    spark_connect: ConnectServer, s3_server: S3Server, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path
-) -> None:
-    """Every path on the S3 server: pgrecv lists the prefix, the Spark Connect server's tasks read
-    the objects and write the Delta tables' files, pgrecv commits them through delta-rs; the same
-    tables as the local run."""
+    """Every path on the S3 server: pgrecv lists and stages the input, the Spark Connect server's
+    tasks read the objects and write the tables' files, pgrecv commits them (delta-rs; Parquet's
+    pointer object); the same tables as local mode, and a second run through the server changes
+    nothing. (Local paths through the server: the tests below.)"""
     from tests.spark.test_s3_target import download
 
     gen, files = stream
     bucket = s3_server.bucket()
     urls = s3_server.upload(bucket, "cdc", files)
-    proc = pgrecv(
-        "spark-apply", *urls, "--target", f"s3://{bucket}/lake", "--format",
-        "delta", "--json", "--remote", spark_connect.url, env=s3_server.env, timeout=900,
-    )  # fmt: skip
+
+    def apply() -> Any:
+        return pgrecv(
+            "spark-apply", *urls, "--target", f"s3://{bucket}/lake", "--format", fmt,
+            "--json", "--remote", spark_connect.url, env=s3_server.env, timeout=900,
+        )  # fmt: skip
+
+    started = time.monotonic()
+    proc = apply()
+    seconds = time.monotonic() - started
     assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
+    summary = orjson.loads(proc.stdout)
+    assert not summary["warnings"], summary["warnings"]
+    assert summary["engine"] != "delta/spark"
     local = tmp_path / "local"
-    config = ApplyConfig(tuple(str(f) for f in files), local, fmt="delta", engine="delta-rs")
-    local_summary = run_apply(config, spark=spark)
-    assert _counts(orjson.loads(proc.stdout)["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
+    local_summary = run_apply(ApplyConfig(tuple(str(f) for f in files), local, fmt=fmt, engine="delta-rs"), spark=spark)
+    assert _counts(summary["tables"]) == _counts([t.__dict__ for t in local_summary.tables])
     remote = tmp_path / "remote"
     download(s3_server, bucket, "lake", remote)
-    assert_same_tables(gen, remote, local, "delta", "Spark Connect on S3")
+    rows = assert_same_tables(gen, remote, local, fmt, "Spark Connect on S3")
+    again = apply()
+    assert again.returncode == 0, err(again)
+    assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}, again.stdout
+    print(f"{fmt}: Spark Connect on S3 {seconds:.0f} s, {rows} rows")
 
 
-def test_connect_writes_iceberg(spark_connect: ConnectServer, stream: tuple[Gen, list[Path]], tmp_path: Path) -> None:
-    """Iceberg through the server (its runtime on the server's class path): each MERGE's
+def test_connect_writes_iceberg_on_s3(
+    spark_connect: ConnectServer,
+    s3_server: S3Server,
+    newest_tcp_dsn: str,
+    stream: tuple[Gen, list[Path]],
+    tmp_path: Path,
+) -> None:
+    """Iceberg through the server (its runtime, S3A and PostgreSQL's JDBC driver on the server's
+    class path), every path on the S3 server: the warehouse of Iceberg's JDBC catalog (in
+    PostgreSQL, set through the run's ``--conf`` at run time), SOURCE and --target. Each MERGE's
     snapshot records the applied position through the session setting Iceberg reads, so the
-    tables are the truth, a re-run changes nothing, and pyiceberg reads the position back."""
+    tables are the truth, a re-run changes nothing, and pyiceberg reads the position back from
+    the metadata the catalog names."""
+    import psycopg
+
     from tests.spark.test_differential import _expected
-    from tests.spark.test_iceberg import _got as iceberg_rows
-    from tests.spark.test_iceberg import read_iceberg
+    from tests.spark.test_iceberg import canon_rows, jdbc_catalog, read_iceberg, s3_io
 
     gen, files = stream
-    target = tmp_path / "lake"
-    half = [files[0]]
-    for inputs in (half, files):  # a first run creates the tables; the second merges into them
-        proc = apply_remote(spark_connect, inputs, target, "--format", "iceberg")
+    bucket = s3_server.bucket()
+    urls = s3_server.upload(bucket, "cdc", files)
+    name, args = jdbc_catalog(newest_tcp_dsn, f"s3a://{bucket}/warehouse")
+
+    def apply(inputs: list[str]) -> Any:
+        proc = pgrecv(
+            "spark-apply", *inputs, "--target", f"s3://{bucket}/state", "--format", "iceberg", "--iceberg-catalog",
+            name, *args, "--json", "--remote", spark_connect.url, env=s3_server.env, timeout=900,
+        )  # fmt: skip
         assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
-    summary = orjson.loads(proc.stdout)
+        return orjson.loads(proc.stdout)
+
+    apply(urls[:1])  # a first run creates the tables; the second merges into them
+    summary = apply(urls)
     assert summary["engine"] == "iceberg/spark"
+    with psycopg.connect(newest_tcp_dsn) as conn:
+        found = conn.execute(
+            "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = %s",
+            (name,),
+        ).fetchall()
+    pointers = {f"{ns}.{t}": loc for ns, t, loc in found}
     truth = gen.truth()
     rows = 0
     for t in gen.tables:
-        got = iceberg_rows(t, target)
-        assert got == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
+        loc = pointers.get(f"{t.schema}.{t.name}")
+        got = read_iceberg(tmp_path, loc, s3_io(s3_server))[0] if loc is not None else []
+        assert canon_rows(t, got) == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
         rows += len(got)
     assert rows > 0
     merged = [t for t in summary["tables"] if t["status"] == "applied" and t["updates"] + t["deletes"] > 0]
     assert merged, summary["tables"]  # (the second run merged into tables the first made)
     for t in merged:
-        _, props = read_iceberg(Path(t["path"]))
+        loc = pointers[t["table"]]
+        assert loc.startswith(f"s3a://{bucket}/warehouse/"), loc
+        _, props = read_iceberg(tmp_path, loc, s3_io(s3_server))
         assert lsn_str(int(props["pgrecv.applied-lsn"])) == t["applied_lsn"], (t, props)
-    again = apply_remote(spark_connect, files, target, "--format", "iceberg")
-    assert again.returncode == 0, err(again)
-    assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}
+    assert {t["status"] for t in apply(urls)["tables"]} == {"up to date"}
 
 
 def test_connect_writes_delta_with_the_connector(
