@@ -7,7 +7,6 @@ next time; see docs/spark-apply.md.
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -79,7 +78,9 @@ def run_apply(
         except PgrecvError:
             raise
         except Exception as exc:
-            if not _no_space(exc):
+            from pgrecv.spark.sparkops import no_space
+
+            if not no_space(exc):
                 raise
             raise OutputError(
                 f"{config.target}: no space left on a device this run writes to (the target, or Spark's scratch "
@@ -102,16 +103,3 @@ def list_applied(config: ApplyConfig) -> list[SourceFile]:
     with target_of(config).lock():
         stores.use_conf(config.conf)
         return ledger.split(config, expand_sources(config.sources, config.conf)).skipped
-
-
-def _no_space(exc: BaseException) -> bool:
-    """Whether a write failed for a full device: an OSError of ours or delta-rs's, or a Spark job's
-    (its Java exception's text, through py4j)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False

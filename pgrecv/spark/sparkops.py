@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -337,6 +338,46 @@ def _reachable(remote: str) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def exception_line(exc: BaseException) -> str:
+    """An exception's kind and the first line of its text (at most 300 characters)."""
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether a write failed for a full device: an OSError of ours or delta-rs's, or a Spark job's
+    (its Java exception's text, through py4j)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def spark_failure(exc: BaseException) -> str | None:
+    """The one line of an error Spark raised (the JVM's, through py4j or Spark Connect), else None.
+
+    py4j's text starts with the call it made (``An error occurred while calling o123.merge.``),
+    then the Java exception's line; Spark's own errors start with their condition; both may go on
+    with the JVM's stack."""
+    from pyspark.errors import PySparkException
+
+    kinds: tuple[type[BaseException], ...] = (PySparkException,)
+    with contextlib.suppress(ImportError):  # (a Spark Connect client may come without py4j)
+        from py4j.protocol import Py4JJavaError
+
+        kinds = (PySparkException, Py4JJavaError)
+    if not isinstance(exc, kinds):
+        return None
+    for line in str(exc).splitlines():
+        line = line.strip().removeprefix(": ").strip()
+        if line and not line.startswith("An error occurred while calling"):
+            return line[:300]
+    return type(exc).__name__
 
 
 def is_connect(spark: SparkSession) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pgrecv.errors import InputError, UsageError
+from pgrecv.errors import InputError, PgrecvError, UsageError
 from pgrecv.filters import table_filter
 from pgrecv.lsn import lsn_str
 from pgrecv.spark.engine import together
@@ -51,7 +51,7 @@ from pgrecv.spark.read.staged import check_input, read_records
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.schema import delta_names
 from pgrecv.spark.schema import plan as table_plan
-from pgrecv.spark.sparkops import is_connect
+from pgrecv.spark.sparkops import exception_line, is_connect, no_space, spark_failure
 from pgrecv.spark.stores import SourceFile, StorePath, TargetPath, as_source, remove_tree
 from pgrecv.spark.tables import Table, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
@@ -106,7 +106,13 @@ def run_together(
                 delta_names(plan)
         except (InputError, UsageError):
             continue  # the per-table replay reports it
-        if together.fits(plan, target, f, config):
+        try:
+            fits = together.fits(plan, target, f, config)
+        except Exception as exc:
+            if isinstance(exc, PgrecvError) or no_space(exc):
+                raise
+            continue  # (its current files unreadable, say): the per-table replay applies it or says why
+        if fits:
             members.append(together.Member(key, tids[key], plan, target, f))
     results = []
     chunks = (
@@ -118,15 +124,20 @@ def run_together(
         for tid in sorted(set(of.to_pylist())):
             m = by_tid[tid]
             schema = pa.schema([(n, ct.arrow) for n, ct in m.plan.columns.items()])
-            rows = together.merged(m, events.filter(pc.equal(of, m.tid)), types, schema)
-            if rows is None:
-                continue
             s, t = m.key
             target = m.target
             result = TableResult(f"{s}.{t}", str(target.path), "applied")
             result.inserts, result.updates, result.deletes = (m.facts[o] for o in rp.ROW_OPS)
-            target.path.parent.mkdir(parents=True, exist_ok=True)
-            result.bytes_written = target.write_frames(together.batch_of(m, rows, schema))
+            try:
+                rows = together.merged(m, events.filter(pc.equal(of, m.tid)), types, schema)
+                if rows is None:
+                    continue
+                target.path.parent.mkdir(parents=True, exist_ok=True)
+                result.bytes_written = target.write_frames(together.batch_of(m, rows, schema))
+            except Exception as exc:
+                if isinstance(exc, PgrecvError) or no_space(exc):
+                    raise
+                continue  # (its current files unreadable, say): the per-table replay applies it or says why
             result.version = target.version
             result.applied_lsn = lsn_str(m.facts["position"])
             results.append(result)
@@ -403,6 +414,20 @@ def run_frames(
                 result.error = exc.message
                 with lock:
                     failures.append(f"{s}.{t}: {exc.message}")
+            except Exception as exc:
+                # this table alone failed (a data file removed behind pgrecv's back, its catalog
+                # refusing a commit): it is held back, the others are applied. pgrecv's own errors
+                # (a lost lock) and a full device are the run's (apply.run_apply).
+                if isinstance(exc, PgrecvError) or lean_one or no_space(exc):
+                    raise
+                said = spark_failure(exc)
+                result.status = "held back"
+                result.error = (
+                    f"{'Spark failed writing it' if said else 'writing it failed'} ({said or exception_line(exc)}): it "
+                    "stays at its last applied position; fix the cause and run spark-apply again"
+                )
+                with lock:
+                    failures.append(f"{s}.{t}: {result.error}")
             progress.table_done(f"{s}.{t}")
             if after_table is not None:
                 try:
