@@ -28,6 +28,7 @@ from pgrecv.errors import InputError, UsageError
 from pgrecv.output.store import SCHEMES, StoreURL, is_store_url
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyarrow.fs import FileInfo, FileSystem
     from pyarrow.parquet import FileMetaData
     from pyspark.sql import SparkSession
@@ -224,16 +225,42 @@ def use_conf(conf: dict[str, str]) -> None:
     _run_fs.clear()
 
 
+def _on_run_fs(path: str) -> tuple[str, FileSystem | None]:
+    """A table file's path as pyarrow takes it: a local path as it is (no file system), an
+    ``s3a://``/``s3://`` URL as its bucket and key on the run's store."""
+    if not path.startswith(SCHEMES):
+        return path, None
+    if not _run_fs:
+        _run_fs.append(filesystem(_run))
+    return path.split("://", 1)[1], _run_fs[0]
+
+
 def parquet_metadata(path: str) -> FileMetaData:
     """A Parquet file's footer, read by the driver: a local path, or an ``s3a://``/``s3://`` URL
     (a table file Spark's catalog names), through pyarrow as the run's settings say."""
     import pyarrow.parquet as pq
 
-    if not path.startswith(SCHEMES):
-        return pq.read_metadata(path)
-    if not _run_fs:
-        _run_fs.append(filesystem(_run))
-    return pq.read_metadata(path.split("://", 1)[1], filesystem=_run_fs[0])
+    where, fs = _on_run_fs(path)
+    return pq.read_metadata(where) if fs is None else pq.read_metadata(where, filesystem=fs)
+
+
+def data_bytes(paths: list[str]) -> int:
+    """The size of table files (local paths or store URLs, as :func:`parquet_metadata` takes them)."""
+    total = 0
+    for p in paths:
+        where, fs = _on_run_fs(p)
+        total += os.path.getsize(where) if fs is None else int(fs.get_file_info(where).size or 0)
+    return total
+
+
+def read_parquet(paths: list[str]) -> pa.Table:
+    """Table files read whole by the driver (local paths or store URLs, not mixed)."""
+    import pyarrow.parquet as pq
+
+    if not paths:
+        raise ValueError("no files")
+    located = [_on_run_fs(p) for p in paths]
+    return pq.read_table([w for w, _ in located], filesystem=located[0][1])
 
 
 def delta_location(path: Path | StorePath) -> tuple[str, dict[str, str] | None]:

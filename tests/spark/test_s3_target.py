@@ -334,11 +334,14 @@ def test_delta_rs_commits_on_the_store_conflict_instead_of_overwriting(s3_server
     assert final.to_pyarrow_table().to_pylist() == [{"a": 2}]
 
 
-def test_many_small_tables_onto_s3(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
-    """Small batches onto several existing tables (the shape of a whole database's OLTP stream),
-    which on a local disk are merged in one group by the driver (pgrecv/spark/engine/together.py):
-    on S3 each is applied on its own, and every table holds its rows. (The group's merge read the
-    current files as local ones: bench/spark_apply.py --tables 50 --target-s3 stopped on it.)"""
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+def test_many_small_tables_onto_s3(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path, fmt: str) -> None:
+    """Small batches onto several existing tables (the shape of a whole database's OLTP stream) are
+    merged in one group by the driver (pgrecv/spark/engine/together.py), on a store as on a local
+    disk: their current files read through pyarrow's S3 file system, each table's new file
+    written there and committed by its writer; every table holds its rows. (The group's merge
+    once read the current files as local ones: bench/spark_apply.py --tables 50 --target-s3
+    stopped on it.)"""
     from tests.spark.test_engine import _insert, _rel, _txn, _write
 
     names = [f"t{i}" for i in range(3)]
@@ -352,9 +355,15 @@ def test_many_small_tables_onto_s3(s3_server: S3Server, s3a_jars_conf: str, tmp_
     bucket = s3_server.bucket()
     lake = f"s3://{bucket}/lake"
     for f in (first, second):
-        proc = apply_s3(s3_server, s3a_jars_conf, [str(f)], lake, "--format", "delta")
+        proc = apply_s3(s3_server, s3a_jars_conf, [str(f)], lake, "--format", fmt)
         assert proc.returncode == 0, err(proc)
+    assert orjson.loads(proc.stdout)["tables_grouped"] == len(names)  # (the second run: onto existing tables)
+    copy = tmp_path / "copy"
+    download(s3_server, bucket, "lake", copy)
     for n in names:
-        table = f"{lake}/{table_dir_name('public', n)}"
-        got = deltalake.DeltaTable(table, storage_options=_storage(s3_server)).to_pyarrow_table().to_pylist()
+        path = copy / table_dir_name("public", n)
+        if fmt == "delta":
+            got = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+        else:
+            got = read_parquet_on_s3(s3_server, bucket, f"lake/{table_dir_name('public', n)}")
         assert sorted(r["id"] for r in got) == [1, 2], n

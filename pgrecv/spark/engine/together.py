@@ -8,7 +8,9 @@ the last event per (table, key), and converts every value by its column's type w
 replay's own conversion (:func:`pgrecv.spark.replay.convert.scalar`), once per distinct type of
 the group, not once per table. The driver then takes those final events as Arrow, and for each
 table merges them with its current rows (at most :data:`ROWS` of them) and commits one new file
-through the table's writer, as any batch (:class:`pgrecv.spark.tables.Batch` ``arrow``).
+through the table's writer, as any batch (:class:`pgrecv.spark.tables.Batch` ``arrow``). On a
+store the driver reads the current files through pyarrow's S3 file system with the run's
+settings (:func:`pgrecv.spark.stores.read_parquet`).
 
 A table comes here only when nothing of its batch needs the per-table replay: latest mode, a
 key whose values PostgreSQL prints one way only (so that texts compare as values), no TRUNCATE,
@@ -19,7 +21,6 @@ back to the per-table replay, which names it as always.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,10 +31,10 @@ from pgrecv.spark.read.envelope import JSON_LIMITS
 from pgrecv.spark.replay import committed as rp
 from pgrecv.spark.replay import events as rev
 from pgrecv.spark.replay.convert import scalar
-from pgrecv.spark.stores import StorePath
+from pgrecv.spark.stores import data_bytes, read_parquet
 from pgrecv.spark.tables import Batch, mode_of
 from pgrecv.spark.tables.delta import DeltaRsTable
-from pgrecv.spark.tables.parquet import ParquetTable
+from pgrecv.spark.tables.parquet import ParquetStoreTable, ParquetTable
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -70,9 +71,8 @@ def fits(plan: TablePlan, target: Table, facts: dict[str, Any], config: ApplyCon
     """Whether a table's batch can be replayed with the group's."""
     if config.mode != "latest" or config.bad_values != "fail" or plan.append_only or plan.full:
         return False
-    if not isinstance(target, ParquetTable | DeltaRsTable) or mode_of(target) not in (None, "latest"):
-        return False
-    if isinstance(target.path, StorePath):  # the group's merge reads current files as local ones
+    writers = (ParquetTable, ParquetStoreTable, DeltaRsTable)  # (on a local disk or a store)
+    if not isinstance(target, writers) or mode_of(target) not in (None, "latest"):
         return False
     if facts.get("lean") or facts["truncate_at"] is not None or facts["toast"] or facts["truncate"]:
         return False
@@ -85,7 +85,7 @@ def fits(plan: TablePlan, target: Table, facts: dict[str, Any], config: ApplyCon
     if target.version is None:
         return True
     files = target.data_files()
-    return sum(os.path.getsize(f) for f in files) <= CURRENT_BYTES and target.row_count(above=ROWS) <= ROWS
+    return data_bytes(files) <= CURRENT_BYTES and target.row_count(above=ROWS) <= ROWS
 
 
 def groups(members: list[Member]) -> list[list[Member]]:
@@ -207,7 +207,6 @@ def merged(member: Member, events: pa.Table, types: list[ColumnType], schema: pa
     touch, and the events' upserts), sorted by key; None when its events show a problem (the
     per-table replay then reports it)."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     plan = member.plan
     if events.num_rows == 0:
@@ -228,7 +227,7 @@ def merged(member: Member, events: pa.Table, types: list[ColumnType], schema: pa
     upserts = rows.filter(pc.equal(events.column("kind"), "U"))
     files = member.target.data_files()
     if files:
-        current = pq.read_table(files, schema=None)
+        current = read_parquet(files)  # (local, or on the target's store)
         have = current.column_names  # a column added since a file was written reads as NULL
         current = pa.table(
             {
