@@ -464,10 +464,12 @@ def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
 ) -> None:
     """Issue 58's kill and concurrency tests for Iceberg with every path on the S3 server: SOURCE,
     the warehouse (Iceberg's JDBC catalog in PostgreSQL) and --target (pgrecv's lock). While
-    another process holds the target, a run is refused in one line (exit 8) and commits nothing; a
-    run SIGKILLed once its batch has written a new metadata object (before or after the catalog's
-    swap), then a run to the end: every table equals the truth, read by pyiceberg from the
-    metadata the catalog names."""
+    another process holds the target, a run is refused in one line (exit 8) and makes nothing; a
+    run SIGKILLed once it wrote its first metadata object (a table made, before or after the
+    catalog points to it), then a run to the end: every table equals the truth, read by pyiceberg
+    from the metadata the catalog names. (A run killed in a MERGE: the Hadoop catalog's kill test
+    above; a JDBC catalog's commit is one SQL statement. A first run here as well took 347 s of CI
+    beside the other tests, 2026-12-06.)"""
     import psycopg
 
     gen = Gen(7, tables=3)  # (6 tables took 370 s beside another test)
@@ -484,6 +486,8 @@ def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
 
     def pointers() -> dict[tuple[str, str], str]:
         with psycopg.connect(newest_tcp_dsn) as conn:
+            if conn.execute("SELECT to_regclass('iceberg_tables')").fetchone() == (None,):
+                return {}  # (the catalog makes its tables when a run first loads it)
             got = conn.execute(
                 "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = %s",
                 (name,),
@@ -494,15 +498,10 @@ def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="warehouse/")
         return sum(o["Key"].endswith(".metadata.json") for page in pages for o in page.get("Contents", []))
 
-    first = subprocess.run([*cmd, urls[0]], env=env, capture_output=True, timeout=600, check=False)
-    assert first.returncode == 0, first.stderr.decode(errors="replace")[-4000:]
-    applied = pointers()
-    assert applied and all(loc.startswith(f"s3a://{bucket}/warehouse/") for loc in applied.values()), applied
-
     with held_target(target, s3_server.env):
         busy = subprocess.run([*cmd, *urls], env=env, capture_output=True, timeout=600, check=False)
     assert_busy(busy)
-    assert pointers() == applied  # the refused run committed nothing
+    assert pointers() == {} and metadata_objects() == 0  # the refused run made nothing
 
     before = metadata_objects()
     proc = subprocess.Popen(
@@ -518,6 +517,7 @@ def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
     assert last.returncode == 0, last.stderr.decode(errors="replace")[-4000:]
     assert not orjson.loads(last.stdout)["warnings"]
     found = pointers()
+    assert found and all(loc.startswith(f"s3a://{bucket}/warehouse/") for loc in found.values()), found
     truth = gen.truth()
     for t in gen.tables:
         loc = found.get((t.schema, t.name))
