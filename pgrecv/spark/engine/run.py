@@ -74,6 +74,13 @@ _ENGINES = {
 }
 
 
+def _its_own(exc: Exception) -> bool:
+    """Whether a failure is one table's alone (a data file removed behind pgrecv's back, its
+    catalog refusing a commit): that table is held back and the others are applied. pgrecv's own
+    errors (a lost lock) and a full device are the run's (apply.run_apply)."""
+    return not isinstance(exc, PgrecvError) and not no_space(exc)
+
+
 def run_together(
     changes: DataFrame,
     todo: list[tuple[str, str]],
@@ -109,7 +116,7 @@ def run_together(
         try:
             fits = together.fits(plan, target, f, config)
         except Exception as exc:
-            if isinstance(exc, PgrecvError) or no_space(exc):
+            if not _its_own(exc):
                 raise
             continue  # (its current files unreadable, say): the per-table replay applies it or says why
         if fits:
@@ -135,9 +142,9 @@ def run_together(
                 target.path.parent.mkdir(parents=True, exist_ok=True)
                 result.bytes_written = target.write_frames(together.batch_of(m, rows, schema))
             except Exception as exc:
-                if isinstance(exc, PgrecvError) or no_space(exc):
+                if not _its_own(exc):
                     raise
-                continue  # (its current files unreadable, say): the per-table replay applies it or says why
+                continue  # the per-table replay applies it or says why
             result.version = target.version
             result.applied_lsn = lsn_str(m.facts["position"])
             results.append(result)
@@ -415,10 +422,7 @@ def run_frames(
                 with lock:
                     failures.append(f"{s}.{t}: {exc.message}")
             except Exception as exc:
-                # this table alone failed (a data file removed behind pgrecv's back, its catalog
-                # refusing a commit): it is held back, the others are applied. pgrecv's own errors
-                # (a lost lock) and a full device are the run's (apply.run_apply).
-                if isinstance(exc, PgrecvError) or lean_one or no_space(exc):
+                if lean_one or not _its_own(exc):
                     raise
                 said = spark_failure(exc)
                 result.status = "held back"
