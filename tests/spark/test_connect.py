@@ -98,10 +98,8 @@ def test_connect_writes_iceberg_on_s3(
     snapshot records the applied position through the session setting Iceberg reads, so the
     tables are the truth, a re-run changes nothing, and pyiceberg reads the position back from
     the metadata the catalog names."""
-    import psycopg
-
     from tests.spark.test_differential import _expected
-    from tests.spark.test_iceberg import canon_rows, jdbc_catalog, read_iceberg, s3_io
+    from tests.spark.test_iceberg import canon_rows, catalog_pointers, jdbc_catalog, read_iceberg, s3_io
 
     gen, files = stream
     bucket = s3_server.bucket()
@@ -119,12 +117,7 @@ def test_connect_writes_iceberg_on_s3(
     apply(urls[:1])  # a first run creates the tables; the second merges into them
     summary = apply(urls)
     assert summary["engine"] == "iceberg/spark"
-    with psycopg.connect(newest_tcp_dsn) as conn:
-        found = conn.execute(
-            "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = %s",
-            (name,),
-        ).fetchall()
-    pointers = {f"{ns}.{t}": loc for ns, t, loc in found}
+    pointers = {f"{ns}.{t}": loc for (ns, t), loc in catalog_pointers(newest_tcp_dsn, name).items()}
     truth = gen.truth()
     rows = 0
     for t in gen.tables:

@@ -448,6 +448,21 @@ def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     assert state == [], state
 
 
+def catalog_pointers(dsn: str, catalog: str) -> dict[tuple[str, str], str]:
+    """Each table's current metadata file, as Iceberg's JDBC catalog ``catalog`` in the PostgreSQL
+    of ``dsn`` points to it, by (namespace, table)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        if conn.execute("SELECT to_regclass('iceberg_tables')").fetchone() == (None,):
+            return {}  # (the catalog makes its tables when a run first loads it)
+        got = conn.execute(
+            "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = %s",
+            (catalog,),
+        ).fetchall()
+    return {(ns, t): loc for ns, t, loc in got}
+
+
 def s3_io(s3_server: Any) -> dict[str, str]:
     """pyiceberg's settings of the tests' S3 server."""
     env = s3_server.env
@@ -470,7 +485,6 @@ def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
     from the metadata the catalog names. (A run killed in a MERGE: the Hadoop catalog's kill test
     above; a JDBC catalog's commit is one SQL statement. A first run here as well took 347 s of CI
     beside the other tests, 2026-12-06.)"""
-    import psycopg
 
     gen = Gen(7, tables=3)  # (6 tables took 370 s beside another test)
     files = _files(gen.run(40), tmp_path, 40)
@@ -485,14 +499,7 @@ def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
     client = s3_server.client()
 
     def pointers() -> dict[tuple[str, str], str]:
-        with psycopg.connect(newest_tcp_dsn) as conn:
-            if conn.execute("SELECT to_regclass('iceberg_tables')").fetchone() == (None,):
-                return {}  # (the catalog makes its tables when a run first loads it)
-            got = conn.execute(
-                "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = %s",
-                (name,),
-            ).fetchall()
-        return {(ns, t): loc for ns, t, loc in got}
+        return catalog_pointers(newest_tcp_dsn, name)
 
     def metadata_objects() -> int:
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="warehouse/")
