@@ -33,7 +33,7 @@ from pgrecv.cli.options import (
 )
 from pgrecv.errors import ExitCode, PgrecvError, Unhealthy, UsageError
 from pgrecv.lsn import LSN
-from pgrecv.pg.conn import ConnOptions, redact, translate
+from pgrecv.pg.conn import ConnOptions, redact, remember_environment_secrets, translate
 
 
 class _Group(click.Group):
@@ -722,6 +722,7 @@ def main(argv: list[str] | None = None) -> None:
         # make_context + invoke rather than cli.main: Click's main turns a broken pipe into a silent
         # exit 1, and every error here must be one line with its own exit code
         args = sys.argv[1:] if argv is None else argv
+        remember_environment_secrets()
         with cli.make_context("pgrecv", list(args)) as ctx:
             cli.invoke(ctx)
         if argv is None:  # the process is ours: a flush that fails is still this command's error

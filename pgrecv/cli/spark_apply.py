@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -17,17 +18,27 @@ from pgrecv.errors import UsageError
 _Decorated = TypeVar("_Decorated", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
-    from pgrecv.spark.model import BadValues, DeltaEngine, Format, Mode
+    from pgrecv.spark.model import BadValues, DeltaEngine, Format, Mode, Summary
+
+
+# a --conf key whose value is a secret (fs.s3a.secret.key, a JDBC catalog's password, a token...)
+_SECRET_KEY = re.compile(r"password|passwd|secret|token|credential|\.key$", re.IGNORECASE)
 
 
 def parse_conf(values: tuple[str, ...]) -> dict[str, str]:
-    """--conf KEY=VALUE options (spark-apply's and verify's) as a dict; a malformed one is a usage error."""
+    """--conf KEY=VALUE options (spark-apply's and verify's) as a dict; a malformed one is a usage
+    error. Secret values (by their key's name, or a password in a URL) are kept out of every message."""
+    from pgrecv.pg.conn import remember_secret, remember_secrets
+
     out = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--conf {item!r}: expected key=value, e.g. spark.executor.memory=4g")
         out[key.strip()] = value
+        if _SECRET_KEY.search(key):
+            remember_secret(value)
+        remember_secrets(value)
     return out
 
 
@@ -196,6 +207,7 @@ def _spark_apply(
     finally:
         if progress is not None:
             progress.stop()
+    summary = redacted(summary)
     if as_json:
         import orjson
 
@@ -213,6 +225,17 @@ def _spark_apply(
             click.echo(f"pgrecv: error: {t.error}", err=True)
         others = "the others are applied" if len(held) < len(summary.tables) else "no other table had changes"
         raise PartlyApplied(f"{held[0].error} ({len(held)} of {len(summary.tables)} tables held back; {others})")
+
+
+def redacted(summary: Summary) -> Summary:
+    """``summary`` with no secret in a held-back table's failure (a Spark or catalog message may
+    quote a URL or a setting): it goes to --json, the table and stderr as it is."""
+    from dataclasses import replace
+
+    from pgrecv.pg.conn import redact
+
+    tables = [replace(t, error=redact(t.error)) if t.error else t for t in summary.tables]
+    return replace(summary, tables=tables)
 
 
 spark_apply: click.Command = _spark_apply  # annotated: pgrecv.cli.main imports this module at its end

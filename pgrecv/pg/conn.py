@@ -11,6 +11,7 @@ psycopg's import alone takes about 0.1 s (bench/help.py).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,24 @@ def _remember(secret: str) -> None:
     for form in {secret, unquote(secret, errors="replace"), secret.replace("\\'", "'").replace("\\\\", "\\")}:
         if len(form) >= _MIN_MASKED:
             _known.add(form)
+
+
+def remember_secret(value: str) -> None:
+    """Note a secret given some other way (a --conf value whose key names one, an environment
+    variable) so that no message shows it."""
+    _remember(value)
+
+
+# secrets libpq and AWS's SDKs (delta-rs, pyarrow, Hadoop's S3A provider chain) take from the environment
+SECRET_VARIABLES = ("PGPASSWORD", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def remember_environment_secrets() -> None:
+    """Note the secrets of :data:`SECRET_VARIABLES`: a store's or a catalog's message may quote them."""
+    for name in SECRET_VARIABLES:
+        value = os.environ.get(name)
+        if value:
+            _remember(value)
 
 
 def remember_secrets(conninfo: str | None) -> None:

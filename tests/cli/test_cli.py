@@ -298,3 +298,31 @@ def test_a_runs_quiet_and_verbose_end_with_it() -> None:
     with pytest.raises(SystemExit):  # a run that ends in an error, after its options were taken
         main(["slots", "-q", "-d", "dbname=x host=/nonexistent"])
     assert (options.STATE.verbose, options.STATE.quiet) == (0, False)
+
+
+@pytest.mark.parametrize(
+    ("conf", "secret"),
+    [
+        ("spark.hadoop.fs.s3a.secret.key=AbcSecret1", "AbcSecret1"),
+        ("spark.sql.catalog.c.jdbc.password=Hunter-22", "Hunter-22"),
+        ("spark.sql.catalog.c.token=tok_9f8e7d", "tok_9f8e7d"),
+        ("spark.sql.catalog.c.uri=jdbc:postgresql://db/cat?user=u&password=UrlPw77", "UrlPw77"),
+    ],
+)
+def test_a_secret_given_with_conf_is_masked_in_messages(conf: str, secret: str) -> None:
+    """A Spark or catalog message may quote a setting: the value of a --conf key that names a
+    secret, or a password inside a URL, never reaches the user's terminal or --json."""
+    from pgrecv.cli.spark_apply import parse_conf
+    from pgrecv.pg.conn import redact
+
+    assert parse_conf((conf,))[conf.partition("=")[0]] == conf.partition("=")[2]  # the job gets it as given
+    masked = redact(f"failed: {conf.partition('=')[2]} (said the catalog)")
+    assert secret not in masked and "********" in masked, masked
+
+
+def test_an_ordinary_conf_value_is_not_masked() -> None:
+    from pgrecv.cli.spark_apply import parse_conf
+    from pgrecv.pg.conn import redact
+
+    parse_conf(("spark.sql.shuffle.partitions=Partitions64",))
+    assert redact("Partitions64 partitions") == "Partitions64 partitions"

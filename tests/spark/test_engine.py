@@ -1024,7 +1024,9 @@ def test_a_table_whose_write_fails_is_held_back_alone(
     line naming the failure, exit 15, no traceback; the other table is applied. The held-back one
     stays at its position, and is applied by the run after its file is back. (Before: a Java or
     Python stack, exit 1, and no summary; Iceberg's JDBC catalog failing a commit was another
-    such case.) Both ways a small table takes: grouped with others (engine/together.py) or alone."""
+    such case.) Both ways a small table takes: grouped with others (engine/together.py) or alone.
+    The failure quotes the file's path, which holds a secret given with --conf: the table's error
+    in --json and stderr show it masked."""
     import shutil
 
     monkeypatch.setenv("PGRECV_SPARK_TOGETHER", "1" if together else "0")
@@ -1036,7 +1038,8 @@ def test_a_table_whose_write_fails_is_held_back_alone(
     first = _write(tmp_path / "a.jsonl", head + _txn("0/100", inserts))
     updates = [_change("update", t, "0/200", f"0/1{j}0", '{"id":1,"x":"b"}', None) for j, t in enumerate(names)]
     second = _write(tmp_path / "b.jsonl", head + _txn("0/200", updates))
-    target = tmp_path / "lake"
+    secret = "Sekr1t-k3y"  # (a key in a path is a user's mistake; Spark and catalog messages quote settings too)
+    target = tmp_path / f"lake-{secret}"
     assert pgrecv_here("spark-apply", str(first), "--target", str(target), "--format", "delta").returncode == 0
     bad = target / table_dir_name("public", "bad")
     aside = tmp_path / "aside"
@@ -1047,10 +1050,15 @@ def test_a_table_whose_write_fails_is_held_back_alone(
         (aside / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.move(bad / rel, aside / rel)
 
-    proc = pgrecv_here("spark-apply", str(first), str(second), "--target", str(target), "--format", "delta", "--json")
+    proc = pgrecv_here(
+        "spark-apply", str(first), str(second), "--target", str(target), "--format", "delta", "--json",
+        "--conf", f"spark.hadoop.fs.s3a.secret.key={secret}",
+    )  # fmt: skip
     err = proc.stderr.decode()
     assert proc.returncode == 15 and "Traceback" not in err, err
     tables = {t["table"]: t for t in orjson.loads(proc.stdout)["tables"]}
+    assert secret not in err and "lake-********" in err, err  # (the summary's "target" is the path as given)
+    assert secret not in tables["public.bad"]["error"] and "lake-********" in tables["public.bad"]["error"], tables
     assert tables["public.good"]["status"] == "applied"
     assert tables["public.bad"]["status"] == "held back", tables
     assert "it stays at its last applied position" in tables["public.bad"]["error"], tables
