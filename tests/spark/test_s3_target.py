@@ -155,7 +155,8 @@ def test_the_generated_stream_from_s3_onto_s3_equals_the_local_run(
     assert_same_tables(gen, copy, local, fmt, "a run onto S3")
 
 
-def test_a_target_on_s3_is_one_run_at_a_time(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])  # (Iceberg's: test_iceberg's S3 kill test)
+def test_a_target_on_s3_is_one_run_at_a_time(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path, fmt: str) -> None:
     """A run that finds the lock held by a live run is refused in one line (exit code 8: the target
     cannot be written), naming the holder; nothing is written."""
     bucket = s3_server.bucket()
@@ -163,7 +164,7 @@ def test_a_target_on_s3_is_one_run_at_a_time(s3_server: S3Server, s3a_jars_conf:
     f = tmp_path / "0000000000000010-0000000000000020.jsonl"
     f.write_bytes(b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n')
     with held_target(lake, s3_server.env) as holder:
-        proc = apply_s3(s3_server, s3a_jars_conf, [str(f)], lake, "--format", "delta")
+        proc = apply_s3(s3_server, s3a_jars_conf, [str(f)], lake, "--format", fmt)
     assert proc.returncode == ExitCode.OUTPUT, err(proc)
     lines = err(proc).strip().splitlines()
     assert len(lines) == 1 and f"{lake}: another spark-apply run is applying" in lines[0], lines
@@ -251,10 +252,10 @@ def test_a_prepared_transaction_waits_on_the_store_for_its_outcome(
     assert carried() == []
 
 
-# Parquet: its pointer protocol is pgrecv's own; Delta's commit is delta-rs's (test_kill kills it
-# locally; its store writes are the conflict test below), and a killed run's lock is test_targets'
+# Parquet's pointer protocol is pgrecv's own; Delta's commit is delta-rs's conditional write (its
+# refusal to overwrite is also shown alone below); Iceberg's is test_iceberg's S3 kill test
 @pytest.mark.newest_server  # the subject is the writer's atomicity on the store, not the server
-@pytest.mark.parametrize("fmt", ["parquet"])
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
 def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
     db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, spark: Any, tmp_path: Path, fmt: str
 ) -> None:
