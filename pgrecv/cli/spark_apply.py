@@ -140,7 +140,8 @@ def _spark_apply(
 ) -> None:
     """Apply JSONL change files to Delta, Parquet or Iceberg tables with Spark, exactly and idempotently.
 
-    SOURCE: files, globs or `pgrecv start --output-dir` directories (finalised files only).
+    SOURCE: files, globs or `pgrecv start --output-dir` directories (finalised files only), also
+    on an object store (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX).
     Each table goes to PATH/SCHEMA.TABLE. Re-running on the same files changes nothing; a run
     killed at any moment and run again ends with the exact tables. Exit codes: 0 done, 15 partly
     applied (tables held back, each named; the others applied), 9 bad input (file:line named), 8

@@ -59,8 +59,9 @@ def run_apply(
             if on_store or any(is_store_source(s) for s in config.sources):
                 conf = stores.session_conf(conf)  # (a fixed session takes the runtime ones)
             spark = start_session(config.master, conf, remote=config.remote)
-        if spark is not None and has_input and (on_store or any(isinstance(f, StoreFile) for f in files)):
-            stores.check_session(spark)
+        schemes = {f.scheme for f in files if isinstance(f, StoreFile)} | ({"s3"} if on_store else set())
+        if spark is not None and has_input and schemes:
+            stores.check_session(spark, schemes)
         from pgrecv.spark.engine.run import run_frames
 
         try:

@@ -78,12 +78,17 @@ def data_file_url(name: str) -> str:
     return file_url(Path(name))
 
 
+# the URL schemes Spark reads a store's objects with (stores.StoreFile.spark_url)
+_SPARK_STORES = ("s3a://", "gs://")
+
+
 def spelling(spark: SparkSession, url: str) -> str:
-    """How Spark's ``_metadata.file_path`` spells the file at ``url``: ``file:`` (or ``s3a://BUCKET``)
-    and the URI's raw path."""
-    if url.startswith("s3a://"):
-        bucket, _, key = url[len("s3a://") :].partition("/")
-        return f"s3a://{bucket}" + java_raw_path("/" + key)
+    """How Spark's ``_metadata.file_path`` spells the file at ``url``: ``file:`` (or ``s3a://BUCKET``,
+    ``gs://BUCKET``) and the URI's raw path."""
+    store = next((s for s in _SPARK_STORES if url.startswith(s)), None)
+    if store is not None:
+        bucket, _, key = url[len(store) :].partition("/")
+        return f"{store}{bucket}" + java_raw_path("/" + key)
     assert url.startswith("file://")
     return "file:" + java_raw_path(url[len("file://") :])
 
@@ -113,7 +118,7 @@ def local_path(uri: str) -> str:
     user named it (``s3://…``)."""
     from urllib.parse import unquote
 
-    if uri.startswith("s3a://"):
+    if uri.startswith(_SPARK_STORES):
         url = unquote(uri)
         return _REAL_NAMES.get(url, url)
     path = uri[5:] if uri.startswith("file:") else uri

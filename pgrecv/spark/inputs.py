@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -15,6 +15,9 @@ from pgrecv.errors import InputError
 from pgrecv.output.files import MANIFEST_SUFFIX, SNAPSHOT_FILE_RE, TMP_PREFIX, is_record_file
 from pgrecv.spark import stores
 from pgrecv.spark.stores import SourceFile, StoreDir, is_store_source
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
 
 # one half of an LSN: plain hex digits only (int(x, 16) alone would take "-5", "0x10" and "1_0")
 _half = re.compile(r"[0-9A-Fa-f]{1,8}\Z").match
@@ -48,12 +51,11 @@ def expand_sources(sources: Iterable[str], conf: dict[str, str] | None = None) -
             seen.add(key)
             out.append(path)
 
-    fs = None
+    made: dict[str, FileSystem] = {}
     for source in sources:
         if is_store_source(source):
             stores.check_scheme(source)
-            fs = fs or stores.filesystem(conf or {})
-            found = stores.expand(source, fs)
+            found = stores.expand(source, stores.filesystem_for(source, conf or {}, made))
             if isinstance(found, StoreDir):
                 found = [
                     f for f in stores.listing(found, source) if not f.name.startswith(".") and is_record_file(f.name)
@@ -102,11 +104,10 @@ def ignored_in_directories(sources: Iterable[str], conf: dict[str, str] | None =
     take (a ``changes.jsonl`` of `pgrecv peek -f`, say): the run would otherwise say "0 files"
     and exit 0, as if there were nothing to apply."""
     out = []
-    fs = None
+    made: dict[str, FileSystem] = {}
     for source in sources:
         if is_store_source(source):
-            fs = fs or stores.filesystem(conf or {})
-            found = stores.expand(source, fs)
+            found = stores.expand(source, stores.filesystem_for(source, conf or {}, made))
             if not isinstance(found, StoreDir):
                 continue
             where, listed = str(found), [f.name for f in stores.listing(found, source)]

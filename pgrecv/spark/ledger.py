@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -35,6 +35,9 @@ from pgrecv.spark.inputs import parse_lsn
 from pgrecv.spark.model import ApplyConfig, Summary
 from pgrecv.spark.stores import SourceFile, is_store_source
 from pgrecv.spark.targets import Target, target_of
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
 
 LEDGER = "applied.json"
 VERSION = 1
@@ -109,11 +112,10 @@ def save(target: Target, ledger: Ledger) -> None:
 def _source_dirs(config: ApplyConfig) -> set[str]:
     """The SOURCE arguments that are directories (or prefixes of an object store), as files' parents spell them."""
     out = set()
-    fs = None
+    made: dict[str, FileSystem] = {}
     for s in config.sources:
         if is_store_source(s):
-            fs = fs or stores.filesystem(config.conf)
-            found = stores.expand(s, fs)
+            found = stores.expand(s, stores.filesystem_for(s, config.conf, made))
             if isinstance(found, stores.StoreDir):
                 out.add(str(found))
         elif Path(s).is_dir():

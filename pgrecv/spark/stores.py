@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -39,14 +41,39 @@ _HADOOP: Final = "spark.hadoop.fs.s3a."
 is_store_source = is_store_url  # a SOURCE on an object store: any ``scheme://`` but ``file://``
 
 
+GCS: Final = "gs://"  # Google Cloud Storage: a SOURCE only (a target's lock needs S3's conditional writes)
+GCS_CLASS: Final = "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem"
+GCS_PACKAGE: Final = "com.google.cloud.bigdataoss:gcs-connector:4.0.4 (classifier shaded)"
+_GCS_HADOOP: Final = "spark.hadoop.fs.gs."
+
+
+def scheme_of(text: str) -> str:
+    """``s3`` (``s3://``, ``s3a://``) or ``gs``: the store a URL names."""
+    return "gs" if text.startswith(GCS) else "s3"
+
+
 def check_scheme(text: str, what: str = "SOURCE") -> None:
-    if not text.startswith(SCHEMES):
+    if not text.startswith(SCHEMES + ((GCS,) if what == "SOURCE" else ())):
         scheme = text.split("://", 1)[0]
+        takes = "s3:// and s3a:// (any S3-compatible store)" + (" and gs://" if what == "SOURCE" else "")
         raise UsageError(
-            f"{what} {text}: spark-apply takes s3:// and s3a:// (any S3-compatible store); {scheme}:// is not "
-            "supported yet: "
+            f"{what} {text}: spark-apply takes {takes}; {scheme}:// is not supported yet: "
             + ("copy the files to S3 or to a local path" if what == "SOURCE" else "use S3 or a local path")
         )
+
+
+def parse_source(text: str) -> tuple[str, str, str]:
+    """A store SOURCE's scheme (:func:`scheme_of`), bucket and prefix (no slash at either end)."""
+    if not text.startswith(GCS):
+        url = StoreURL.parse(text)
+        return "s3", url.bucket, url.prefix
+    bucket, _, prefix = text[len(GCS) :].partition("/")
+    if not _GCS_BUCKET_RE.fullmatch(bucket):
+        raise UsageError(f"{text}: {bucket!r} is not a Cloud Storage bucket name: give gs://BUCKET/PREFIX")
+    return "gs", bucket, prefix.strip("/")
+
+
+_GCS_BUCKET_RE: Final = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 
 
 @dataclass(frozen=True)
@@ -54,32 +81,40 @@ class _Stat:
     st_size: int
 
 
+# what Spark reads a store's objects as: Hadoop's S3A connector for S3, Google's connector for gs://
+_SPARK_SCHEME: Final = {"s3": "s3a", "gs": "gs"}
+
+
 @dataclass(frozen=True)
 class StoreDir:
-    """A prefix of a bucket (no slash at either end; '' for the bucket's top)."""
+    """A prefix of a bucket (no slash at either end; '' for the bucket's top) on store ``scheme``."""
 
     bucket: str
     prefix: str
     fs: FileSystem = field(compare=False, repr=False)
+    scheme: str = "s3"
 
     def resolve(self) -> StoreDir:
         return self
 
     def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        top = f"{self.scheme}://{self.bucket}"
+        return f"{top}/{self.prefix}" if self.prefix else top
 
     def file(self, name: str, size: int = -1) -> StoreFile:
-        return StoreFile(self.bucket, f"{self.prefix}/{name}" if self.prefix else name, size, self.fs)
+        key = f"{self.prefix}/{name}" if self.prefix else name
+        return StoreFile(self.bucket, key, size, self.fs, self.scheme)
 
 
 @dataclass(frozen=True)
 class StoreFile:
-    """An object ``s3://BUCKET/KEY`` of ``size`` bytes (-1: not listed)."""
+    """An object ``SCHEME://BUCKET/KEY`` of ``size`` bytes (-1: not listed)."""
 
     bucket: str
     key: str
     size: int
     fs: FileSystem = field(compare=False, repr=False)
+    scheme: str = "s3"
 
     @property
     def name(self) -> str:
@@ -87,12 +122,12 @@ class StoreFile:
 
     @property
     def parent(self) -> StoreDir:
-        return StoreDir(self.bucket, self.key.rpartition("/")[0], self.fs)
+        return StoreDir(self.bucket, self.key.rpartition("/")[0], self.fs, self.scheme)
 
     @property
     def spark_url(self) -> str:
-        """What Spark reads it as: Hadoop's S3A connector's URL (the key as it is: Hadoop's Path quotes it)."""
-        return f"s3a://{self.bucket}/{self.key}"
+        """What Spark reads it as: its Hadoop connector's URL (the key as it is: Hadoop's Path quotes it)."""
+        return f"{_SPARK_SCHEME[self.scheme]}://{self.bucket}/{self.key}"
 
     def resolve(self) -> StoreFile:
         return self
@@ -119,7 +154,7 @@ class StoreFile:
         return f"{self.bucket}/{self.key}"
 
     def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
+        return f"{self.scheme}://{self.bucket}/{self.key}"
 
 
 # what the read path takes: a local file or an object
@@ -192,6 +227,34 @@ def filesystem(conf: dict[str, str]) -> FileSystem:
     if st.key and st.secret:
         kwargs["access_key"], kwargs["secret_key"] = st.key, st.secret
     return pafs.S3FileSystem(**kwargs)
+
+
+def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
+    """pyarrow's Cloud Storage file system, set up as Google's Hadoop connector is: its endpoint
+    from ``--conf spark.hadoop.fs.gs.storage.root.url`` else ``STORAGE_EMULATOR_HOST`` (the
+    variable Google's SDKs take for an emulator), anonymous where the connector is
+    (``fs.gs.auth.type=UNAUTHENTICATED``, or an emulator); else Google's default credentials."""
+    from pyarrow import fs as pafs
+
+    root = conf.get(_GCS_HADOOP + "storage.root.url") or os.environ.get("STORAGE_EMULATOR_HOST")
+    kwargs: dict[str, object] = {}
+    if root:
+        if "://" not in root:
+            root = f"http://{root}"
+        kwargs["scheme"], _, rest = root.partition("://")
+        kwargs["endpoint_override"] = rest.strip("/")
+    auth = conf.get(_GCS_HADOOP + "auth.type", "")
+    if auth.upper() == "UNAUTHENTICATED" or (not auth and os.environ.get("STORAGE_EMULATOR_HOST")):
+        kwargs["anonymous"] = True
+    return pafs.GcsFileSystem(**kwargs)
+
+
+def filesystem_for(source: str, conf: dict[str, str], made: dict[str, FileSystem]) -> FileSystem:
+    """The file system the driver lists and reads ``source`` with (one per store, kept in ``made``)."""
+    scheme = scheme_of(source)
+    if scheme not in made:
+        made[scheme] = gcs_filesystem(conf) if scheme == "gs" else filesystem(conf)
+    return made[scheme]
 
 
 def s3_client(conf: dict[str, str]) -> object:
@@ -285,7 +348,8 @@ def delta_location(path: Path | StorePath) -> tuple[str, dict[str, str] | None]:
 def session_conf(conf: dict[str, str]) -> dict[str, str]:
     """``conf`` with what Spark's S3A connector needs to reach the store the driver reaches: the
     endpoint and region of AWS's environment when ``--conf`` names none (and path-style requests
-    for an endpoint of one's own: S3-compatible servers seldom serve a bucket's host name)."""
+    for an endpoint of one's own: S3-compatible servers seldom serve a bucket's host name); for
+    Google's connector, its class, and an emulator's address (STORAGE_EMULATOR_HOST)."""
     out = dict(conf)
     endpoint = _conf_or_env(conf, "endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
     if endpoint and _HADOOP + "endpoint" not in out:
@@ -294,20 +358,34 @@ def session_conf(conf: dict[str, str]) -> dict[str, str]:
     region = _conf_or_env(conf, "endpoint.region", "AWS_REGION", "AWS_DEFAULT_REGION")
     if region:
         out.setdefault(_HADOOP + "endpoint.region", region)
+    # Hadoop finds a scheme's file system in its own defaults or through its class loader's
+    # services, neither of which sees spark.jars: Google's connector is named here
+    out.setdefault(_GCS_HADOOP + "impl", GCS_CLASS)
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if emulator and _GCS_HADOOP + "storage.root.url" not in out:  # (Google's connector does not read it)
+        out[_GCS_HADOOP + "storage.root.url"] = emulator if "://" in emulator else f"http://{emulator}"
+        out.setdefault(_GCS_HADOOP + "auth.type", "UNAUTHENTICATED")
     return out
 
 
-def check_session(spark: SparkSession) -> None:
-    """Hadoop's S3A connector is in the session (else every task would fail on its first file
-    with a Java stack); a Spark Connect server's classes are its own to check."""
+def check_session(spark: SparkSession, schemes: Collection[str] = ("s3",)) -> None:
+    """The Hadoop connector of each store in ``schemes`` is in the session (else every task would
+    fail on its first file with a Java stack); a Spark Connect server's classes are its own to check."""
     from pgrecv.spark.jars import loads_class
     from pgrecv.spark.sparkops import is_connect
 
-    if not is_connect(spark) and not loads_class(spark, S3A_CLASS):
+    if is_connect(spark):
+        return
+    if "s3" in schemes and not loads_class(spark, S3A_CLASS):
         raise UsageError(
             "SOURCE on S3: Hadoop's S3A connector is not in this Spark session: give its jars (--conf "
             "spark.jars=... from `mvn -f jvm/s3a/pom.xml dependency:copy-dependencies`, or --conf "
             f"spark.jars.packages={S3A_PACKAGE})"
+        )
+    if "gs" in schemes and not loads_class(spark, GCS_CLASS):
+        raise UsageError(
+            "SOURCE on gs://: Google's Cloud Storage connector is not in this Spark session: give its jar "
+            f"(--conf spark.jars=... from `mvn -f jvm/gcs/pom.xml dependency:copy-dependencies`: {GCS_PACKAGE})"
         )
 
 
@@ -317,7 +395,8 @@ def _trouble(url: str, exc: OSError) -> InputError:
     why = " ".join(str(exc).split())
     if len(why) > 300:
         why = why[:300] + "…"
-    return InputError(f"{url}: cannot read it from the store ({why}): check the URL, AWS_ENDPOINT_URL and credentials")
+    where = "the store's endpoint" if url.startswith(GCS) else "AWS_ENDPOINT_URL"
+    return InputError(f"{url}: cannot read it from the store ({why}): check the URL, {where} and credentials")
 
 
 def expand(source: str, fs: FileSystem) -> list[StoreFile] | StoreDir:
@@ -325,17 +404,16 @@ def expand(source: str, fs: FileSystem) -> list[StoreFile] | StoreDir:
     object, or a glob in its last part); raises InputError when it names nothing."""
     from pyarrow import fs as pafs
 
-    url = StoreURL.parse(source)
-    bucket, key = url.bucket, url.prefix
+    scheme, bucket, key = parse_source(source)
     try:
         info = fs.get_file_info(f"{bucket}/{key}" if key else bucket)
         if info.type == pafs.FileType.Directory:
-            return StoreDir(bucket, key, fs)
+            return StoreDir(bucket, key, fs, scheme)
         if info.type == pafs.FileType.File:
-            return [StoreFile(bucket, key, info.size or 0, fs)]
+            return [StoreFile(bucket, key, info.size or 0, fs, scheme)]
         head, _, last = key.rpartition("/")
         if any(c in last for c in "*?["):
-            listed = listing(StoreDir(bucket, head, fs), source)
+            listed = listing(StoreDir(bucket, head, fs, scheme), source)
             return [f for f in listed if fnmatchcase(f.name, last)]
     except OSError as exc:
         raise _trouble(source, exc) from None

@@ -28,14 +28,17 @@ def apply_s3(s3: S3Server, jars: str, sources: list[str], target: Path | str, *e
     )  # fmt: skip
 
 
-def changes_to_s3(db_dsn: str, s3: S3Server, url: str, after_snapshot: Callable[[], object] | None = None) -> None:
-    """Table ``t`` made, changed and streamed to ``url`` by the real tool: `snapshot` (then
-    ``after_snapshot``, if given), then inserts, updates and deletes, then `start
-    --until-caught-up` in files of about 1 kB."""
+def changes_to_s3(
+    db_dsn: str, s3: S3Server | None, url: str, after_snapshot: Callable[[], object] | None = None
+) -> None:
+    """Table ``t`` made, changed and streamed to ``url`` (on ``s3``, or a local directory when it
+    is None) by the real tool: `snapshot` (then ``after_snapshot``, if given), then inserts,
+    updates and deletes, then `start --until-caught-up` in files of about 1 kB."""
+    env = s3.env if s3 is not None else {}
     sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
     sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
     insert_txns(db_dsn, 1, 4)
-    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", url, env=s3.env)
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", url, env=env)
     assert proc.returncode == 0, err(proc)
     if after_snapshot is not None:
         after_snapshot()
@@ -44,7 +47,7 @@ def changes_to_s3(db_dsn: str, s3: S3Server, url: str, after_snapshot: Callable[
     sql(db_dsn, "DELETE FROM t WHERE id % 5 = 0")
     proc = pgrecv(
         "start", "-d", db_dsn, "--slot", "s", "--output-dir", url, "--until-caught-up", "--rotate-size", "1kB",
-        env=s3.env,
+        env=env,
     )  # fmt: skip
     assert proc.returncode == 0, err(proc)
 
@@ -79,7 +82,7 @@ def test_what_cannot_be_read_is_one_line(s3_server: S3Server, tmp_path: Path, ca
         "no-bucket": "s3://pgrecv-no-such-bucket/p",
         "no-prefix": f"s3://{bucket}/nothing-here",
         "no-match": f"s3://{bucket}/p/*.json",
-        "other-scheme": "gs://bucket/p",
+        "other-scheme": "abfss://container@account.dfs.core.windows.net/p",
         "no-s3a-jars": f"s3://{bucket}/p",
     }[case]
     proc = pgrecv(
