@@ -126,31 +126,42 @@ def keys_frame(spark: SparkSession, key_cols: list[str], keys: list[tuple[Any, .
 
 
 @contextlib.contextmanager
-def _stderr_to(fd: int) -> Iterator[None]:
-    """The JVM launcher prints banners on fd 2, and the JVM keeps whatever fd 2 is at launch."""
+def _jvm_output_to(fd: int | None) -> Iterator[None]:
+    """The JVM launcher prints banners on fd 2, and the JVM keeps whatever fds 1 and 2 are at
+    launch: both go to ``fd`` (None: fd 1 goes where fd 2 goes). Never to pgrecv's stdout, which
+    carries its output (--json, rows): the JVM prints its own warnings there (JDK 17's unified
+    logging, such as ``[12.3s][warning][codecache] CodeCache is full``), and one such line
+    broke a --json summary in a test run."""
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(fd, 2)
+    saved = os.dup(1), os.dup(2)
+    os.dup2(saved[1] if fd is None else fd, 1)
+    if fd is not None:
+        os.dup2(fd, 2)
     try:
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 def _launch(builder: SparkSession.Builder, quiet: bool, master: str) -> SparkSession:
-    """``builder.getOrCreate()``, the launcher's banners and the JVM's stderr sent to /dev/null
-    (quiet). A launch that fails said why only there: it is tried once more with its stderr kept
-    in an unnamed temporary file (a second or two, on failure only; a JVM that starts this time
-    keeps that file as its stderr), and the reason goes into one line."""
+    """``builder.getOrCreate()``, the launcher's banners and the JVM's stdout and stderr sent to
+    /dev/null (quiet; else its stdout to stderr). A launch that fails said why only there: it is
+    tried once more with its output kept in an unnamed temporary file (a second or two, on failure
+    only; a JVM that starts this time keeps that file as its stdout and stderr), and the reason
+    goes into one line."""
     if not quiet:
         try:
-            return builder.getOrCreate()
+            with _jvm_output_to(None):
+                return builder.getOrCreate()
         except Exception as exc:  # its reason is on the user's stderr already
             raise _not_started(master, launch_reason("", exc)) from None
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        with _stderr_to(devnull):
+        with _jvm_output_to(devnull):
             return builder.getOrCreate()
     except Exception:
         pass  # tried again below, its words kept
@@ -158,7 +169,7 @@ def _launch(builder: SparkSession.Builder, quiet: bool, master: str) -> SparkSes
         os.close(devnull)
     with tempfile.TemporaryFile() as printed:
         try:
-            with _stderr_to(printed.fileno()):
+            with _jvm_output_to(printed.fileno()):
                 return builder.getOrCreate()
         except Exception as exc:
             printed.seek(0)

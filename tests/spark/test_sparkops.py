@@ -159,3 +159,23 @@ def test_a_local_sessions_scratch_space_is_private_and_its_rpc_authenticated(
     # spark-submit's JVM with its own --master (a cluster's in tests/spark/test_cluster.py)
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
     assert private_defaults(None, {}) == {}
+
+
+def test_what_the_jvm_prints_on_stdout_stays_out_of_pgrecvs(tmp_path: Path) -> None:
+    """The JVM writes its own warnings to its stdout (JDK 17's unified logging: a CI run's
+    ``[12.3s][warning][codecache] CodeCache is full`` broke a --json summary). Here it logs its
+    collector there from its first millisecond: pgrecv's stdout is still only the summary."""
+    import orjson
+
+    f = tmp_path / "0000000000000010-0000000000000020.jsonl"
+    f.write_bytes(
+        b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n{"v":1,"op":"commit","xid":1,"lsn":"0/20"}\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pgrecv", "spark-apply", str(f), "--target", str(tmp_path / "lake"), "--json",
+         "--format", "parquet", "--master", "local[1]", "--conf", "spark.driver.extraJavaOptions=-Xlog:gc:stdout"],
+        capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    lines = done.stdout.decode().splitlines()
+    assert len(lines) == 1 and orjson.loads(lines[0])["files"] == 1, lines[:5]
