@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pgrecv.errors import InputError
 from pgrecv.output.store import SCHEMES
-from pgrecv.spark.stores import SourceFile, StoreFile, StorePath
+from pgrecv.spark.stores import SPARK_SCHEMES, SourceFile, StoreFile, StorePath
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
@@ -79,7 +79,7 @@ def data_file_url(name: str) -> str:
 
 
 # the URL schemes Spark reads a store's objects with (stores.StoreFile.spark_url)
-_SPARK_STORES = ("s3a://", "gs://")
+_SPARK_STORES = tuple(f"{s}://" for s in SPARK_SCHEMES.values())
 
 
 def spelling(spark: SparkSession, url: str) -> str:

@@ -82,7 +82,7 @@ class _Stat:
 
 
 # what Spark reads a store's objects as: Hadoop's S3A connector for S3, Google's connector for gs://
-_SPARK_SCHEME: Final = {"s3": "s3a", "gs": "gs"}
+SPARK_SCHEMES: Final = {"s3": "s3a", "gs": "gs"}
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class StoreFile:
     @property
     def spark_url(self) -> str:
         """What Spark reads it as: its Hadoop connector's URL (the key as it is: Hadoop's Path quotes it)."""
-        return f"{_SPARK_SCHEME[self.scheme]}://{self.bucket}/{self.key}"
+        return f"{SPARK_SCHEMES[self.scheme]}://{self.bucket}/{self.key}"
 
     def resolve(self) -> StoreFile:
         return self
