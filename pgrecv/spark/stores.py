@@ -368,6 +368,13 @@ def session_conf(conf: dict[str, str]) -> dict[str, str]:
     return out
 
 
+# each store's Hadoop connector: its class, what the user calls it, its pom, and another way to get it
+_CONNECTORS: Final = {
+    "s3": (S3A_CLASS, "SOURCE on S3: Hadoop's S3A connector", "s3a", f"or --conf spark.jars.packages={S3A_PACKAGE}"),
+    "gs": (GCS_CLASS, "SOURCE on gs://: Google's Cloud Storage connector", "gcs", GCS_PACKAGE),
+}
+
+
 def check_session(spark: SparkSession, schemes: Collection[str] = ("s3",)) -> None:
     """The Hadoop connector of each store in ``schemes`` is in the session (else every task would
     fail on its first file with a Java stack); a Spark Connect server's classes are its own to check."""
@@ -376,17 +383,13 @@ def check_session(spark: SparkSession, schemes: Collection[str] = ("s3",)) -> No
 
     if is_connect(spark):
         return
-    if "s3" in schemes and not loads_class(spark, S3A_CLASS):
-        raise UsageError(
-            "SOURCE on S3: Hadoop's S3A connector is not in this Spark session: give its jars (--conf "
-            "spark.jars=... from `mvn -f jvm/s3a/pom.xml dependency:copy-dependencies`, or --conf "
-            f"spark.jars.packages={S3A_PACKAGE})"
-        )
-    if "gs" in schemes and not loads_class(spark, GCS_CLASS):
-        raise UsageError(
-            "SOURCE on gs://: Google's Cloud Storage connector is not in this Spark session: give its jar "
-            f"(--conf spark.jars=... from `mvn -f jvm/gcs/pom.xml dependency:copy-dependencies`: {GCS_PACKAGE})"
-        )
+    for scheme in sorted(schemes):
+        cls, what, pom, other = _CONNECTORS[scheme]
+        if not loads_class(spark, cls):
+            raise UsageError(
+                f"{what} is not in this Spark session: give its jars (--conf spark.jars=... from "
+                f"`mvn -f jvm/{pom}/pom.xml dependency:copy-dependencies`; {other})"
+            )
 
 
 def _trouble(url: str, exc: OSError) -> InputError:
