@@ -44,6 +44,23 @@ def _versions() -> list[int]:
 VERSIONS = _versions()
 _db_counter = itertools.count(1)
 
+# The JVMs the tests start for one spark-apply each (``python -m pgrecv spark-apply`` in a
+# subprocess, spark-submit) live for seconds: the C2 compiler's threads cost more CPU than its
+# code gives back, and on CI's 2 cores they slow the other process's work too. C1 only cut the CPU
+# of one such run by 30% and three files of them from 884 s to 644 s (bench/NOTES.md, 2026-12-06).
+# The long-lived JVMs (the ``spark`` fixture's, the Spark Connect server's) keep both compilers:
+# ``long_lived_jvm``. Spark's launcher puts SPARK_SUBMIT_OPTS on the driver's command line (no
+# message on stderr, unlike JAVA_TOOL_OPTIONS), and pgrecv only looks there for a collector.
+# C1 alone would size the code cache at 48 MB, not 240: a longer run filled it and went on
+# interpreted ("CodeCache is full", the whole suite 81 min, 2026-12-06): the size is given.
+SHORT_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_JVM)
+
+
+def long_lived_jvm(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a JVM that serves many runs: without the tests' C1-only option."""
+    return {k: v for k, v in env.items() if not (k == "SPARK_SUBMIT_OPTS" and v == SHORT_JVM)}
+
 
 # The suite runs in two processes (-n 2 --dist loadfile): xdist hands out whole files in the order
 # of the collection, after sorting them by their number of tests (its "reorder"). The slowest files
@@ -229,15 +246,22 @@ def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
     from pgrecv.spark.sparkops import start_session
 
-    session = start_session(
-        "local[2]",
-        {
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.driver.memory": "3g",
-            "spark.buffer.pageSize": "4m",
-        },
-    )
+    given = os.environ.get("SPARK_SUBMIT_OPTS")
+    if given == SHORT_JVM:
+        del os.environ["SPARK_SUBMIT_OPTS"]  # (long_lived_jvm: the launcher reads this process's environment)
+    try:
+        session = start_session(
+            "local[2]",
+            {
+                "spark.sql.shuffle.partitions": "2",
+                "spark.default.parallelism": "2",
+                "spark.driver.memory": "3g",
+                "spark.buffer.pageSize": "4m",
+            },
+        )
+    finally:
+        if given is not None:
+            os.environ["SPARK_SUBMIT_OPTS"] = given
     yield session
     session.stop()
 
@@ -516,7 +540,7 @@ def spark_connect(s3_server: S3Server, s3a_jars_conf: str, spark_jars_conf: str)
         d.mkdir(mode=0o700)
     port = _free_port()
     env = {
-        **os.environ,
+        **long_lived_jvm(dict(os.environ)),
         "SPARK_HOME": spark_home,
         "SPARK_CONF_DIR": str(conf_dir),
         "SPARK_LOCAL_IP": "127.0.0.1",

@@ -31,13 +31,15 @@ class Runner:
     """The tests' side: this module as a process of its own, one command at a time."""
 
     def __init__(self, jars: str, log: Path, master: str = "local[2]", conf: tuple[str, ...] = ()) -> None:
+        from tests.conftest import long_lived_jvm  # (the runner's own process does not import conftest)
+
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.spark.connector_runner", master, *conf, f"spark.jars={jars}"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log.open("wb"),
-            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+            env={**long_lived_jvm(dict(os.environ)), "SPARK_LOCAL_IP": "127.0.0.1"},
             cwd=Path(__file__).resolve().parents[2],
         )
         assert self._answer(600) == {"ready": True}
