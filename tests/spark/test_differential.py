@@ -34,6 +34,10 @@ deltalake = pytest.importorskip("deltalake")
 # minute of Spark jobs); a longer hunt sets PGRECV_DIFFERENTIAL_EXAMPLES (README, Development).
 # One found the carried TRUNCATE bug.
 EXAMPLES = int(os.environ.get("PGRECV_DIFFERENTIAL_EXAMPLES") or 0) or None
+# The suite's own run draws its random stream for the engine's test only; the history, direct and
+# lean tests run their explicit examples (each a stream that once failed) unless a longer hunt asks
+# for more: 8 of 27 streams fewer, about 450 s of CI's 2 processes (2026-12-06, the suite at 90 min).
+DRAWN_IF_ASKED = (Phase.explicit, Phase.generate) if EXAMPLES else (Phase.explicit,)
 
 
 def _files(lines: list[str], where: Path, rng_cut: int) -> list[Path]:
@@ -239,7 +243,7 @@ def _version_set(t: TableModel, rows: list[dict[str, Any]]) -> list[str]:
     max_examples=EXAMPLES or 1,
     deadline=None,
     suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.generate),
+    phases=DRAWN_IF_ASKED,
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000))
 # the old replay once failed here ("unchanged TOAST column(s) big of table public.t3, but the
@@ -275,7 +279,7 @@ def test_history_equals_the_truth(
     max_examples=EXAMPLES or 1,
     deadline=None,
     suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.generate),
+    phases=DRAWN_IF_ASKED,
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000), tables=st.sampled_from([1, 3]))
 @example(seed=3, cut=40, tables=1)
@@ -333,7 +337,7 @@ def test_the_direct_read_equals_the_staged_read_and_the_truth(
     max_examples=EXAMPLES or 1,
     deadline=None,
     suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.generate),
+    phases=DRAWN_IF_ASKED,
 )
 @given(seed=st.integers(0, 2**31), cut=st.integers(0, 10_000))
 @example(seed=5, cut=40)
