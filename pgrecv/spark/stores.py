@@ -45,6 +45,7 @@ GCS: Final = "gs://"  # Google Cloud Storage: a SOURCE only (a target's lock nee
 GCS_CLASS: Final = "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem"
 GCS_PACKAGE: Final = "com.google.cloud.bigdataoss:gcs-connector:4.0.4 (classifier shaded)"
 _GCS_HADOOP: Final = "spark.hadoop.fs.gs."
+GCS_RETRY_SECONDS: Final = 30  # how long the driver's Cloud Storage client retries a failing request
 
 
 def scheme_of(text: str) -> str:
@@ -233,7 +234,11 @@ def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
     """pyarrow's Cloud Storage file system, set up as Google's Hadoop connector is: its endpoint
     from ``--conf spark.hadoop.fs.gs.storage.root.url`` else ``STORAGE_EMULATOR_HOST`` (the
     variable Google's SDKs take for an emulator), anonymous where the connector is
-    (``fs.gs.auth.type=UNAUTHENTICATED``, or an emulator); else Google's default credentials."""
+    (``fs.gs.auth.type=UNAUTHENTICATED``, or an emulator); else Google's default credentials.
+    Retries give up after :data:`GCS_RETRY_SECONDS`: Google's client otherwise retried an
+    unreachable endpoint for minutes without a word (a cron run's next try is the retry)."""
+    from datetime import timedelta
+
     from pyarrow import fs as pafs
 
     root = conf.get(_GCS_HADOOP + "storage.root.url") or os.environ.get("STORAGE_EMULATOR_HOST")
@@ -246,7 +251,7 @@ def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
     auth = conf.get(_GCS_HADOOP + "auth.type", "")
     if auth.upper() == "UNAUTHENTICATED" or (not auth and os.environ.get("STORAGE_EMULATOR_HOST")):
         kwargs["anonymous"] = True
-    return pafs.GcsFileSystem(**kwargs)
+    return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS), **kwargs)
 
 
 def filesystem_for(source: str, conf: dict[str, str], made: dict[str, FileSystem]) -> FileSystem:

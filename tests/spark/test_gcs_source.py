@@ -98,3 +98,27 @@ def test_what_cannot_be_read_from_gcs_is_one_line(
         "a-target-on-gcs": "--target gs://",
     }[case]
     assert says in text, text
+
+
+def test_an_unreachable_store_is_one_line_within_the_retry_limit(tmp_path: Path) -> None:
+    """A Cloud Storage endpoint that does not answer (a closed port on 127.0.0.1): the listing
+    fails in one line naming the endpoint within the retry limit, before any JVM. Google's client
+    retried for minutes before: a gs:// SOURCE outlived a test's 2 minutes in stop 75's CI."""
+    import socket
+    import time
+
+    from pgrecv.spark.stores import GCS_RETRY_SECONDS
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed again when the block ends: nothing listens there)
+    started = time.monotonic()
+    proc = pgrecv(
+        "spark-apply", "gs://bucket/cdc", "--target", str(tmp_path / "lake"), "--format", "parquet",
+        env={"STORAGE_EMULATOR_HOST": f"127.0.0.1:{port}"}, timeout=GCS_RETRY_SECONDS * 4,
+    )  # fmt: skip
+    assert time.monotonic() - started < GCS_RETRY_SECONDS * 3
+    assert proc.returncode == ExitCode.INPUT, err(proc)
+    assert err(proc).count("\n") == 1 and "gs://bucket/cdc: cannot read it from the store" in err(proc), err(proc)
+    assert "the store's endpoint" in err(proc) and "Traceback" not in err(proc)
+    assert not [p for p in (tmp_path / "lake").rglob("*") if p.is_file() and p.suffix in (".parquet", ".json")]
