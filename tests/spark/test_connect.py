@@ -136,36 +136,47 @@ def test_connect_writes_iceberg_on_s3(
     assert {t["status"] for t in apply(urls)["tables"]} == {"up to date"}
 
 
-def test_connect_writes_delta_with_the_connector(
-    spark_connect: ConnectServer, stream: tuple[Gen, list[Path]], tmp_path: Path
+def test_connect_writes_delta_with_the_connector_on_s3(
+    spark_connect: ConnectServer, s3_server: S3Server, stream: tuple[Gen, list[Path]], tmp_path: Path
 ) -> None:
-    """--delta-engine spark through a server set up with Delta's connector: each MERGE (SQL, its
-    app transaction in the session's conf, one at a time) records the applied position in the
-    commit, so the tables are the truth (read with their deletion vectors) and a re-run changes
-    nothing."""
+    """--delta-engine spark through a server set up with Delta's connector, every path on the S3
+    server: each MERGE (SQL, its app transaction in the session's conf, one at a time) records the
+    applied position in the commit (through Delta's S3 log store), so the tables are the truth
+    (read with their deletion vectors) and a re-run changes nothing."""
     from deltalake import DeltaTable
 
     from pgrecv.lsn import LSN
     from pgrecv.spark.model import app_id
     from tests.spark.test_delta_spark import _got as delta_rows
     from tests.spark.test_differential import _expected
+    from tests.spark.test_s3_target import download
 
     gen, files = stream
-    target = tmp_path / "lake"
-    for inputs in ([files[0]], files):  # a first run creates the tables; the second merges into them
-        proc = apply_remote(spark_connect, inputs, target, "--format", "delta", "--delta-engine", "spark")
+    bucket = s3_server.bucket()
+    urls = s3_server.upload(bucket, "cdc", files)
+
+    def apply(inputs: list[str]) -> Any:
+        return pgrecv(
+            "spark-apply", *inputs, "--target", f"s3://{bucket}/lake", "--format", "delta", "--delta-engine", "spark",
+            "--json", "--remote", spark_connect.url, env=s3_server.env, timeout=900,
+        )  # fmt: skip
+
+    for inputs in (urls[:1], urls):  # a first run creates the tables; the second merges into them
+        proc = apply(inputs)
         assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
     summary = orjson.loads(proc.stdout)
     assert summary["engine"] == "delta/spark"
+    target = tmp_path / "lake"
+    download(s3_server, bucket, "lake", target)
     truth = gen.truth()
     for t in gen.tables:
         assert delta_rows(t, target) == _expected(t, truth[(t.schema, t.name)]), f"{t.schema}.{t.name} ({t.kind})"
     merged = [t for t in summary["tables"] if t["status"] == "applied" and t["updates"] + t["deletes"] > 0]
     assert merged, summary["tables"]
     for t in merged:
-        recorded = DeltaTable(t["path"]).transaction_version(app_id(t["table"]))
+        recorded = DeltaTable(str(target / Path(t["path"]).name)).transaction_version(app_id(t["table"]))
         assert recorded == int(LSN.parse(t["applied_lsn"])), (t, recorded)
-    again = apply_remote(spark_connect, files, target, "--format", "delta", "--delta-engine", "spark")
+    again = apply(urls)
     assert again.returncode == 0, err(again)
     assert {t["status"] for t in orjson.loads(again.stdout)["tables"]} == {"up to date"}
 

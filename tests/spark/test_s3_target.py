@@ -177,7 +177,6 @@ def test_a_target_on_s3_is_one_run_at_a_time(s3_server: S3Server, s3a_jars_conf:
     ("args", "says"),
     [
         (["--format", "iceberg"], "Iceberg's Hadoop catalog cannot be on an object store (it commits by renaming"),
-        (["--format", "delta", "--delta-engine", "spark"], "--delta-engine spark on an object store is not supported"),
     ],
 )
 def test_what_a_target_on_s3_does_not_take_is_one_line(
@@ -253,16 +252,30 @@ def test_a_prepared_transaction_waits_on_the_store_for_its_outcome(
 
 
 # Parquet's pointer protocol is pgrecv's own; Delta's commit is delta-rs's conditional write (its
-# refusal to overwrite is also shown alone below); Iceberg's is test_iceberg's S3 kill test
+# refusal to overwrite is also shown alone below), or Delta's connector's commit through its
+# single-driver S3 log store, with the app transaction in the commit; Iceberg's is test_iceberg's
+# S3 kill test
 @pytest.mark.newest_server  # the subject is the writer's atomicity on the store, not the server
-@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+@pytest.mark.parametrize(
+    ("fmt", "engine", "rounds"), [("delta", "delta-rs", 1), ("parquet", "", 2), ("delta", "spark", 1)]
+)
 def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
-    db_dsn: str, s3_server: S3Server, s3a_jars_conf: str, spark: Any, tmp_path: Path, fmt: str
+    db_dsn: str,
+    s3_server: S3Server,
+    s3a_jars_conf: str,
+    spark_jars_conf: str,
+    spark: Any,
+    tmp_path: Path,
+    fmt: str,
+    engine: str,
+    rounds: int,
 ) -> None:
     """Runs SIGKILLed (the JVM too) at random moments after their first write under the target,
     then one run to the end: each table is PostgreSQL's. A killed run leaves its lock object
     behind; the next run on this machine takes it over at once (its process is gone). A Parquet
-    table keeps only the versions its pointer and the one before name."""
+    table keeps only the versions its pointer and the one before name. Delta's connector's
+    tables (deletion vectors on: the second file's updates merge into files the first wrote)
+    record the applied position in their commits, and a run after the full one changes nothing."""
     import random
     import signal
     import time
@@ -273,8 +286,13 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
     first, second = make_workload_files(db_dsn, tmp_path)
     bucket = s3_server.bucket()
     lake = f"s3://{bucket}/lake"
-    base = apply_s3(s3_server, s3a_jars_conf, [str(first)], lake, "--format", fmt)  # an existing state
+    jars = f"{s3a_jars_conf},{spark_jars_conf}" if engine == "spark" else s3a_jars_conf
+    writer = ["--format", fmt] + (["--delta-engine", engine] if engine else [])
+    base = apply_s3(s3_server, jars, [str(first)], lake, *writer)  # an existing state
     assert base.returncode == 0, err(base)
+    assert orjson.loads(base.stdout)["engine"] == {"spark": "delta/spark", "delta-rs": "delta/delta-rs+spark"}.get(
+        engine, "parquet/spark"
+    )
     client = s3_server.client()
 
     def objects() -> int:
@@ -282,9 +300,11 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
 
     rng = random.Random(f"s3-kill-{fmt}-{db_dsn}")
     args = [sys.executable, "-m", "pgrecv", "spark-apply", str(first), str(second), "--target", lake]
-    args += ["--format", fmt, "--master", "local[1]", "--conf", f"spark.jars={s3a_jars_conf}"]
+    args += [*writer, "--master", "local[1]", "--conf", f"spark.jars={jars}"]
     kills = 0
-    for _ in range(2):  # (3 rounds took 201 s of CI; each round's moment is random)
+    # (each round's moment is random, and so is the seed, with the server's port: 3 rounds of each
+    # writer took 201 s of CI; the Parquet pointer, pgrecv's own protocol, keeps 2)
+    for _ in range(rounds):
         before = objects()
         proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
@@ -304,11 +324,20 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
         proc.stderr.close()
         assert proc.returncode in (0, -signal.SIGKILL), stderr
     assert kills >= 1, "no run was killed: delays do not fit this machine"
-    done = apply_s3(s3_server, s3a_jars_conf, [str(first), str(second)], lake, "--format", fmt)
+    done = apply_s3(s3_server, jars, [str(first), str(second)], lake, *writer)
     assert done.returncode == 0, err(done)
     copy = tmp_path / "copy"
     download(s3_server, bucket, "lake", copy)
     _assert_equal(db_dsn, copy, fmt, spark)
+    if engine == "spark":
+        from pgrecv.lsn import LSN
+        from pgrecv.spark.model import app_id
+
+        tables = orjson.loads(done.stdout)["tables"]
+        for t in tables:
+            dt = deltalake.DeltaTable(str(copy / Path(t["path"]).name))
+            assert "deletionVectors" in (dt.protocol().reader_features or []), t
+            assert dt.transaction_version(app_id(t["table"])) == int(LSN.parse(t["applied_lsn"])), t
     for pointer in copy.glob("*/_pgrecv_table.json"):
         versions = {p.name for p in (pointer.parent / "_versions").iterdir()}
         assert 1 <= len(versions) <= 2, versions  # the current version and at most the one before

@@ -192,8 +192,10 @@ def run_frames(
                 )
             use_catalog(spark, config.target, config.catalog)
     else:
-        # a target on a store: delta-rs (targets.check_store refuses the connector there)
-        engine = "delta-rs" if isinstance(config.target, StorePath) else config.engine
+        # a target on a store: delta-rs unless the connector is asked for by name (delta-rs commits
+        # with the store's conditional writes; the connector through its single-driver log store)
+        on_store = isinstance(config.target, StorePath)
+        engine = "delta-rs" if on_store and config.engine == "auto" else config.engine
         parquet = ParquetStoreTable if isinstance(config.target, StorePath) else ParquetTable
         writer = parquet if config.fmt == "parquet" else delta_writer(spark, engine)
     summary = Summary(

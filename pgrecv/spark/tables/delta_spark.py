@@ -14,7 +14,6 @@ not apply deletion vectors and refuses such tables).
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,8 +23,9 @@ from pgrecv.errors import OutputError, UsageError
 from pgrecv.spark.files import file_url
 from pgrecv.spark.schema import quoted
 from pgrecv.spark.sparkops import is_connect
+from pgrecv.spark.stores import StorePath, TargetPath
 from pgrecv.spark.tables import MODE_APP_ID, Batch, Table, frames, refuse_other_format
-from pgrecv.spark.tables.delta import read_log
+from pgrecv.spark.tables.delta import delta_table, read_log
 from pgrecv.spark.tables.rewrite import END_COLS, ROWS_PER_FILE, missing_dirs, unmake
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -38,23 +38,26 @@ NEW_TABLE = {"delta.enableDeletionVectors": "true"}
 class DeltaSparkTable(Table):
     """A Delta table written and committed by Delta's Spark connector."""
 
-    path: Path  # a local directory (targets.check_store refuses a store for the connector)
-
-    def __init__(self, path: Path, app_id: str, spark: Any) -> None:
+    def __init__(self, path: TargetPath, app_id: str, spark: Any) -> None:
         super().__init__(path, app_id, spark)
         self._files: list[str] = []
 
     def open(self) -> None:
-        from deltalake import DeltaTable
-
         refuse_other_format(self.path, "delta")
-        if not DeltaTable.is_deltatable(str(self.path)):
+        dt = delta_table(self.path)
+        if dt is None:
             return
-        dt = DeltaTable(str(self.path))
         table = read_log(self, dt)
+        self._files = sorted(self._name(p) for p in table.column("path").to_pylist())
+
+    def _name(self, rel: str) -> str:
+        """A data file's name from its path in the log: a local path, or its ``s3a://`` URL (as the
+        delta-rs writer names them)."""
         from urllib.parse import unquote
 
-        self._files = sorted(str(self.path / unquote(p)) for p in table.column("path").to_pylist())
+        if isinstance(self.path, StorePath):
+            return f"{self.path.spark_url}/{unquote(rel)}"
+        return str(self.path / unquote(rel))
 
     def data_files(self) -> list[str]:
         """The current version's data files. With deletion vectors some of their rows are deleted:
@@ -247,13 +250,11 @@ class DeltaSparkTable(Table):
         """Reads the table's new state; the bytes its commits wrote: new data files and deletion
         vectors of their own (a file the batch only marks is added again with its deletion
         vector, and not written again)."""
-        from urllib.parse import unquote
-
-        from deltalake import DeltaTable
-
         had = set(self._files)
         before = self.version
-        self.version = DeltaTable(str(self.path)).version()
+        dt = delta_table(self.path)
+        assert dt is not None  # (a table the run has just committed to)
+        self.version = dt.version()
         if self.version == before:
             return 0
         written = 0
@@ -266,7 +267,7 @@ class DeltaSparkTable(Table):
             action = orjson.loads(line)
             add = action.get("add")
             if add:
-                if str(self.path / unquote(add["path"])) not in had:
+                if self._name(add["path"]) not in had:
                     written += int(add.get("size") or 0)
                 dv = add.get("deletionVector") or {}
                 if dv.get("storageType") == "u":  # a deletion vector file of its own
@@ -284,7 +285,7 @@ def _is_conflict(exc: BaseException) -> bool:
     return any(c in text for c in _CONFLICTS)
 
 
-def _conflict(path: Path, exc: BaseException) -> OutputError:
+def _conflict(path: TargetPath, exc: BaseException) -> OutputError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return OutputError(
         f"{path}: another writer committed to this Delta table meanwhile ({first}): "
