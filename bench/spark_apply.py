@@ -20,7 +20,7 @@ read by both sides through Hadoop's S3A connector (jvm/s3a/jars) and listed by p
 pyarrow. With ``--target-s3`` (Delta only; implies ``--source-s3``) the tables are on that server too:
 each round applies the existing table onto a fresh prefix first, and the floor writes its output there.
 Usage: bench/spark_apply.py [--events 1000000] [--keys 200000] [--tables 1] [--format ...] [--delta-engine ...]
-[--source-s3] [--target-s3].
+[--source-s3] [--target-s3] [--conf K=V ...].
 """
 
 from __future__ import annotations
@@ -186,6 +186,7 @@ def main() -> None:
     )
     ap.add_argument("--source-s3", action="store_true", help="the change file on a local S3 server (moto)")
     ap.add_argument("--target-s3", action="store_true", help="the tables on that server too (Delta only)")
+    ap.add_argument("--conf", action="append", default=[], metavar="K=V", help="a Spark setting of the session")
     args = ap.parse_args()
     fmts = args.fmts or ["parquet", "delta"]
     if args.target_s3:
@@ -206,6 +207,7 @@ def main() -> None:
         conf = stores.session_conf({**conf, "spark.jars": s3a})
     if args.delta_engine == "spark" or "iceberg" in fmts:  # (the connectors' jars, in the floor's session too)
         conf = session_conf({**conf, "spark.jars": spark_jars()}, "delta", args.delta_engine)
+    conf.update(kv.split("=", 1) for kv in args.conf)
     spark = start_session("local[2]", conf)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
