@@ -131,7 +131,8 @@ _pgrecv() {
             case "$prev" in
                 -S|--slot) return ;;
                 --target) return ;;
-                --format) COMPREPLY=($(compgen -W "delta parquet" -- "$cur")); return ;;
+                --format) COMPREPLY=($(compgen -W "delta parquet iceberg" -- "$cur")); return ;;
+                --iceberg-catalog) return ;;
                 --table) return ;;
                 --publication) return ;;
                 --source) COMPREPLY=($(compgen -d -- "$cur")); return ;;
@@ -144,7 +145,7 @@ _pgrecv() {
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot --target --format --table --publication --source --no-catch-up --master --conf --key --append-only --bad-values --json -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot --target --format --iceberg-catalog --table --publication --source --no-catch-up --master --conf --key --append-only --bad-values --json -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
     esac
 }
 complete -o default -F _pgrecv pgrecv

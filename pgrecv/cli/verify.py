@@ -21,7 +21,15 @@ if TYPE_CHECKING:
 @click.command("verify", cls=Command)
 @click.option("-S", "--slot", required=True, help="The slot spark-apply's change files come from.")
 @click.option("--target", required=True, metavar="PATH", help="spark-apply's --target.")
-@click.option("--format", "fmt", type=click.Choice(["delta", "parquet"]), required=True, help="Table format.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["delta", "parquet", "iceberg"]), required=True, help="Table format."
+)
+@click.option(
+    "--iceberg-catalog",
+    "catalog",
+    metavar="NAME",
+    help="--format iceberg: spark-apply's --iceberg-catalog (default: the Hadoop catalog under --target).",
+)
 @click.option("--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob).")
 @click.option("--publication", metavar="NAME", help="pgoutput: the publication (default: the only one).")
 @click.option(
@@ -46,6 +54,7 @@ def verify(
     slot: str,
     target: str,
     fmt: str,
+    catalog: str | None,
     tables: tuple[str, ...],
     publication: str | None,
     source: str | None,
@@ -74,6 +83,8 @@ def verify(
     ctx = click.get_current_context()
     start_kw = dict(kw)
     opts = conn_opts(kw)
+    if catalog is not None and fmt != "iceberg":
+        raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
     if no_catch_up and source is None:
         raise UsageError("--no-catch-up goes with --source (without --source nothing is caught up)")
     config = VerifyConfig(
@@ -89,6 +100,7 @@ def verify(
         keys=parse_keys(keys),
         append_only=append_only,
         bad_values=bad_values,
+        catalog=catalog,
     )
 
     def catch_up(position: int) -> None:

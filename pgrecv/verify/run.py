@@ -42,7 +42,7 @@ class VerifyConfig:
     opts: ConnOptions
     slot: str
     target: Path
-    fmt: str  # delta or parquet
+    fmt: str  # delta, parquet or iceberg
     tables: tuple[str, ...] = ()
     publication: str | None = None
     source: str | None = None  # the change directory; None: compare the lake as it is
@@ -52,6 +52,7 @@ class VerifyConfig:
     keys: dict[Name, tuple[str, ...]] = field(default_factory=dict)
     append_only: bool = False
     bad_values: BadValues = "fail"
+    catalog: str | None = None  # --format iceberg: the session's catalog (None: the Hadoop one under --target)
 
 
 @dataclass
@@ -94,8 +95,8 @@ def run_verify(
     from pgrecv.pg.slots import create_slot_command, get_slot, resolve_publication
     from pgrecv.snapshot.core import import_snapshot, list_tables
 
-    if config.fmt not in ("delta", "parquet"):
-        raise UsageError(f"verify compares --format delta or parquet tables, not {config.fmt}")
+    if config.fmt not in ("delta", "parquet", "iceberg"):
+        raise UsageError(f"verify compares --format delta, parquet or iceberg tables, not {config.fmt}")
     if not config.target.is_dir():
         raise UsageError(f"--target {config.target}: no such directory: give spark-apply's --target")
     with connect(config.opts) as meta:
@@ -146,6 +147,8 @@ def run_verify(
         began = time.monotonic()
         spark = spark or _session(config)
         log(f"Spark session in {time.monotonic() - began:.1f} s")
+        if config.fmt == "iceberg":
+            _use_iceberg(spark, config)
         if catch_up is not None and config.source is not None:
             began = time.monotonic()
             report.applied = _apply(config, spark)
@@ -217,8 +220,24 @@ def _apply(config: VerifyConfig, spark: SparkSession) -> Summary:
         keys=config.keys,
         append_only=config.append_only,
         bad_values=config.bad_values,
+        catalog=config.catalog,
     )
     return run_apply(apply, spark)
+
+
+def _use_iceberg(spark: SparkSession, config: VerifyConfig) -> None:
+    """The session's Iceberg catalog of the lake, as spark-apply sets it (the same message when
+    the session lacks Iceberg's runtime)."""
+    from pgrecv.spark.jars import ICEBERG_PACKAGE, iceberg_session
+    from pgrecv.spark.tables.iceberg import use_catalog
+
+    if not iceberg_session(spark):
+        raise UsageError(
+            "--format iceberg: Apache Iceberg's Spark runtime is not in this Spark session: give its jars "
+            "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
+            f"spark.jars.packages={ICEBERG_PACKAGE})"
+        )
+    use_catalog(spark, config.target, config.catalog)
 
 
 def _lake_table(spark: SparkSession, config: VerifyConfig, schema: str, name: str) -> LakeTable:
@@ -227,6 +246,12 @@ def _lake_table(spark: SparkSession, config: VerifyConfig, schema: str, name: st
     from pgrecv.spark.tables.parquet import ParquetTable
 
     path = config.target / table_dir_name(schema, name)
+    if config.fmt == "iceberg":
+        from pgrecv.spark.tables.iceberg import iceberg_writer
+
+        table = iceberg_writer(config.catalog)(path, app_id(f"{schema}.{name}"), spark)
+        table.names = (schema, name)  # (a table of a named catalog is found by them)
+        return table
     cls = ParquetTable if config.fmt == "parquet" else delta_writer(spark, "auto")
     return cls(path, app_id(f"{schema}.{name}"), spark)
 

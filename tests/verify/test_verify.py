@@ -22,6 +22,7 @@ import pytest
 from pgrecv.errors import ExitCode
 from pgrecv.pg.server import TempServer
 from pgrecv.spark.model import table_dir_name
+from tests.spark.connector_runner import Runner
 from tests.util import err, pgrecv, pgrecv_here, sql
 
 pytest.importorskip("pyspark")
@@ -225,3 +226,58 @@ def test_a_test_decoding_slot_with_key_given(db_dsn: str, tmp_path: Path, fmt: s
     (t,) = doc["tables"]
     assert (t["missing"], t["extra"]) == (1, 1) and "held back" in t["note"] and "--key" in t["note"], t
     assert t["missing_keys"] == ["(id=9, v=y)"] and t["extra_keys"] == ["(id=9, v=v9)"], t
+
+
+@pytest.mark.newest_server  # the subject is the Iceberg lake; the servers' cases are the tests above
+def test_an_iceberg_lake_in_each_kind_of_catalog(
+    db_dsn: str, newest_tcp_dsn: str, tmp_path: Path, connector: Runner
+) -> None:
+    """--format iceberg, through a session with Iceberg's runtime (the connectors' runner): the
+    target's Hadoop catalog, and a JDBC catalog named with --iceberg-catalog. Changes the lake has
+    not applied are found by key (Iceberg's uuid and timestamptz columns compare as PostgreSQL's
+    values); caught up to the snapshot, both catalogs' lakes are equal."""
+    from tests.spark.test_iceberg import jdbc_catalog
+
+    sql(db_dsn, SCHEMA)
+    sql(db_dsn, ROW, (1, 60))
+    sql(db_dsn, "INSERT INTO b SELECT i, 'b' || i FROM generate_series(1, 80) i")
+    sql(db_dsn, """INSERT INTO "odd name" SELECT 'k' || (i % 7), i, i / 10.0 FROM generate_series(1, 30) i""")
+    sql(db_dsn, "INSERT INTO p VALUES (2, 1.5, '2020-01-01')")
+    src, lake, other = tmp_path / "cdc", tmp_path / "lake", tmp_path / "other"
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", str(src))
+    assert proc.returncode == 0, err(proc)
+    sql(db_dsn, "UPDATE a SET v = NULL, ts = 'infinity' WHERE id = 2")
+    sql(db_dsn, "DELETE FROM b WHERE id > 70")
+    proc = pgrecv("start", "-d", db_dsn, "--slot", "s", "--output-dir", str(src), "--until-caught-up")
+    assert proc.returncode == 0, err(proc)
+    name, catalog_conf = jdbc_catalog(newest_tcp_dsn, f"file://{tmp_path / 'warehouse'}")
+    in_catalog = ("--iceberg-catalog", name, *catalog_conf)
+    for target, extra in ((lake, ()), (other, in_catalog)):
+        proc = connector.run(["spark-apply", str(src), "--target", str(target), "--format", "iceberg", *extra], 600)
+        assert proc.returncode == 0, err(proc)
+    sql(db_dsn, "UPDATE a SET v = 'later' WHERE id = 3")
+    sql(db_dsn, "DELETE FROM a WHERE id = 4")
+    sql(db_dsn, ROW, (1000, 1000))
+
+    def verify(target: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+        args = ["verify", "-d", db_dsn, "--slot", "s", "--target", str(target), "--format", "iceberg"]
+        proc = connector.run([*args, "--source", str(src), "--json", *extra], 600)
+        return proc.returncode, orjson.loads(proc.stdout) if proc.stdout.strip() else {}, err(proc)
+
+    for target, extra in ((lake, ()), (other, in_catalog)):
+        code, doc, text = verify(target, "--no-catch-up", *extra)
+        assert code == ExitCode.DIFFERENT, text
+        a = _tables(doc)["public.a"]
+        assert (a["missing_keys"], a["extra_keys"]) == (["id=1000"], ["id=4"]), a
+        assert a["changed_rows"] == [{"key": "id=3", "columns": ["v"]}] and a["not_compared"] == [], a
+        assert _tables(doc)["public.b"]["status"] == "equal" and len(doc["tables"]) == 4, doc
+    code, doc, text = verify(lake)  # streamed up to the snapshot, applied, compared: equal
+    assert code == 0, (text, doc)
+    assert doc["caught_up"] and _tables(doc)["public.a"]["rows_lake"] == 60, doc
+    code, doc, text = verify(other, "--no-catch-up", *in_catalog)  # the same files, applied to the other
+    assert code == ExitCode.DIFFERENT, text
+    proc = connector.run(["spark-apply", str(src), "--target", str(other), "--format", "iceberg", *in_catalog], 600)
+    assert proc.returncode == 0, err(proc)
+    code, doc, text = verify(other, "--no-catch-up", *in_catalog)
+    assert code == 0, (text, doc)
+    assert [t["status"] for t in doc["tables"]] == ["equal"] * 4, doc
