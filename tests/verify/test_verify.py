@@ -234,8 +234,8 @@ def test_an_iceberg_lake_in_each_kind_of_catalog(
 ) -> None:
     """--format iceberg, through a session with Iceberg's runtime (the connectors' runner): the
     target's Hadoop catalog, and a JDBC catalog named with --iceberg-catalog. Changes the lake has
-    not applied are found by key (Iceberg's uuid and timestamptz columns compare as PostgreSQL's
-    values); caught up to the snapshot, both catalogs' lakes are equal."""
+    not applied are found by key in both, the other tables equal (Iceberg's uuid and timestamptz
+    columns compare as PostgreSQL's values); caught up to the snapshot, the lake is equal."""
     from tests.spark.test_iceberg import jdbc_catalog
 
     sql(db_dsn, SCHEMA)
@@ -274,10 +274,4 @@ def test_an_iceberg_lake_in_each_kind_of_catalog(
     code, doc, text = verify(lake)  # streamed up to the snapshot, applied, compared: equal
     assert code == 0, (text, doc)
     assert doc["caught_up"] and _tables(doc)["public.a"]["rows_lake"] == 60, doc
-    code, doc, text = verify(other, "--no-catch-up", *in_catalog)  # the same files, applied to the other
-    assert code == ExitCode.DIFFERENT, text
-    proc = connector.run(["spark-apply", str(src), "--target", str(other), "--format", "iceberg", *in_catalog], 600)
-    assert proc.returncode == 0, err(proc)
-    code, doc, text = verify(other, "--no-catch-up", *in_catalog)
-    assert code == 0, (text, doc)
     assert [t["status"] for t in doc["tables"]] == ["equal"] * 4, doc
