@@ -148,7 +148,9 @@ def run_verify(
         spark = spark or _session(config)
         log(f"Spark session in {time.monotonic() - began:.1f} s")
         if config.fmt == "iceberg":
-            _use_iceberg(spark, config)
+            from pgrecv.spark.tables.iceberg import use_catalog
+
+            use_catalog(spark, config.target, config.catalog)
         if catch_up is not None and config.source is not None:
             began = time.monotonic()
             report.applied = _apply(config, spark)
@@ -223,21 +225,6 @@ def _apply(config: VerifyConfig, spark: SparkSession) -> Summary:
         catalog=config.catalog,
     )
     return run_apply(apply, spark)
-
-
-def _use_iceberg(spark: SparkSession, config: VerifyConfig) -> None:
-    """The session's Iceberg catalog of the lake, as spark-apply sets it (the same message when
-    the session lacks Iceberg's runtime)."""
-    from pgrecv.spark.jars import ICEBERG_PACKAGE, iceberg_session
-    from pgrecv.spark.tables.iceberg import use_catalog
-
-    if not iceberg_session(spark):
-        raise UsageError(
-            "--format iceberg: Apache Iceberg's Spark runtime is not in this Spark session: give its jars "
-            "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
-            f"spark.jars.packages={ICEBERG_PACKAGE})"
-        )
-    use_catalog(spark, config.target, config.catalog)
 
 
 def _lake_table(spark: SparkSession, config: VerifyConfig, schema: str, name: str) -> LakeTable:

@@ -179,17 +179,10 @@ def run_frames(
     started = time.monotonic()
     carried: list[TargetPath] = sorted(state.glob("*.jsonl"), key=str) if state.is_dir() else []
     if config.fmt == "iceberg":
-        from pgrecv.spark.jars import ICEBERG_PACKAGE, iceberg_session
         from pgrecv.spark.tables.iceberg import iceberg_writer, use_catalog
 
         writer: type[Table] = iceberg_writer(config.catalog)
         if spark is not None:
-            if not iceberg_session(spark):
-                raise UsageError(
-                    "--format iceberg: Apache Iceberg's Spark runtime is not in this Spark session: give its jars "
-                    "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
-                    f"spark.jars.packages={ICEBERG_PACKAGE}; a Spark Connect server's own)"
-                )
             use_catalog(spark, config.target, config.catalog)
     else:
         # a target on a store: delta-rs unless the connector is asked for by name (delta-rs commits

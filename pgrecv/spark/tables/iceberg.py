@@ -103,7 +103,16 @@ def catalog_of(target: Path) -> str:
 def use_catalog(spark: SparkSession, target: TargetPath, catalog: str | None = None) -> None:
     """The run's Iceberg catalog: ``catalog`` as the session has it (--iceberg-catalog), else a
     Hadoop catalog whose warehouse is the target, its table cache off (another process, a run
-    killed midway or another tool, may have committed meanwhile)."""
+    killed midway or another tool, may have committed meanwhile). Refused in one line when the
+    session lacks Iceberg's runtime."""
+    from pgrecv.spark.jars import ICEBERG_PACKAGE, iceberg_session
+
+    if not iceberg_session(spark):
+        raise UsageError(
+            "--format iceberg: Apache Iceberg's Spark runtime is not in this Spark session: give its jars "
+            "(--conf spark.jars=... from `mvn -f jvm/pom.xml dependency:copy-dependencies`, or --conf "
+            f"spark.jars.packages={ICEBERG_PACKAGE}; a Spark Connect server's own)"
+        )
     if catalog is not None:
         if not spark.conf.get(f"spark.sql.catalog.{catalog}", None):
             raise UsageError(
