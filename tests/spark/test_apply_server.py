@@ -241,8 +241,9 @@ def test_random_workload_matches_postgres(
         )
         assert all(t.status == "up to date" for t in again.tables)
         assert [t.version for t in again.tables] == [t.version for t in summary.tables]
-    # history mode in one go from both files: current, non-deleted versions equal the source
-    for fmt in fmts:
+    # history mode in one go from both files: current, non-deleted versions equal the source (the
+    # connectors' history: test_delta_spark's and test_iceberg's history tests, CI's time)
+    for fmt in fmts if engine not in ("spark", "iceberg") else ():
         target = tmp_path / f"h-{fmt}"
         for srcs in ((str(first),), (str(first), str(second))):
             cfg = ApplyConfig(srcs, target, fmt=fmt, mode="history", engine=engine, replay=replay)
