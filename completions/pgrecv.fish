@@ -150,7 +150,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from start' -s q -l quiet -d 'Prin
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -s S -l slot -x -d 'The slot spark-apply\'s change files come from.'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l target -x -d 'spark-apply\'s --target.'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l format -x -a 'delta parquet iceberg' -d 'Table format.'
-complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l iceberg-catalog -x -d '--format iceberg: spark-apply\'s --iceberg-catalog (default: the Hadoop catalog under --target).'
+complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l iceberg-catalog -x -d '--format iceberg: the session\'s Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default: a Hadoop catalog under --target.'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l table -x -d 'Only these tables (schema.table glob).'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l publication -x -d 'pgoutput: the publication (default: the only one).'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l source -r -a '(__fish_complete_directories)' -d 'The change directory (start\'s --output-dir): the slot is streamed into it up to the snapshot and applied first. Without it (or with --no-catch-up) the lake is compared as it is.'

@@ -190,7 +190,7 @@ _pgrecv() {
                 '(-S --slot)'{-S,--slot}'[The slot spark-apply'\''s change files come from.]:slot: ' \
                 '--target[spark-apply'\''s --target.]:path: ' \
                 '--format[Table format.]:value:(delta parquet iceberg)' \
-                '--iceberg-catalog[--format iceberg\: spark-apply'\''s --iceberg-catalog (default\: the Hadoop catalog under --target).]:name: ' \
+                '--iceberg-catalog[--format iceberg\: the session'\''s Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default\: a Hadoop catalog under --target.]:name: ' \
                 '*--table[Only these tables (schema.table glob).]:glob: ' \
                 '--publication[pgoutput\: the publication (default\: the only one).]:name: ' \
                 '--source[The change directory (start'\''s --output-dir)\: the slot is streamed into it up to the snapshot and applied first. Without it (or with --no-catch-up) the lake is compared as it is.]:directory:_files -/' \

@@ -52,6 +52,21 @@ key_option = click.option(
     '(repeatable; double-quote names holding . , = or ").',
 )
 append_only_option = click.option("--append-only", is_flag=True, help="Tables without any key: append their inserts.")
+iceberg_catalog_option = click.option(
+    "--iceberg-catalog",
+    "catalog",
+    metavar="NAME",
+    help="--format iceberg: the session's Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its "
+    "type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default: a Hadoop catalog under --target.",
+)
+
+
+def check_catalog(catalog: str | None, fmt: str) -> None:
+    """--iceberg-catalog names a catalog of Iceberg tables: refused with another format."""
+    if catalog is not None and fmt != "iceberg":
+        raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
+
+
 BAD_VALUES_HELP = (
     "Values the target type cannot hold (numeric NaN, dates past 9999, ...): "
     "fail (hold the table back), null (store NULL), text (a new column becomes a string column "
@@ -101,13 +116,7 @@ def bad_values_option(help_text: str = BAD_VALUES_HELP) -> Callable[[_Decorated]
     "spark.jars=... or spark.jars.packages=...; deletion vectors on). auto: the connector when its jars are in the "
     "session, else delta-rs.",
 )
-@click.option(
-    "--iceberg-catalog",
-    "catalog",
-    metavar="NAME",
-    help="--format iceberg: the session's Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its "
-    "type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default: a Hadoop catalog under --target.",
-)
+@iceberg_catalog_option
 @key_option
 @append_only_option
 @click.option("--replay", type=click.Choice(["spark", "driver"]), hidden=True, help="Deprecated: always spark.")
@@ -168,8 +177,7 @@ def _spark_apply(
     for given in sources:
         if is_store_source(given):
             check_scheme(given)
-    if catalog is not None and fmt != "iceberg":
-        raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
+    check_catalog(catalog, fmt)
     conf = parse_conf(confs)
     target_path: TargetPath
     if is_store_source(target):

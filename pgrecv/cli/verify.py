@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pgrecv.cli.options import STATE, Command, common_options, conn_opts, connection_options, info, log
-from pgrecv.cli.spark_apply import append_only_option, bad_values_option, key_option, parse_conf
+from pgrecv.cli.spark_apply import (
+    append_only_option,
+    bad_values_option,
+    check_catalog,
+    iceberg_catalog_option,
+    key_option,
+    parse_conf,
+)
 from pgrecv.errors import UsageError
 from pgrecv.lsn import lsn_str
 
@@ -24,12 +31,7 @@ if TYPE_CHECKING:
 @click.option(
     "--format", "fmt", type=click.Choice(["delta", "parquet", "iceberg"]), required=True, help="Table format."
 )
-@click.option(
-    "--iceberg-catalog",
-    "catalog",
-    metavar="NAME",
-    help="--format iceberg: spark-apply's --iceberg-catalog (default: the Hadoop catalog under --target).",
-)
+@iceberg_catalog_option
 @click.option("--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob).")
 @click.option("--publication", metavar="NAME", help="pgoutput: the publication (default: the only one).")
 @click.option(
@@ -83,8 +85,7 @@ def verify(
     ctx = click.get_current_context()
     start_kw = dict(kw)
     opts = conn_opts(kw)
-    if catalog is not None and fmt != "iceberg":
-        raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
+    check_catalog(catalog, fmt)
     if no_catch_up and source is None:
         raise UsageError("--no-catch-up goes with --source (without --source nothing is caught up)")
     config = VerifyConfig(

@@ -189,7 +189,7 @@ def run_frames(
         # with the store's conditional writes; the connector through its single-driver log store)
         on_store = isinstance(config.target, StorePath)
         engine = "delta-rs" if on_store and config.engine == "auto" else config.engine
-        parquet = ParquetStoreTable if isinstance(config.target, StorePath) else ParquetTable
+        parquet = ParquetStoreTable if on_store else ParquetTable
         writer = parquet if config.fmt == "parquet" else delta_writer(spark, engine)
     summary = Summary(
         engine=_ENGINES.get(writer, "iceberg/spark"),
