@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,23 +221,34 @@ def s3a_jars_conf() -> str:
 
 
 @pytest.fixture(scope="session")
-def connector(spark_jars_conf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def connector(
+    spark_jars_conf: str, s3a_jars_conf: str, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     """One process with a SparkSession that has Delta's Spark connector (its jars, extension and
-    catalog), running ``pgrecv`` commands one at a time (tests/spark/connector_runner.py): a JVM
-    start with the jars costs half a minute, and the test session's own SparkSession stays
-    without them (delta-rs). Started by the first test of a worker that asks for it."""
+    catalog) and Iceberg's runtime, running ``pgrecv`` commands one at a time
+    (tests/spark/connector_runner.py): a JVM start with the jars costs half a minute, and the test
+    session's own SparkSession stays without them (delta-rs). Hadoop's S3A connector is on its
+    class path, set up for :func:`s3_server` as a spark-submit user sets it up (give a command
+    ``env=s3_server.env`` for the driver's own clients). Started by the first test of a worker
+    that asks for it."""
     from tests.spark.connector_runner import Runner
 
     # Delta rebuilds a snapshot of its log in 50 tasks by default: two are plenty for test tables
     conf = ("spark.sql.shuffle.partitions=2", "spark.ui.enabled=false", "spark.databricks.delta.snapshotPartitions=2")
+    conf += (f"spark.driver.extraClassPath={s3a_jars_conf.replace(',', ':')}",)
+    conf += tuple(f"spark.hadoop.fs.s3a.{k}={v}" for k, v in _s3a_settings(s3_server).items())
     runner = Runner(spark_jars_conf, tmp_path_factory.mktemp("connector") / "runner.log", "local[2]", conf)
     yield runner
     runner.close()
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(s3a_jars_conf: str) -> Iterator[Any]:
     """One real local SparkSession for the whole test session (local[2], quiet, small shuffles).
+
+    Hadoop's S3A connector is on its class path (as a spark-submit user puts it there), so that
+    a test of a path on S3 runs in this session (:func:`s3_here`) instead of a JVM of its own;
+    a session without it is what the tests of that refusal start.
 
     Sized for hundreds of runs back to back, not one: plans that py4j has not freed yet and
     heap-sized sort pages filled the old generation of a 1 GB heap under the parallel collector,
@@ -257,6 +268,7 @@ def spark() -> Iterator[Any]:
                 "spark.default.parallelism": "2",
                 "spark.driver.memory": "3g",
                 "spark.buffer.pageSize": "4m",
+                "spark.driver.extraClassPath": s3a_jars_conf.replace(",", ":"),
             },
         )
     finally:
@@ -453,6 +465,40 @@ def s3_server() -> Iterator[S3Server]:
     server = start_s3_server()
     yield server
     _stop_group(server.proc)
+
+
+ApplyHere = Callable[..., subprocess.CompletedProcess[bytes]]  # (sources, target, *args): s3_here's run
+
+
+@pytest.fixture
+def s3_here(spark: Any, s3_server: S3Server) -> ApplyHere:
+    """``pgrecv spark-apply SOURCES --target TARGET ARGS --json`` in this process and the
+    ``spark`` fixture's session, with :attr:`S3Server.env`: the session's S3A connector is set up
+    for the server the way a spark-submit user sets it up (``spark.hadoop.fs.s3a.*``), since a
+    running JVM does not read the AWS variables again. A JVM of its own per run cost the S3 tests
+    most of their time (its start and its warm-up, with 600 MB of AWS's SDK on its class path)."""
+    from tests.util import pgrecv_here
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in _s3a_settings(s3_server).items():
+        hadoop.set(f"fs.s3a.{key}", value)
+
+    def run(sources: list[str], target: object, *extra: str) -> subprocess.CompletedProcess[bytes]:
+        return pgrecv_here("spark-apply", *sources, "--target", str(target), "--json", *extra, env=s3_server.env)
+
+    return run
+
+
+def _s3a_settings(s3: S3Server) -> dict[str, str]:
+    """S3A's ``fs.s3a.*`` settings for ``s3`` (what a running JVM cannot take from AWS's variables)."""
+    e = s3.env
+    return {
+        "endpoint": e["AWS_ENDPOINT_URL"],
+        "endpoint.region": e["AWS_REGION"],
+        "access.key": e["AWS_ACCESS_KEY_ID"],
+        "secret.key": e["AWS_SECRET_ACCESS_KEY"],
+        "path.style.access": "true",
+    }
 
 
 @dataclass

@@ -6,7 +6,8 @@ session once, as spark-submit would (pgrecv's ``start_session`` given the jars a
 connector's extension and catalog), and runs each command through pgrecv's own ``main``: the
 session is active, so pgrecv takes it instead of starting one, as it does under spark-submit.
 
-Protocol: each line of stdin is a JSON list of arguments (after ``pgrecv``); each answer is one
+Protocol: each line of stdin is a JSON object, ``args`` (after ``pgrecv``) and ``env`` (set for
+that command only: an S3 test's ``AWS_*``, which the driver's own clients read); each answer is one
 JSON line ``{"rc": int, "out": str, "err": str}`` on the stdout this process started with. Its
 fd 1 is pointed at stderr meanwhile, so that nothing else (the JVM, Spark's logs) can write into
 the answers.
@@ -55,9 +56,11 @@ class Runner:
         answer: dict[str, Any] = orjson.loads(line)
         return answer
 
-    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
+    def run(
+        self, args: list[str], timeout: float, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(orjson.dumps(args) + b"\n")
+        self.proc.stdin.write(orjson.dumps({"args": args, "env": env or {}}) + b"\n")
         self.proc.stdin.flush()
         a = self._answer(timeout)
         return subprocess.CompletedProcess(args, a["rc"], a["out"].encode(), a["err"].encode())
@@ -72,11 +75,24 @@ class Runner:
             self.proc.wait()
 
 
-def _one(argv: list[str]) -> dict[str, object]:
+def _one(argv: list[str], env: dict[str, str]) -> dict[str, object]:
     """One command's exit code and output, as a process of its own would give them (a traceback
-    in ``err`` with code 1 for what pgrecv let through)."""
+    in ``err`` with code 1 for what pgrecv let through), with ``env`` in the environment meanwhile."""
     from pgrecv.cli.main import main
 
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _main(main, argv)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _main(main: Any, argv: list[str]) -> dict[str, object]:
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     rc = 0
@@ -103,7 +119,8 @@ def serve(master: str, conf: dict[str, str]) -> None:
     answers.write(b'{"ready": true}\n')
     for line in sys.stdin.buffer:
         if line.strip():
-            answers.write(orjson.dumps(_one(orjson.loads(line))) + b"\n")
+            asked = orjson.loads(line)
+            answers.write(orjson.dumps(_one(asked["args"], asked["env"])) + b"\n")
 
 
 if __name__ == "__main__":

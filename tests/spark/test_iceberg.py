@@ -389,7 +389,7 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
 
 
 def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
-    newest_tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str
+    newest_tcp_dsn: str, s3_server: Any, connector: Runner
 ) -> None:
     """Issue 58's PostgreSQL-truth test for Iceberg: `snapshot` and `start` write the change files
     to the S3 server, the tables' warehouse is there too (``s3a://``), the catalog Iceberg's JDBC
@@ -403,22 +403,16 @@ def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     import psycopg
 
     from tests.spark.test_s3_source import changes_to_s3
-    from tests.util import err, pgrecv, sql
+    from tests.util import sql
 
     bucket = s3_server.bucket()
     name, args = jdbc_catalog(newest_tcp_dsn, f"s3a://{bucket}/warehouse")
-    args += ["--conf", f"spark.jars={spark_jars_conf},{s3a_jars_conf}"]
     client = s3_server.client()
     target = f"s3://{bucket}/state"
 
     def apply() -> dict[str, Any]:
-        proc = pgrecv(
-            "spark-apply", f"s3://{bucket}/cdc", "--target", str(target), "--format", "iceberg", "--json",
-            "--iceberg-catalog", name, "--table", "public.t", *FAST, *args, env=s3_server.env, timeout=900,
-        )  # fmt: skip
-        assert proc.returncode == 0, err(proc)
-        summary: dict[str, Any] = orjson.loads(proc.stdout)
-        return summary
+        cmd = [f"s3://{bucket}/cdc", "--target", str(target), "--iceberg-catalog", name, "--table", "public.t", *args]
+        return _ok(connector.run(["spark-apply", *cmd, "--format", "iceberg", "--json"], 900, env=s3_server.env))
 
     # (the catalog's own tables are in the same database, so in the publication too: --table)
     runs = []
@@ -474,7 +468,7 @@ def s3_io(s3_server: Any) -> dict[str, str]:
 
 
 def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
-    tmp_path: Path, newest_tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str
+    tmp_path: Path, newest_tcp_dsn: str, s3_server: Any, spark_jars_conf: str, s3a_jars_conf: str, connector: Runner
 ) -> None:
     """Issue 58's kill and concurrency tests for Iceberg with every path on the S3 server: SOURCE,
     the warehouse (Iceberg's JDBC catalog in PostgreSQL) and --target (pgrecv's lock). While
@@ -491,8 +485,8 @@ def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
     urls = s3_server.upload(bucket, "cdc", files)
     name, args = jdbc_catalog(newest_tcp_dsn, f"s3a://{bucket}/warehouse")
     target = f"s3://{bucket}/state"
-    cmd = [sys.executable, "-m", "pgrecv", "spark-apply", "--target", target, "--format", "iceberg", "--json",
-           "--iceberg-catalog", name, *FAST, *args,
+    given = ["--target", target, "--format", "iceberg", "--json", "--iceberg-catalog", name, *args]
+    cmd = [sys.executable, "-m", "pgrecv", "spark-apply", *given, *FAST,
            "--conf", f"spark.jars={spark_jars_conf},{s3a_jars_conf}"]  # fmt: skip
     env = {**os.environ, **s3_server.env}
     client = s3_server.client()
@@ -519,9 +513,8 @@ def test_on_s3_a_killed_run_is_completed_and_a_second_run_is_refused(
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    last = subprocess.run([*cmd, *urls], env=env, capture_output=True, timeout=600, check=False)
-    assert last.returncode == 0, last.stderr.decode(errors="replace")[-4000:]
-    assert not orjson.loads(last.stdout)["warnings"]
+    # the run to the end in the connectors' runner (a JVM of its own fewer)
+    assert not _ok(connector.run(["spark-apply", *given, *urls], 900, env=s3_server.env))["warnings"]
     found = pointers()
     assert found and all(loc.startswith(f"s3a://{bucket}/warehouse/") for loc in found.values()), found
     truth = gen.truth()

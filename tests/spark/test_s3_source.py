@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from pgrecv.errors import ExitCode
-from tests.conftest import S3Server
+from tests.conftest import ApplyHere, S3Server
 from tests.stream.test_start import insert_txns
 from tests.util import err, pgrecv, sql
 
@@ -58,13 +58,13 @@ def changes_to_s3(
 # The generated stream read from S3 (keys URIs quote) is tests/spark/test_s3_target.py's, written onto S3.
 
 
-def test_a_bad_line_is_named_by_its_object_and_line(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path) -> None:
+def test_a_bad_line_is_named_by_its_object_and_line(s3_server: S3Server, s3_here: ApplyHere, tmp_path: Path) -> None:
     bucket = s3_server.bucket()
     good = b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n'
     bad = tmp_path / "0000000000000010-0000000000000020.jsonl"
     bad.write_bytes(good + b"{not json\n")
     s3_server.upload(bucket, "p", [bad])
-    proc = apply_s3(s3_server, s3a_jars_conf, [f"s3://{bucket}/p"], tmp_path / "lake", "--format", "parquet")
+    proc = s3_here([f"s3://{bucket}/p"], tmp_path / "lake", "--format", "parquet")
     assert proc.returncode == ExitCode.INPUT, err(proc)
     assert f"s3://{bucket}/p/{bad.name}:2" in err(proc), err(proc)
     assert "Traceback" not in err(proc)

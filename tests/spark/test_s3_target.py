@@ -20,7 +20,7 @@ import pytest
 from pgrecv.errors import ExitCode
 from pgrecv.spark.apply import run_apply
 from pgrecv.spark.model import ApplyConfig, table_dir_name
-from tests.conftest import S3Server
+from tests.conftest import ApplyHere, S3Server
 from tests.spark.changegen import Gen
 from tests.spark.test_cluster import assert_same_tables
 from tests.spark.test_command import held_target
@@ -135,7 +135,7 @@ def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gen, list[Path]]:
 # Parquet: Delta's case is the cluster's and Spark Connect's tests with every path on S3 (the same stream)
 @pytest.mark.parametrize("fmt", ["parquet"])
 def test_the_generated_stream_from_s3_onto_s3_equals_the_local_run(
-    s3_server: S3Server, s3a_jars_conf: str, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path, fmt: str
+    s3_server: S3Server, s3_here: ApplyHere, spark: Any, stream: tuple[Gen, list[Path]], tmp_path: Path, fmt: str
 ) -> None:
     """Every kind of change the generator makes (streamed and two-phase transactions, which take
     the staged read, staged on the store; TOAST; many tables), read from objects whose keys hold
@@ -143,7 +143,7 @@ def test_the_generated_stream_from_s3_onto_s3_equals_the_local_run(
     gen, files = stream
     bucket = s3_server.bucket()
     urls = s3_server.upload(bucket, "a b/%20/ü", files)
-    proc = apply_s3(s3_server, s3a_jars_conf, urls, f"s3://{bucket}/lake", "--format", fmt)
+    proc = s3_here(urls, f"s3://{bucket}/lake", "--format", fmt)
     assert proc.returncode == 0, err(proc)
     assert orjson.loads(proc.stdout)["input_read"] == "staged"
     local = tmp_path / "local"
@@ -193,7 +193,7 @@ def test_what_a_target_on_s3_does_not_take_is_one_line(
 
 
 def test_a_prepared_transaction_waits_on_the_store_for_its_outcome(
-    s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path
+    s3_server: S3Server, s3a_jars_conf: str, s3_here: ApplyHere, tmp_path: Path
 ) -> None:
     """A prepared transaction whose outcome is not in the input is carried over as an object under
     ``_pgrecv/prepared/``; the next run, given only the outcome, applies it and removes the object.
@@ -243,7 +243,7 @@ def test_a_prepared_transaction_waits_on_the_store_for_its_outcome(
     assert len(carried()) == 1 and carried()[0].endswith(".jsonl"), carried()
     outcome = {"op": "commit_prepared", "xid": 2, "gid": "g", "commit_lsn": "0/300", "end_lsn": "0/301"}
     second = _write(tmp_path / "b.jsonl", [orjson.dumps({"v": 1, **outcome, "commit_time": None}).decode()])
-    proc = apply_s3(s3_server, s3a_jars_conf, [str(second)], lake, "--format", "delta")
+    proc = s3_here([str(second)], lake, "--format", "delta")
     assert proc.returncode == 0, err(proc)
     assert orjson.loads(proc.stdout)["pending_prepared"] == 0
     got = deltalake.DeltaTable(table, storage_options=storage).to_pyarrow_table().to_pylist()
@@ -265,10 +265,12 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
     s3a_jars_conf: str,
     spark_jars_conf: str,
     spark: Any,
+    s3_here: ApplyHere,
     tmp_path: Path,
     fmt: str,
     engine: str,
     rounds: int,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Runs SIGKILLed (the JVM too) at random moments after their first write under the target,
     then one run to the end: each table is PostgreSQL's. A killed run leaves its lock object
@@ -288,7 +290,15 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
     lake = f"s3://{bucket}/lake"
     jars = f"{s3a_jars_conf},{spark_jars_conf}" if engine == "spark" else s3a_jars_conf
     writer = ["--format", fmt] + (["--delta-engine", engine] if engine else [])
-    base = apply_s3(s3_server, jars, [str(first)], lake, *writer)  # an existing state
+
+    def apply(*sources: Path) -> subprocess.CompletedProcess[bytes]:
+        """A run to the end: in this session, or Delta's connector's in the connectors' runner."""
+        if engine != "spark":
+            return s3_here(list(map(str, sources)), lake, *writer)
+        cmd = ["spark-apply", *map(str, sources), "--target", lake, "--json", *writer]
+        return request.getfixturevalue("connector").run(cmd, 900, env=s3_server.env)  # type: ignore[no-any-return]
+
+    base = apply(first)  # an existing state
     assert base.returncode == 0, err(base)
     assert orjson.loads(base.stdout)["engine"] == {"spark": "delta/spark", "delta-rs": "delta/delta-rs+spark"}.get(
         engine, "parquet/spark"
@@ -324,7 +334,7 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
         proc.stderr.close()
         assert proc.returncode in (0, -signal.SIGKILL), stderr
     assert kills >= 1, "no run was killed: delays do not fit this machine"
-    done = apply_s3(s3_server, jars, [str(first), str(second)], lake, *writer)
+    done = apply(first, second)
     assert done.returncode == 0, err(done)
     copy = tmp_path / "copy"
     download(s3_server, bucket, "lake", copy)
@@ -365,7 +375,7 @@ def test_delta_rs_commits_on_the_store_conflict_instead_of_overwriting(s3_server
 
 
 @pytest.mark.parametrize("fmt", ["delta", "parquet"])
-def test_many_small_tables_onto_s3(s3_server: S3Server, s3a_jars_conf: str, tmp_path: Path, fmt: str) -> None:
+def test_many_small_tables_onto_s3(s3_server: S3Server, s3_here: ApplyHere, tmp_path: Path, fmt: str) -> None:
     """Small batches onto several existing tables (the shape of a whole database's OLTP stream) are
     merged in one group by the driver (pgrecv/spark/engine/together.py), on a store as on a local
     disk: their current files read through pyarrow's S3 file system, each table's new file
@@ -385,7 +395,7 @@ def test_many_small_tables_onto_s3(s3_server: S3Server, s3a_jars_conf: str, tmp_
     bucket = s3_server.bucket()
     lake = f"s3://{bucket}/lake"
     for f in (first, second):
-        proc = apply_s3(s3_server, s3a_jars_conf, [str(f)], lake, "--format", fmt)
+        proc = s3_here([str(f)], lake, "--format", fmt)
         assert proc.returncode == 0, err(proc)
     assert orjson.loads(proc.stdout)["tables_grouped"] == len(names)  # (the second run: onto existing tables)
     copy = tmp_path / "copy"
