@@ -148,7 +148,7 @@ complete -c pgrecv -n '__fish_seen_subcommand_from start' -s W -l password -d 'P
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -s v -l verbose -d 'More detail on stderr (repeat for more).'
 complete -c pgrecv -n '__fish_seen_subcommand_from start' -s q -l quiet -d 'Print no progress or notices.'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -s S -l slot -x -d 'The slot spark-apply\'s change files come from.'
-complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l target -x -d 'spark-apply\'s --target.'
+complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l target -x -d 'spark-apply\'s --target (a directory or s3://BUCKET/PREFIX).'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l format -x -a 'delta parquet iceberg' -d 'Table format.'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l iceberg-catalog -x -d '--format iceberg: the session\'s Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default: a Hadoop catalog under --target.'
 complete -c pgrecv -n '__fish_seen_subcommand_from verify' -l table -x -d 'Only these tables (schema.table glob).'

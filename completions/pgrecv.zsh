@@ -188,7 +188,7 @@ _pgrecv() {
             _arguments \
                 '--help[show help]' \
                 '(-S --slot)'{-S,--slot}'[The slot spark-apply'\''s change files come from.]:slot: ' \
-                '--target[spark-apply'\''s --target.]:path: ' \
+                '--target[spark-apply'\''s --target (a directory or s3\://BUCKET/PREFIX).]:path: ' \
                 '--format[Table format.]:value:(delta parquet iceberg)' \
                 '--iceberg-catalog[--format iceberg\: the session'\''s Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default\: a Hadoop catalog under --target.]:name: ' \
                 '*--table[Only these tables (schema.table glob).]:glob: ' \

@@ -19,6 +19,7 @@ _Decorated = TypeVar("_Decorated", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from pgrecv.spark.model import BadValues, DeltaEngine, Format, Mode, Summary
+    from pgrecv.spark.stores import TargetPath
 
 
 # a --conf key whose value is a secret (fs.s3a.secret.key, a JDBC catalog's password, a token...)
@@ -65,6 +66,22 @@ def check_catalog(catalog: str | None, fmt: str) -> None:
     """--iceberg-catalog names a catalog of Iceberg tables: refused with another format."""
     if catalog is not None and fmt != "iceberg":
         raise UsageError(f"--iceberg-catalog {catalog}: only with --format iceberg")
+
+
+def parse_target(target: str, conf: dict[str, str]) -> TargetPath:
+    """--target as a local directory or a prefix on S3 (reached with ``conf``'s settings, else
+    AWS's environment): spark-apply's and verify's, checked the same way."""
+    from pgrecv.spark.stores import StorePath, check_scheme, filesystem, is_store_source
+
+    if is_store_source(target):
+        check_scheme(target, "--target")
+        return StorePath.of(target, filesystem(conf))
+    path = Path(target)
+    if not path.parent.is_dir():  # a typo must not grow a new directory tree
+        raise UsageError(f"--target {target}: its parent directory does not exist: create it first")
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--target {target}: not a directory: give a directory (one table per subdirectory)")
+    return path
 
 
 BAD_VALUES_HELP = (
@@ -172,23 +189,14 @@ def _spark_apply(
             raise UsageError(f"--master {master} and --remote {remote} (or SPARK_REMOTE) exclude each other: pick one")
         if not remote.startswith("sc://"):
             raise UsageError(f"--remote {remote}: a Spark Connect URL is sc://HOST:PORT")
-    from pgrecv.spark.stores import StorePath, TargetPath, check_scheme, filesystem, is_store_source
+    from pgrecv.spark.stores import check_scheme, is_store_source
 
     for given in sources:
         if is_store_source(given):
             check_scheme(given)
     check_catalog(catalog, fmt)
     conf = parse_conf(confs)
-    target_path: TargetPath
-    if is_store_source(target):
-        check_scheme(target, "--target")
-        target_path = StorePath.of(target, filesystem(conf))
-    else:
-        target_path = Path(target)
-        if not target_path.parent.is_dir():  # a typo must not grow a new directory tree
-            raise UsageError(f"--target {target}: its parent directory does not exist: create it first")
-        if target_path.exists() and not target_path.is_dir():
-            raise UsageError(f"--target {target}: not a directory: give a directory (one table per subdirectory)")
+    target_path = parse_target(target, conf)
     config = ApplyConfig(
         sources=sources,
         target=target_path,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -16,6 +15,7 @@ from pgrecv.cli.spark_apply import (
     iceberg_catalog_option,
     key_option,
     parse_conf,
+    parse_target,
 )
 from pgrecv.errors import UsageError
 from pgrecv.lsn import lsn_str
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 @click.command("verify", cls=Command)
 @click.option("-S", "--slot", required=True, help="The slot spark-apply's change files come from.")
-@click.option("--target", required=True, metavar="PATH", help="spark-apply's --target.")
+@click.option(
+    "--target", required=True, metavar="PATH", help="spark-apply's --target (a directory or s3://BUCKET/PREFIX)."
+)
 @click.option(
     "--format", "fmt", type=click.Choice(["delta", "parquet", "iceberg"]), required=True, help="Table format."
 )
@@ -88,16 +90,17 @@ def verify(
     check_catalog(catalog, fmt)
     if no_catch_up and source is None:
         raise UsageError("--no-catch-up goes with --source (without --source nothing is caught up)")
+    conf = parse_conf(confs)
     config = VerifyConfig(
         opts=opts,
         slot=slot,
-        target=Path(target),
+        target=parse_target(target, conf),
         fmt=fmt,
         tables=tables,
         publication=publication,
         source=source,
         master=master,
-        conf=parse_conf(confs),
+        conf=conf,
         keys=parse_keys(keys),
         append_only=append_only,
         bad_values=bad_values,

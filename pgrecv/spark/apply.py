@@ -35,7 +35,7 @@ def run_apply(
         raise UsageError("--format is delta, parquet or iceberg, --mode latest or history")
     if config.bad_values not in ("fail", "null", "text"):
         raise UsageError("--bad-values is fail, null or text")
-    check_store(config)
+    check_store(config.target, config.fmt, config.catalog)
     on_store = isinstance(config.target, stores.StorePath)
     with target_of(config).lock() as held:
         stores.use_conf(config.conf)

@@ -37,7 +37,7 @@ from typing import Final
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.output.store import ObjectStore, StoreURL, code_of, status_of
 from pgrecv.spark.model import STATE_DIR, ApplyConfig
-from pgrecv.spark.stores import StorePath, s3_client
+from pgrecv.spark.stores import StorePath, TargetPath, s3_client
 
 LOCK: Final = "lock"
 LEASE: Final = 60.0  # seconds a store lock holds without renewal (PGRECV_LOCK_LEASE_SECONDS)
@@ -385,13 +385,14 @@ def target_of(config: ApplyConfig) -> Target:
     return LocalTarget(t)
 
 
-def check_store(config: ApplyConfig) -> None:
-    """What a target on an object store does not take yet: one line naming it, before anything runs."""
-    if not isinstance(config.target, StorePath):
+def check_store(target: TargetPath, fmt: str, catalog: str | None) -> None:
+    """What a target on an object store does not take yet: one line naming it, before anything runs
+    (spark-apply's, and verify's of the same lake)."""
+    if not isinstance(target, StorePath):
         return
-    if config.fmt == "iceberg" and config.catalog is None:
+    if fmt == "iceberg" and catalog is None:
         raise UsageError(
-            f"--target {config.target}: Iceberg's Hadoop catalog cannot be on an object store (it commits by "
+            f"--target {target}: Iceberg's Hadoop catalog cannot be on an object store (it commits by "
             "renaming a file): name an Iceberg catalog of the session whose warehouse is there "
             "(--iceberg-catalog, for example Iceberg's JDBC catalog), or use --format delta or parquet"
         )

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from pgrecv.snapshot.core import Table as PgTable
     from pgrecv.spark.model import Summary
+    from pgrecv.spark.stores import TargetPath
     from pgrecv.spark.tables import Table as LakeTable
 
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 class VerifyConfig:
     opts: ConnOptions
     slot: str
-    target: Path
+    target: TargetPath  # a local directory or a prefix on S3, as spark-apply's
     fmt: str  # delta, parquet or iceberg
     tables: tuple[str, ...] = ()
     publication: str | None = None
@@ -94,11 +95,16 @@ def run_verify(
     position; ``catch_up(C)`` streams the slot into ``config.source`` up to C (None: no catch-up)."""
     from pgrecv.pg.slots import create_slot_command, get_slot, resolve_publication
     from pgrecv.snapshot.core import import_snapshot, list_tables
+    from pgrecv.spark import stores
+    from pgrecv.spark.targets import check_store
 
     if config.fmt not in ("delta", "parquet", "iceberg"):
         raise UsageError(f"verify compares --format delta, parquet or iceberg tables, not {config.fmt}")
+    check_store(config.target, config.fmt, config.catalog)
+    stores.use_conf(config.conf)  # (the store's settings, for the table files the driver reads a footer of)
     if not config.target.is_dir():
-        raise UsageError(f"--target {config.target}: no such directory: give spark-apply's --target")
+        where = "no such directory" if isinstance(config.target, Path) else "nothing under that prefix"
+        raise UsageError(f"--target {config.target}: {where}: give spark-apply's --target")
     with connect(config.opts) as meta:
         row = get_slot(meta, config.slot)
         if row is None:
@@ -182,7 +188,8 @@ def _only_in_lake(config: VerifyConfig, tables: Sequence[PgTable]) -> list[Table
     known = {table_dir_name(t.relation.namespace, t.relation.name) for t in tables}
     keep = table_filter(config.tables, ())
     out = []
-    for entry in sorted(config.target.iterdir(), key=lambda p: p.name):
+    entries: list[TargetPath] = list(config.target.iterdir())
+    for entry in sorted(entries, key=lambda p: p.name):
         name = table_of_dir_name(entry.name)
         if entry.name in known or entry.name == STATE_DIR or name is None or not entry.is_dir():
             continue
@@ -201,10 +208,18 @@ def _confirmed(conn: psycopg.Connection[Any], slot: str) -> int | None:
 
 
 def _session(config: VerifyConfig) -> SparkSession:
+    """spark-apply's session for the same lake: with the store's settings when it is on S3, and its
+    S3A connector checked (else each task would fail on its first file with a Java stack)."""
+    from pgrecv.spark import stores
     from pgrecv.spark.jars import session_conf
     from pgrecv.spark.sparkops import start_session
 
-    return start_session(config.master, session_conf(config.conf, config.fmt, "auto"))
+    conf = session_conf(config.conf, config.fmt, "auto")
+    on_store = isinstance(config.target, stores.StorePath)
+    spark = start_session(config.master, stores.session_conf(conf) if on_store else conf)
+    if on_store:
+        stores.check_session(spark)
+    return spark
 
 
 def _apply(config: VerifyConfig, spark: SparkSession) -> Summary:
@@ -229,18 +244,13 @@ def _apply(config: VerifyConfig, spark: SparkSession) -> Summary:
 
 def _lake_table(spark: SparkSession, config: VerifyConfig, schema: str, name: str) -> LakeTable:
     from pgrecv.spark.model import app_id, table_dir_name
-    from pgrecv.spark.tables.delta_spark import delta_writer
-    from pgrecv.spark.tables.parquet import ParquetTable
+    from pgrecv.spark.tables import writer_of
 
     path = config.target / table_dir_name(schema, name)
+    table = writer_of(spark, config.target, config.fmt, "auto", config.catalog)(path, app_id(f"{schema}.{name}"), spark)
     if config.fmt == "iceberg":
-        from pgrecv.spark.tables.iceberg import iceberg_writer
-
-        table = iceberg_writer(config.catalog)(path, app_id(f"{schema}.{name}"), spark)
         table.names = (schema, name)  # (a table of a named catalog is found by them)
-        return table
-    cls = ParquetTable if config.fmt == "parquet" else delta_writer(spark, "auto")
-    return cls(path, app_id(f"{schema}.{name}"), spark)
+    return table
 
 
 def _verify_table(

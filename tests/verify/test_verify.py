@@ -22,6 +22,7 @@ import pytest
 from pgrecv.errors import ExitCode
 from pgrecv.pg.server import TempServer
 from pgrecv.spark.model import table_dir_name
+from tests.conftest import ApplyHere, S3Server
 from tests.spark.connector_runner import Runner
 from tests.util import err, pgrecv, pgrecv_here, sql
 
@@ -275,3 +276,52 @@ def test_an_iceberg_lake_in_each_kind_of_catalog(
     assert code == 0, (text, doc)
     assert doc["caught_up"] and _tables(doc)["public.a"]["rows_lake"] == 60, doc
     assert [t["status"] for t in doc["tables"]] == ["equal"] * 4, doc
+
+
+@pytest.mark.newest_server  # the subject is the store; the servers' cases are the tests above
+@pytest.mark.parametrize("store_fmt", ["delta", "parquet"])
+def test_a_lake_on_s3(db_dsn: str, tmp_path: Path, s3_server: S3Server, s3_here: ApplyHere, store_fmt: str) -> None:
+    """The change directory and the lake on the S3 server (--source and --target s3://): changes
+    not applied are found by key; caught up (the slot streamed onto the store up to the snapshot,
+    applied there), the lake is equal; a table whose objects were deleted behind pgrecv's back is
+    missing; a prefix with nothing under it is one line."""
+    sql(db_dsn, "CREATE TABLE b (id bigint PRIMARY KEY, v text); CREATE TABLE c (id int PRIMARY KEY, n numeric(6,1))")
+    sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
+    sql(db_dsn, "INSERT INTO b SELECT i, 'b' || i FROM generate_series(1, 90) i")
+    sql(db_dsn, "INSERT INTO c SELECT i, i / 10.0 FROM generate_series(1, 30) i")
+    bucket = s3_server.bucket()
+    src, lake = f"s3://{bucket}/cdc", f"s3://{bucket}/lake"
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", src, env=s3_server.env)
+    assert proc.returncode == 0, err(proc)
+    sql(db_dsn, "UPDATE b SET v = NULL WHERE id = 2")
+    proc = pgrecv("start", "-d", db_dsn, "--slot", "s", "--output-dir", src, "--until-caught-up", env=s3_server.env)
+    assert proc.returncode == 0, err(proc)
+    proc = s3_here([src], lake, "--format", store_fmt)
+    assert proc.returncode == 0, err(proc)
+    sql(db_dsn, "UPDATE b SET v = 'later' WHERE id = 3")
+    sql(db_dsn, "DELETE FROM b WHERE id = 4")
+    sql(db_dsn, "INSERT INTO b VALUES (1000, 'new')")
+
+    def verify(target: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+        args = ["verify", "-d", db_dsn, "--slot", "s", "--target", target, "--format", store_fmt, "--json"]
+        proc = pgrecv_here(*args, "--source", src, *extra, env=s3_server.env)
+        return proc.returncode, orjson.loads(proc.stdout) if proc.stdout.strip() else {}, err(proc)
+
+    code, doc, text = verify(lake, "--no-catch-up")
+    assert code == ExitCode.DIFFERENT, text
+    b = _tables(doc)["public.b"]
+    assert (b["missing_keys"], b["extra_keys"]) == (["id=1000"], ["id=4"]), b
+    assert b["changed_rows"] == [{"key": "id=3", "columns": ["v"]}], b
+    assert _tables(doc)["public.c"]["status"] == "equal", doc
+    code, doc, text = verify(lake)  # streamed onto the store up to the snapshot, applied there
+    assert code == 0, (text, doc)
+    assert doc["caught_up"] and [t["status"] for t in doc["tables"]] == ["equal", "equal"], doc
+    assert _tables(doc)["public.b"]["rows_lake"] == 90, doc
+    client = s3_server.client()
+    gone = client.list_objects_v2(Bucket=bucket, Prefix=f"lake/{table_dir_name('public', 'c')}/")["Contents"]
+    client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": o["Key"]} for o in gone]})
+    code, doc, text = verify(lake, "--no-catch-up")
+    assert code == ExitCode.DIFFERENT, text
+    assert (_tables(doc)["public.c"]["status"], _tables(doc)["public.b"]["status"]) == ("missing", "equal"), doc
+    code, doc, text = verify(f"s3://{bucket}/nothing", "--no-catch-up")
+    assert code == ExitCode.USAGE and text.count("\n") == 1 and "nothing under that prefix" in text, text

@@ -53,9 +53,9 @@ from pgrecv.spark.schema import delta_names
 from pgrecv.spark.schema import plan as table_plan
 from pgrecv.spark.sparkops import exception_line, is_connect, no_space, spark_failure
 from pgrecv.spark.stores import SourceFile, StorePath, TargetPath, as_source, remove_tree
-from pgrecv.spark.tables import Table, mode_of
+from pgrecv.spark.tables import Table, mode_of, writer_of
 from pgrecv.spark.tables.delta import DeltaRsTable
-from pgrecv.spark.tables.delta_spark import DeltaSparkTable, delta_writer
+from pgrecv.spark.tables.delta_spark import DeltaSparkTable
 from pgrecv.spark.tables.parquet import ParquetStoreTable, ParquetTable
 from pgrecv.spark.tables.rewrite import one_pass_failed
 
@@ -178,19 +178,11 @@ def run_frames(
 
     started = time.monotonic()
     carried: list[TargetPath] = sorted(state.glob("*.jsonl"), key=str) if state.is_dir() else []
-    if config.fmt == "iceberg":
-        from pgrecv.spark.tables.iceberg import iceberg_writer, use_catalog
+    writer = writer_of(spark, config.target, config.fmt, config.engine, config.catalog)
+    if config.fmt == "iceberg" and spark is not None:
+        from pgrecv.spark.tables.iceberg import use_catalog
 
-        writer: type[Table] = iceberg_writer(config.catalog)
-        if spark is not None:
-            use_catalog(spark, config.target, config.catalog)
-    else:
-        # a target on a store: delta-rs unless the connector is asked for by name (delta-rs commits
-        # with the store's conditional writes; the connector through its single-driver log store)
-        on_store = isinstance(config.target, StorePath)
-        engine = "delta-rs" if on_store and config.engine == "auto" else config.engine
-        parquet = ParquetStoreTable if on_store else ParquetTable
-        writer = parquet if config.fmt == "parquet" else delta_writer(spark, engine)
+        use_catalog(spark, config.target, config.catalog)
     summary = Summary(
         engine=_ENGINES.get(writer, "iceberg/spark"),
         files=len(files) + len(carried),

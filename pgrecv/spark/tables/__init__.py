@@ -30,7 +30,7 @@ import pyarrow as pa
 from pgrecv.errors import UsageError
 from pgrecv.spark.files import data_file_url, literal_read
 from pgrecv.spark.model import app_id
-from pgrecv.spark.stores import TargetPath
+from pgrecv.spark.stores import StorePath, TargetPath
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -189,3 +189,22 @@ class Table(ABC):
         if not files or self.schema is None:
             return None
         return literal_read(self.spark).schema(spark_schema(self.schema)).parquet(*[data_file_url(f) for f in files])
+
+
+def writer_of(
+    spark: SparkSession | None, target: TargetPath, fmt: str, engine: str, catalog: str | None
+) -> type[Table]:
+    """The writer of ``target``'s tables in ``fmt``: spark-apply's choice, by which verify opens the
+    same lake. On a store, Delta is delta-rs's unless the connector is asked for by name (delta-rs
+    commits with the store's conditional writes; the connector through its single-driver log store)."""
+    if fmt == "iceberg":
+        from pgrecv.spark.tables.iceberg import iceberg_writer
+
+        return iceberg_writer(catalog)
+    from pgrecv.spark.tables.delta_spark import delta_writer
+    from pgrecv.spark.tables.parquet import ParquetStoreTable, ParquetTable
+
+    on_store = isinstance(target, StorePath)
+    if fmt == "parquet":
+        return ParquetStoreTable if on_store else ParquetTable
+    return delta_writer(spark, "delta-rs" if on_store and engine == "auto" else engine)
