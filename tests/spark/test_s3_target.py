@@ -20,7 +20,7 @@ import pytest
 from pgrecv.errors import ExitCode
 from pgrecv.spark.apply import run_apply
 from pgrecv.spark.model import ApplyConfig, table_dir_name
-from tests.conftest import ApplyHere, S3Server
+from tests.conftest import ApplyHere, S3Server, s3a_settings
 from tests.spark.changegen import Gen
 from tests.spark.test_cluster import assert_same_tables
 from tests.spark.test_command import held_target
@@ -214,14 +214,7 @@ def test_a_prepared_transaction_waits_on_the_store_for_its_outcome(
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env |= {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent"}
     env["AWS_SHARED_CREDENTIALS_FILE"] = "/nonexistent"
-    hadoop = {
-        "endpoint": e["AWS_ENDPOINT_URL"],
-        "endpoint.region": e["AWS_REGION"],
-        "access.key": e["AWS_ACCESS_KEY_ID"],
-        "secret.key": e["AWS_SECRET_ACCESS_KEY"],
-        "path.style.access": "true",
-    }
-    confs = [a for k, v in hadoop.items() for a in ("--conf", f"spark.hadoop.fs.s3a.{k}={v}")]
+    confs = [a for k, v in s3a_settings(s3_server).items() for a in ("--conf", f"spark.hadoop.fs.s3a.{k}={v}")]
     run = subprocess.run(
         [sys.executable, "-m", "pgrecv", "spark-apply", str(first), "--target", lake, "--format", "delta",
          "--master", "local[1]", "--conf", f"spark.jars={s3a_jars_conf}", *confs, "--json"],
