@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -236,7 +237,7 @@ def connector(
     # Delta rebuilds a snapshot of its log in 50 tasks by default: two are plenty for test tables
     conf = ("spark.sql.shuffle.partitions=2", "spark.ui.enabled=false", "spark.databricks.delta.snapshotPartitions=2")
     conf += (f"spark.driver.extraClassPath={s3a_jars_conf.replace(',', ':')}",)
-    conf += tuple(f"spark.hadoop.fs.s3a.{k}={v}" for k, v in _s3a_settings(s3_server).items())
+    conf += tuple(f"spark.hadoop.fs.s3a.{k}={v}" for k, v in s3a_settings(s3_server).items())
     runner = Runner(spark_jars_conf, tmp_path_factory.mktemp("connector") / "runner.log", "local[2]", conf)
     yield runner
     runner.close()
@@ -480,7 +481,7 @@ def s3_here(spark: Any, s3_server: S3Server) -> ApplyHere:
     from tests.util import pgrecv_here
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
-    for key, value in _s3a_settings(s3_server).items():
+    for key, value in s3a_settings(s3_server).items():
         hadoop.set(f"fs.s3a.{key}", value)
 
     def run(sources: list[str], target: object, *extra: str) -> subprocess.CompletedProcess[bytes]:
@@ -489,7 +490,7 @@ def s3_here(spark: Any, s3_server: S3Server) -> ApplyHere:
     return run
 
 
-def _s3a_settings(s3: S3Server) -> dict[str, str]:
+def s3a_settings(s3: S3Server) -> dict[str, str]:
     """S3A's ``fs.s3a.*`` settings for ``s3`` (what a running JVM cannot take from AWS's variables)."""
     e = s3.env
     return {
@@ -499,6 +500,37 @@ def _s3a_settings(s3: S3Server) -> dict[str, str]:
         "secret.key": e["AWS_SECRET_ACCESS_KEY"],
         "path.style.access": "true",
     }
+
+
+@pytest.fixture
+def iceberg_rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Apache Iceberg's REST catalog as Iceberg's own tests serve it (tests/spark/IcebergRestServer.java,
+    jars from jvm/rest/pom.xml; .ci/run fetches them: missing, the test fails), on 127.0.0.1, its
+    tables' metadata in SQLite and its warehouse in a directory of this test's; its URL."""
+    root = Path(__file__).resolve().parents[1]
+    jars = root / "jvm" / "rest" / "jars"
+    if not any(jars.glob("iceberg-core-*-tests.jar")):
+        pytest.fail(
+            f"no Iceberg REST fixture in {jars}: fetch it with `mvn -q -f jvm/rest/pom.xml "
+            f'dependency:copy-dependencies -DoutputDirectory="$PWD/jvm/rest/jars"` (.ci/run does)',
+            pytrace=False,
+        )
+    where = tmp_path_factory.mktemp("iceberg-rest")
+    launcher = root / "tests" / "spark" / "IcebergRestServer.java"
+    args = ["java", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", f"{jars}/*", str(launcher)]
+    args += [(where / "warehouse").as_uri(), str(where / "catalog.db")]
+    log = (where / "server.log").open("wb")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        port = proc.stdout.readline().strip() if ready else b""
+        if not port.isdigit():
+            pytest.fail(f"Iceberg's REST catalog did not start: {(where / 'server.log').read_text()[-3000:]}")
+        yield f"http://127.0.0.1:{int(port)}"
+    finally:
+        _stop_group(proc)
+        log.close()
 
 
 @dataclass
