@@ -78,25 +78,14 @@ class Runner:
 def _one(argv: list[str], env: dict[str, str]) -> dict[str, object]:
     """One command's exit code and output, as a process of its own would give them (a traceback
     in ``err`` with code 1 for what pgrecv let through), with ``env`` in the environment meanwhile."""
+    from unittest import mock
+
     from pgrecv.cli.main import main
 
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return _main(main, argv)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _main(main: Any, argv: list[str]) -> dict[str, object]:
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     rc = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with mock.patch.dict(os.environ, env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             main(argv)
         except SystemExit as exc:
