@@ -324,27 +324,32 @@ def _insert_then_merge(first: Path, second: Path) -> tuple[Path, Path]:
     return first, second
 
 
-def jdbc_catalog(dsn: str, warehouse: str) -> tuple[str, list[str]]:
-    """A new name and the ``--conf`` arguments of Iceberg's JDBC catalog in the PostgreSQL of
-    ``dsn`` (over TCP: its password from the conninfo's passfile), its warehouse ``warehouse``.
-    (A new name each time: the runner's session keeps every catalog it loaded.)"""
+def catalog(props: dict[str, str]) -> tuple[str, list[str]]:
+    """A new name and the ``--conf`` arguments of Iceberg's ``SparkCatalog`` under it with
+    ``props`` (its ``type``, ``uri``...). (A new name each time: the runner's session keeps every
+    catalog it loaded.)"""
     import secrets
 
+    name = f"lake_{secrets.token_hex(4)}"
+    key = f"spark.sql.catalog.{name}"
+    conf = {key: "org.apache.iceberg.spark.SparkCatalog", **{f"{key}.{k}": v for k, v in props.items()}}
+    return name, [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
+
+
+def jdbc_catalog(dsn: str, warehouse: str) -> tuple[str, list[str]]:
+    """:func:`catalog`: Iceberg's JDBC catalog in the PostgreSQL of ``dsn`` (over TCP: its password
+    from the conninfo's passfile), its warehouse ``warehouse``."""
     import psycopg
 
     info = psycopg.conninfo.conninfo_to_dict(dsn)
     password = Path(str(info["passfile"])).read_text().strip().rsplit(":", 1)[1]
-    name = f"lake_{secrets.token_hex(4)}"
-    key = f"spark.sql.catalog.{name}"
-    conf = {
-        key: "org.apache.iceberg.spark.SparkCatalog",
-        f"{key}.type": "jdbc",
-        f"{key}.uri": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
-        f"{key}.jdbc.user": str(info["user"]),
-        f"{key}.jdbc.password": password,
-        f"{key}.warehouse": warehouse,
-    }
-    return name, [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
+    return catalog({
+        "type": "jdbc",
+        "uri": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
+        "jdbc.user": str(info["user"]),
+        "jdbc.password": password,
+        "warehouse": warehouse,
+    })  # fmt: skip
 
 
 def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tcp_dsn: str) -> None:
@@ -393,14 +398,10 @@ def test_a_rest_catalog(tmp_path: Path, connector: Runner, iceberg_rest: str) ->
     it): the tables are made, MERGEd into and left alone by a re-run through the catalog's HTTP
     API, the position in each snapshot's summary; pyiceberg, through its own REST client, reads
     PostgreSQL's rows and the position back. Nothing under --target but pgrecv's own state."""
-    import secrets
-
     from pyiceberg.catalog.rest import RestCatalog
 
-    name = f"rest_{secrets.token_hex(4)}"
-    key = f"spark.sql.catalog.{name}"
-    conf = {key: "org.apache.iceberg.spark.SparkCatalog", f"{key}.type": "rest", f"{key}.uri": iceberg_rest}
-    args = ["--iceberg-catalog", name, *[x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]]
+    name, conf = catalog({"type": "rest", "uri": iceberg_rest})
+    args = ["--iceberg-catalog", name, *conf]
     target = tmp_path / "state"
     first, second = _insert_then_merge(tmp_path / "1.jsonl", tmp_path / "2.jsonl")
     s1 = _run(connector, str(first), "--target", str(target), *args)
