@@ -137,6 +137,7 @@ _pgrecv() {
                 --publication) return ;;
                 --source) COMPREPLY=($(compgen -d -- "$cur")); return ;;
                 --master) return ;;
+                --remote) return ;;
                 --conf) return ;;
                 --key) return ;;
                 --bad-values) COMPREPLY=($(compgen -W "fail null text" -- "$cur")); return ;;
@@ -145,7 +146,7 @@ _pgrecv() {
                 -p|--port) return ;;
                 -U|--username) return ;;
             esac
-            COMPREPLY=($(compgen -W "--help -S --slot --target --format --iceberg-catalog --table --publication --source --no-catch-up --master --conf --key --append-only --bad-values --json -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--help -S --slot --target --format --iceberg-catalog --table --publication --source --no-catch-up --master --remote --conf --key --append-only --bad-values --json -d --dbname -h --host -p --port -U --username -w --no-password -W --password -v --verbose -q --quiet" -- "$cur")) ;;
     esac
 }
 complete -o default -F _pgrecv pgrecv

@@ -130,7 +130,7 @@ _pgrecv() {
                 '--format[Table format.]:value:(delta parquet iceberg)' \
                 '*--table[Only these tables (schema.table glob).]:glob: ' \
                 '--master[Spark master (default local\[*\], or spark-submit'\''s).]:url: ' \
-                '--remote[Run the job on a Spark Connect server instead (default\: $SPARK_REMOTE); Parquet and delta-rs.]:sc\://host\:port: ' \
+                '--remote[Run the Spark side on a Spark Connect server instead (default\: $SPARK_REMOTE).]:sc\://host\:port: ' \
                 '*--conf[Spark configuration (repeatable).]:key=value: ' \
                 '--mode[latest\: the tables as they are; history\: every version (SCD type 2).]:value:(latest history)' \
                 '--delta-engine[Who commits Delta tables\: delta-rs, or Delta Lake'\''s Spark connector (its jars given with --conf spark.jars=... or spark.jars.packages=...; deletion vectors on). auto\: the connector when its jars are in the session, else delta-rs.]:value:(auto delta-rs spark)' \
@@ -196,6 +196,7 @@ _pgrecv() {
                 '--source[The change directory (start'\''s --output-dir)\: the slot is streamed into it up to the snapshot and applied first. Without it (or with --no-catch-up) the lake is compared as it is.]:directory:_files -/' \
                 '--no-catch-up[Compare the lake as it is\: lagging tables show as differences.]' \
                 '--master[Spark master (default local\[*\]).]:url: ' \
+                '--remote[Run the Spark side on a Spark Connect server instead (default\: $SPARK_REMOTE).]:sc\://host\:port: ' \
                 '*--conf[Spark configuration (repeatable).]:key=value: ' \
                 '*--key[Key columns (comma-separated) of a table whose input names none, as test_decoding'\''s may not (repeatable; double-quote names holding . , = or ").]:schema.table=columns: ' \
                 '--append-only[Tables without any key\: append their inserts.]' \

@@ -62,6 +62,23 @@ iceberg_catalog_option = click.option(
 )
 
 
+remote_option = click.option(
+    "--remote",
+    metavar="sc://HOST:PORT",
+    envvar="SPARK_REMOTE",
+    help="Run the Spark side on a Spark Connect server instead (default: $SPARK_REMOTE).",
+)
+
+
+def check_remote(master: str | None, remote: str | None) -> None:
+    if remote is None:
+        return
+    if master is not None:
+        raise UsageError(f"--master {master} and --remote {remote} (or SPARK_REMOTE) exclude each other: pick one")
+    if not remote.startswith("sc://"):
+        raise UsageError(f"--remote {remote}: a Spark Connect URL is sc://HOST:PORT")
+
+
 def check_catalog(catalog: str | None, fmt: str) -> None:
     """--iceberg-catalog names a catalog of Iceberg tables: refused with another format."""
     if catalog is not None and fmt != "iceberg":
@@ -110,12 +127,7 @@ def bad_values_option(help_text: str = BAD_VALUES_HELP) -> Callable[[_Decorated]
 )
 @click.option("--table", "tables", multiple=True, metavar="GLOB", help="Only these tables (schema.table glob).")
 @click.option("--master", metavar="URL", help="Spark master (default local[*], or spark-submit's).")
-@click.option(
-    "--remote",
-    metavar="sc://HOST:PORT",
-    envvar="SPARK_REMOTE",
-    help="Run the job on a Spark Connect server instead (default: $SPARK_REMOTE); Parquet and delta-rs.",
-)
+@remote_option
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Spark configuration (repeatable).")
 @click.option(
     "--mode",
@@ -184,11 +196,7 @@ def _spark_apply(
     if replay is not None:
         log("warning: --replay is deprecated and does nothing: spark-apply always replays in Spark", 0)
 
-    if remote is not None:
-        if master is not None:
-            raise UsageError(f"--master {master} and --remote {remote} (or SPARK_REMOTE) exclude each other: pick one")
-        if not remote.startswith("sc://"):
-            raise UsageError(f"--remote {remote}: a Spark Connect URL is sc://HOST:PORT")
+    check_remote(master, remote)
     from pgrecv.spark.stores import check_scheme, is_store_source
 
     for given in sources:

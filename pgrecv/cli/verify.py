@@ -12,10 +12,12 @@ from pgrecv.cli.spark_apply import (
     append_only_option,
     bad_values_option,
     check_catalog,
+    check_remote,
     iceberg_catalog_option,
     key_option,
     parse_conf,
     parse_target,
+    remote_option,
 )
 from pgrecv.errors import UsageError
 from pgrecv.lsn import lsn_str
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 )
 @click.option("--no-catch-up", is_flag=True, help="Compare the lake as it is: lagging tables show as differences.")
 @click.option("--master", metavar="URL", help="Spark master (default local[*]).")
+@remote_option
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Spark configuration (repeatable).")
 @key_option
 @append_only_option
@@ -64,6 +67,7 @@ def verify(
     source: str | None,
     no_catch_up: bool,
     master: str | None,
+    remote: str | None,
     confs: tuple[str, ...],
     keys: tuple[str, ...],
     append_only: bool,
@@ -88,6 +92,7 @@ def verify(
     start_kw = dict(kw)
     opts = conn_opts(kw)
     check_catalog(catalog, fmt)
+    check_remote(master, remote)
     if no_catch_up and source is None:
         raise UsageError("--no-catch-up goes with --source (without --source nothing is caught up)")
     conf = parse_conf(confs)
@@ -100,6 +105,7 @@ def verify(
         publication=publication,
         source=source,
         master=master,
+        remote=remote,
         conf=conf,
         keys=parse_keys(keys),
         append_only=append_only,

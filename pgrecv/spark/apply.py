@@ -47,18 +47,8 @@ def run_apply(
         # nothing to read (a cron run before the stream's first file): no JVM started for it
         has_input = bool(files) or (state.is_dir() and any(state.glob("*.jsonl")))
         if spark is None and has_input:
-            from pyspark.sql import SparkSession
-
-            from pgrecv.spark.jars import session_conf
-            from pgrecv.spark.sparkops import start_session
-
-            # spark-submit's session is active, its static configuration fixed: only a new one gets the
-            # connector's (a Spark Connect server's is fixed too)
-            fixed = SparkSession.getActiveSession() is not None or config.remote is not None
-            conf = config.conf if fixed else session_conf(config.conf, config.fmt, config.engine)
-            if on_store or any(is_store_source(s) for s in config.sources):
-                conf = stores.session_conf(conf)  # (a fixed session takes the runtime ones)
-            spark = start_session(config.master, conf, remote=config.remote)
+            on_stores = on_store or any(is_store_source(s) for s in config.sources)
+            spark = open_session(config.master, config.remote, config.conf, config.fmt, config.engine, on_stores)
         schemes = {f.scheme for f in files if isinstance(f, StoreFile)} | ({"s3"} if on_store else set())
         if spark is not None and has_input and schemes:
             stores.check_session(spark, schemes)
@@ -94,6 +84,23 @@ def run_apply(
     if unread.warning is not None:
         summary.warnings.insert(0, unread.warning)
     return summary
+
+
+def open_session(
+    master: str | None, remote: str | None, conf: dict[str, str], fmt: str, engine: str, on_stores: bool
+) -> SparkSession:
+    """The session of a job on a lake (spark-apply's, and verify's of the same lake): a new one
+    gets the table format's connector and, when SOURCE or the target is on a store, the store's
+    settings. spark-submit's session and a Spark Connect server's have their static configuration
+    fixed: they take the runtime settings only."""
+    from pyspark.sql import SparkSession
+
+    from pgrecv.spark.jars import session_conf
+    from pgrecv.spark.sparkops import start_session
+
+    fixed = SparkSession.getActiveSession() is not None or remote is not None
+    given = conf if fixed else session_conf(conf, fmt, engine)
+    return start_session(master, stores.session_conf(given) if on_stores else given, remote=remote)
 
 
 def list_applied(config: ApplyConfig) -> list[SourceFile]:

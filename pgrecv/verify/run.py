@@ -48,6 +48,7 @@ class VerifyConfig:
     publication: str | None = None
     source: str | None = None  # the change directory; None: compare the lake as it is
     master: str | None = None
+    remote: str | None = None  # a Spark Connect server (sc://HOST:PORT): the lake's side runs there
     conf: dict[str, str] = field(default_factory=dict)
     # as given to spark-apply: its catch-up applies with them, and the comparison follows them
     keys: dict[Name, tuple[str, ...]] = field(default_factory=dict)
@@ -211,12 +212,10 @@ def _session(config: VerifyConfig) -> SparkSession:
     """spark-apply's session for the same lake: with the store's settings when it is on S3, and its
     S3A connector checked (else each task would fail on its first file with a Java stack)."""
     from pgrecv.spark import stores
-    from pgrecv.spark.jars import session_conf
-    from pgrecv.spark.sparkops import start_session
+    from pgrecv.spark.apply import open_session
 
-    conf = session_conf(config.conf, config.fmt, "auto")
     on_store = isinstance(config.target, stores.StorePath)
-    spark = start_session(config.master, stores.session_conf(conf) if on_store else conf)
+    spark = open_session(config.master, config.remote, config.conf, config.fmt, "auto", on_store)
     if on_store:
         stores.check_session(spark)
     return spark
@@ -233,6 +232,7 @@ def _apply(config: VerifyConfig, spark: SparkSession) -> Summary:
         fmt=config.fmt,  # type: ignore[arg-type]
         tables=config.tables,
         master=config.master,
+        remote=config.remote,
         conf=config.conf,
         keys=config.keys,
         append_only=config.append_only,

@@ -22,7 +22,7 @@ from tests.conftest import ConnectServer, S3Server, _free_port
 from tests.spark.changegen import Gen
 from tests.spark.test_cluster import _counts, assert_same_tables
 from tests.spark.test_differential import _files
-from tests.util import err, pgrecv
+from tests.util import err, pgrecv, sql
 
 pytest.importorskip("pyspark")
 SEED = 1111
@@ -221,6 +221,45 @@ def test_connect_holds_back_an_iceberg_table_with_uuid_columns(spark_connect: Co
     assert "uuid column(s) u" in err(proc) and "Traceback" not in err(proc), err(proc)
     status = {t["table"]: t["status"] for t in orjson.loads(proc.stdout)["tables"]}
     assert status == {"s.t": "applied", "s.g": "held back"}, status
+
+
+@pytest.mark.newest_server  # the subject is Spark Connect; verify's cases on both servers are tests/verify's
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_verify_through_connect(spark_connect: ConnectServer, db_dsn: str, tmp_path: Path, fmt: str) -> None:
+    """``pgrecv verify --remote``: the lake's side (its tables read, their rows hashed per key range,
+    the rows of differing ranges) and the catch-up's apply run on the server. Changes not applied
+    are found by key; caught up, the lake is equal; --master with SPARK_REMOTE is one line."""
+    sql(db_dsn, "CREATE TABLE b (id bigint PRIMARY KEY, v text); CREATE TABLE c (id int PRIMARY KEY, n numeric(6,1))")
+    sql(db_dsn, "CREATE PUBLICATION pub FOR ALL TABLES")
+    sql(db_dsn, "INSERT INTO b SELECT i, 'b' || i FROM generate_series(1, 90) i")
+    sql(db_dsn, "INSERT INTO c SELECT i, i / 10.0 FROM generate_series(1, 30) i")
+    src, lake = tmp_path / "cdc", tmp_path / "lake"
+    proc = pgrecv("snapshot", "-d", db_dsn, "--slot", "s", "--output-dir", str(src))
+    assert proc.returncode == 0, err(proc)
+    sql(db_dsn, "UPDATE b SET v = NULL WHERE id = 2")
+    proc = pgrecv("start", "-d", db_dsn, "--slot", "s", "--output-dir", str(src), "--until-caught-up")
+    assert proc.returncode == 0, err(proc)
+    proc = apply_remote(spark_connect, [src], lake, "--format", fmt)
+    assert proc.returncode == 0, f"{err(proc)}\n{spark_connect.log.read_text()[-3000:]}"
+    sql(db_dsn, "UPDATE b SET v = 'later' WHERE id = 3; DELETE FROM b WHERE id = 4; INSERT INTO b VALUES (1000, 'x')")
+    args = ("verify", "-d", db_dsn, "--slot", "s", "--target", str(lake), "--format", fmt, "--source", str(src))
+
+    def verify(*extra: str) -> tuple[int, dict[str, Any]]:
+        proc = pgrecv(*args, "--json", "--remote", spark_connect.url, *extra, timeout=600)
+        assert "Traceback" not in err(proc), err(proc)
+        return proc.returncode, orjson.loads(proc.stdout) if proc.stdout.strip() else {}
+
+    code, doc = verify("--no-catch-up")
+    assert code == ExitCode.DIFFERENT, doc
+    tables = {t["table"]: t for t in doc["tables"]}
+    assert (tables["public.b"]["missing_keys"], tables["public.b"]["extra_keys"]) == (["id=1000"], ["id=4"]), doc
+    assert tables["public.b"]["changed_rows"] == [{"key": "id=3", "columns": ["v"]}], doc
+    assert tables["public.c"]["status"] == "equal", doc
+    code, doc = verify()  # streamed up to the snapshot, applied through the server, compared there
+    assert code == 0, doc
+    assert doc["caught_up"] and [t["status"] for t in doc["tables"]] == ["equal", "equal"], doc
+    proc = pgrecv(*args, "--master", "local[1]", env={"SPARK_REMOTE": spark_connect.url})
+    assert proc.returncode == ExitCode.USAGE and "exclude each other" in err(proc), err(proc)
 
 
 @pytest.mark.parametrize(
