@@ -106,6 +106,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+@pytest.fixture
+def server_fmt(pg_server: TempServer) -> str:
+    """One table format per server, for tests whose subject is a server's input to spark-apply
+    (the writers' own cases are elsewhere): Parquet on the older servers, Delta on the newest, so
+    that the cases cover both formats and both servers in one run each."""
+    return "delta" if pg_server.version == max(VERSIONS) else "parquet"
+
+
 def _installation(version: int) -> PgInstall:
     """The PostgreSQL installation of a major version; the test fails, saying how to get it, without one."""
     found = [i for i in find_installations() if i.version == version]

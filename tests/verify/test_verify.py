@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from pgrecv.errors import ExitCode
-from pgrecv.pg.server import TempServer
 from pgrecv.spark.model import table_dir_name
 from tests.conftest import ApplyHere, S3Server
 from tests.spark.connector_runner import Runner
@@ -123,13 +122,7 @@ def _writer(dsn: str, stop: threading.Event) -> threading.Thread:
     return thread
 
 
-@pytest.fixture
-def fmt(pg_server: TempServer) -> str:
-    """Both formats and both servers in two runs: Parquet on PostgreSQL 15, Delta on 18."""
-    return "parquet" if pg_server.version < 18 else "delta"
-
-
-def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: str) -> None:
+def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, server_fmt: str) -> None:
     sql(db_dsn, SCHEMA)
     sql(db_dsn, ROW, (1, 200))
     sql(db_dsn, "INSERT INTO b SELECT i, 'b' || i FROM generate_series(1, 300) i")
@@ -142,18 +135,18 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     sql(db_dsn, "UPDATE a SET v = NULL, nu = 1e-12, f = 'NaN', ts = 'infinity' WHERE id = 2")
     sql(db_dsn, "DELETE FROM b WHERE id > 290")
 
-    code, doc, text = _verify(db_dsn, src, lake, fmt)  # a --target that is not there: one line
+    code, doc, text = _verify(db_dsn, src, lake, server_fmt)  # a --target that is not there: one line
     assert code == ExitCode.USAGE and text.count("\n") == 1 and "--target" in text, text
     proc = pgrecv("start", "-d", db_dsn, "--slot", "s", "--output-dir", str(src), "--until-caught-up")
     assert proc.returncode == 0, err(proc)
     null = ("--bad-values", "null")  # p's NaN and infinity are stored as NULL
-    proc = pgrecv_here("spark-apply", str(src), "--target", str(lake), "--format", fmt, *null, *FAST)
+    proc = pgrecv_here("spark-apply", str(src), "--target", str(lake), "--format", server_fmt, *null, *FAST)
     assert proc.returncode == 0, err(proc)
     sql(db_dsn, "UPDATE a SET v = 'later' WHERE id = 3")
     sql(db_dsn, "DELETE FROM a WHERE id = 4")
     sql(db_dsn, ROW, (1000, 1000))
     # the lake as it is, with changes it has not applied: each named by key, the lag said
-    code, doc, text = _verify(db_dsn, src, lake, fmt, "--no-catch-up")
+    code, doc, text = _verify(db_dsn, src, lake, server_fmt, "--no-catch-up")
     assert code == ExitCode.DIFFERENT, text
     a = _tables(doc)["public.a"]
     assert (a["status"], a["missing_keys"], a["extra_keys"]) == ("different", ["id=1000"], ["id=4"]), a
@@ -167,7 +160,7 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     stop = threading.Event()
     writer = _writer(db_dsn, stop)
     try:
-        code, doc, text = _verify(db_dsn, src, lake, fmt, *null)
+        code, doc, text = _verify(db_dsn, src, lake, server_fmt, *null)
     finally:
         stop.set()
         writer.join()
@@ -177,10 +170,10 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
 
     # behind pgrecv's back: a row deleted, a value changed, a row added; caught up to the writer's
     # last changes, exactly those are found
-    _tamper(lake, fmt, "a", "delete 5")
-    _tamper(lake, fmt, "b", "change 77")
-    _tamper(lake, fmt, "b", "extra")
-    code, doc, text = _verify(db_dsn, src, lake, fmt, *null)
+    _tamper(lake, server_fmt, "a", "delete 5")
+    _tamper(lake, server_fmt, "b", "change 77")
+    _tamper(lake, server_fmt, "b", "extra")
+    code, doc, text = _verify(db_dsn, src, lake, server_fmt, *null)
     assert code == ExitCode.DIFFERENT, text
     tables = _tables(doc)
     a, b, odd = tables["public.a"], tables["public.b"], tables["public.odd name"]
@@ -192,7 +185,7 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     shutil.rmtree(lake / table_dir_name("public", "odd name"))
     sql(db_dsn, "DROP TABLE p")  # the lake keeps it: listed, no difference
     plain = pgrecv(
-        "verify", "-d", db_dsn, "--slot", "s", "--target", str(lake), "--format", fmt, *null, *FAST, timeout=600
+        "verify", "-d", db_dsn, "--slot", "s", "--target", str(lake), "--format", server_fmt, *null, *FAST, timeout=600
     )  # fmt: skip
     assert plain.returncode == ExitCode.DIFFERENT
     out = plain.stdout.decode()
@@ -204,7 +197,7 @@ def test_verify_finds_each_difference_by_key(db_dsn: str, tmp_path: Path, fmt: s
     assert err(plain).strip().splitlines()[-1].startswith("pgrecv: error: 3 of 4 tables differ"), err(plain)
 
 
-def test_a_test_decoding_slot_with_key_given(db_dsn: str, tmp_path: Path, fmt: str) -> None:
+def test_a_test_decoding_slot_with_key_given(db_dsn: str, tmp_path: Path, server_fmt: str) -> None:
     """A test_decoding slot's tables are all tables (no publication); a table whose changes name
     no key is applied, and compared, by the --key given to verify, as spark-apply's would be."""
     sql(db_dsn, "CREATE TABLE t (id int NOT NULL, v text)")  # no key: test_decoding names none
@@ -216,13 +209,13 @@ def test_a_test_decoding_slot_with_key_given(db_dsn: str, tmp_path: Path, fmt: s
     sql(db_dsn, "UPDATE t SET v = 'x' WHERE id = 7")
     sql(db_dsn, "INSERT INTO t VALUES (41, 'new')")  # (a delete without a key cannot be applied at all)
     key = ("--key", "public.t=id")
-    code, doc, text = _verify(db_dsn, src, lake, fmt, *key)
+    code, doc, text = _verify(db_dsn, src, lake, server_fmt, *key)
     assert code == 0, (text, doc)
     (t,) = doc["tables"]
     assert (t["table"], t["key"], t["rows_postgres"], t["rows_lake"]) == ("public.t", ["id"], 41, 41), t
     # without --key the catch-up's apply holds the update back, and verify says why, by whole rows
     sql(db_dsn, "UPDATE t SET v = 'y' WHERE id = 9")
-    code, doc, text = _verify(db_dsn, src, lake, fmt)
+    code, doc, text = _verify(db_dsn, src, lake, server_fmt)
     assert code == ExitCode.DIFFERENT, text
     (t,) = doc["tables"]
     assert (t["missing"], t["extra"]) == (1, 1) and "held back" in t["note"] and "--key" in t["note"], t
