@@ -297,6 +297,7 @@ def test_server_inputs_outside_the_direct_read_match_postgres(
     PostgreSQL's tables, but for test_decoding's comp: its lines never name its key (no delete, no
     key change, no REPLICA IDENTITY FULL), so it is held back, with the reason, not guessed, until
     --key names it."""
+    fmt = server_fmt
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)
     if kind == "test_decoding":
@@ -314,9 +315,8 @@ def test_server_inputs_outside_the_direct_read_match_postgres(
     first = tmp_path / "a.jsonl"
     _peek(db_dsn, first)
     pgrecv("peek", "-d", db_dsn, "--slot", "s", "--consume", "-f", str(tmp_path / "consumed.jsonl"))
-    for fmt in (server_fmt,):
-        summary = run_apply(ApplyConfig((str(first),), tmp_path / fmt, fmt=fmt), spark=spark)
-        assert summary.input_read == read
+    summary = run_apply(ApplyConfig((str(first),), tmp_path / fmt, fmt=fmt), spark=spark)
+    assert summary.input_read == read
     if kind == "two-phase":
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             conn.execute("COMMIT PREPARED 'g_pending'")
@@ -329,35 +329,33 @@ def test_server_inputs_outside_the_direct_read_match_postgres(
         assert '"g_pending"' in second.read_text() and '"begin_prepare"' not in second.read_text()
     else:
         assert '"replica_identity":"unknown"' in text and '"op":"update"' in text and '"op":"delete"' in text
-    for fmt in (server_fmt,):
-        target = tmp_path / fmt
-        summary = run_apply(ApplyConfig((str(second),), target, fmt=fmt), spark=spark)
-        assert summary.input_read == read
-        status = {t.table: t.status for t in summary.tables}
-        if kind == "test_decoding":
-            assert status.pop("public.comp") == "held back"
-            held = next(t for t in summary.tables if t.table == "public.comp")
-            assert "the input names no key for it (test_decoding" in str(held.error)
-            assert "--key public.comp=COLUMN" in str(held.error)
-        assert set(status.values()) == {"applied"}
-        _assert_equal(db_dsn, target, fmt, spark, tables=tuple(t.split(".")[1] for t in status))
-        if kind == "test_decoding":  # its key named: applied from both files, the others up to date
-            keys: dict[tuple[str, str], tuple[str, ...]] = {("public", "comp"): ("k1", "k2")}
-            again = run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, keys=keys), spark=spark)
-            status = {t.table: t.status for t in again.tables}
-            assert status == {"public.comp": "applied", "public.wide": "up to date", "public.full_t": "up to date"}
-            _assert_equal(db_dsn, target, fmt, spark)
+    target = tmp_path / fmt
+    summary = run_apply(ApplyConfig((str(second),), target, fmt=fmt), spark=spark)
+    assert summary.input_read == read
+    status = {t.table: t.status for t in summary.tables}
+    if kind == "test_decoding":
+        assert status.pop("public.comp") == "held back"
+        held = next(t for t in summary.tables if t.table == "public.comp")
+        assert "the input names no key for it (test_decoding" in str(held.error)
+        assert "--key public.comp=COLUMN" in str(held.error)
+    assert set(status.values()) == {"applied"}
+    _assert_equal(db_dsn, target, fmt, spark, tables=tuple(t.split(".")[1] for t in status))
+    if kind == "test_decoding":  # its key named: applied from both files, the others up to date
+        keys: dict[tuple[str, str], tuple[str, ...]] = {("public", "comp"): ("k1", "k2")}
+        again = run_apply(ApplyConfig((str(first), str(second)), target, fmt=fmt, keys=keys), spark=spark)
+        status = {t.table: t.status for t in again.tables}
+        assert status == {"public.comp": "applied", "public.wide": "up to date", "public.full_t": "up to date"}
+        _assert_equal(db_dsn, target, fmt, spark)
     if kind == "test_decoding":  # a key the input contradicts holds that table back, named
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             conn.execute("DELETE FROM wide WHERE id = (SELECT min(id) FROM wide)")  # its old key: id
         third = tmp_path / "c.jsonl"
         _peek(db_dsn, third)
         wrong: dict[tuple[str, str], tuple[str, ...]] = {("public", "comp"): ("k1", "k2"), ("public", "wide"): ("i2",)}
-        for fmt in (server_fmt,):
-            res = run_apply(ApplyConfig((str(third),), tmp_path / fmt, fmt=fmt, keys=wrong), spark=spark)
-            errors = {t.table: t.error for t in res.tables if t.status == "held back"}
-            assert list(errors) == ["public.wide"]
-            assert "the input names the key of table public.wide as (id)" in str(errors["public.wide"])
+        res = run_apply(ApplyConfig((str(third),), tmp_path / fmt, fmt=fmt, keys=wrong), spark=spark)
+        errors = {t.table: t.error for t in res.tables if t.status == "held back"}
+        assert list(errors) == ["public.wide"]
+        assert "the input names the key of table public.wide as (id)" in str(errors["public.wide"])
 
 
 def test_test_decoding_after_a_snapshot(db_dsn: str, tmp_path: Path, spark: Any) -> None:
