@@ -244,7 +244,10 @@ def connector(
 
     # Delta rebuilds a snapshot of its log in 50 tasks by default: two are plenty for test tables
     conf = ("spark.sql.shuffle.partitions=2", "spark.ui.enabled=false", "spark.databricks.delta.snapshotPartitions=2")
-    conf += (f"spark.driver.extraClassPath={s3a_jars_conf.replace(',', ':')}",)
+    # PostgreSQL's JDBC driver on the class path too, as a deployment puts a Hive metastore's
+    # database driver there (DataNucleus finds it through DriverManager, which spark.jars' loader hides)
+    pg_driver = [j for j in spark_jars_conf.split(",") if Path(j).name.startswith("postgresql-")]
+    conf += (f"spark.driver.extraClassPath={':'.join([*s3a_jars_conf.split(','), *pg_driver])}",)
     conf += tuple(f"spark.hadoop.fs.s3a.{k}={v}" for k, v in s3a_settings(s3_server).items())
     runner = Runner(spark_jars_conf, tmp_path_factory.mktemp("connector") / "runner.log", "local[2]", conf)
     yield runner

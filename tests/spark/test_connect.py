@@ -223,7 +223,7 @@ def test_connect_holds_back_an_iceberg_table_with_uuid_columns(spark_connect: Co
 
 
 @pytest.mark.newest_server  # the subject is Spark Connect; verify's cases on both servers are tests/verify's
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+@pytest.mark.parametrize("fmt", ["parquet", "delta", "iceberg"])
 def test_verify_through_connect(spark_connect: ConnectServer, db_dsn: str, tmp_path: Path, fmt: str) -> None:
     """``pgrecv verify --remote``: the lake's side (its tables read, their rows hashed per key range,
     the rows of differing ranges) and the catch-up's apply run on the server. Changes not applied

@@ -418,6 +418,53 @@ def test_a_rest_catalog(tmp_path: Path, connector: Runner, iceberg_rest: str) ->
     assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
 
 
+def test_a_hive_catalog(tmp_path: Path, connector: Runner, newest_tcp_dsn: str) -> None:
+    """--iceberg-catalog naming a Hive catalog: Iceberg's HiveCatalog on a Hive metastore (Hive
+    2.3's, the one Spark's own jars carry) whose database is PostgreSQL, as a metastore's often
+    is; embedded in the session (no Thrift service to run). Its commits swap the table's
+    metadata pointer with the metastore's conditional alter (lock-free, Hive 2.3.10). The tables
+    are made, MERGEd into and left alone by a re-run; pyiceberg reads PostgreSQL's rows and the
+    position back from the metadata the metastore points to."""
+    import psycopg
+
+    from pgrecv.spark.files import file_url
+
+    info = psycopg.conninfo.conninfo_to_dict(newest_tcp_dsn)
+    password = Path(str(info["passfile"])).read_text().strip().rsplit(":", 1)[1]
+    hive = {
+        "javax.jdo.option.ConnectionURL": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
+        "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
+        "javax.jdo.option.ConnectionUserName": str(info["user"]),
+        "javax.jdo.option.ConnectionPassword": password,
+        "datanucleus.schema.autoCreateAll": "true",
+        "hive.metastore.schema.verification": "false",
+        "iceberg.engine.hive.lock-enabled": "false",
+    }
+    warehouse = tmp_path / "warehouse"
+    name, conf = catalog(
+        {"type": "hive", "warehouse": file_url(warehouse)} | {f"hadoop.{k}": v for k, v in hive.items()}
+    )
+    args = ["--iceberg-catalog", name, *conf]
+    target = tmp_path / "state"
+    first, second = _insert_then_merge(tmp_path / "1.jsonl", tmp_path / "2.jsonl")
+    s1 = _run(connector, str(first), "--target", str(target), *args)
+    assert [(t["status"], t["applied_lsn"]) for t in s1["tables"]] == [("applied", "0/1000")]
+    s2 = _run(connector, str(first), str(second), "--target", str(target), *args)
+    assert [(t["status"], t["updates"], t["deletes"]) for t in s2["tables"]] == [("applied", 1, 1)]
+    again = _run(connector, str(first), str(second), "--target", str(target), *args)
+    assert [t["status"] for t in again["tables"]] == ["up to date"]
+    with psycopg.connect(newest_tcp_dsn) as conn:  # the metastore's pointer: the table's parameter
+        row = conn.execute(
+            'SELECT p."PARAM_VALUE" FROM "TABLE_PARAMS" p JOIN "TBLS" t ON t."TBL_ID" = p."TBL_ID" '
+            """WHERE t."TBL_NAME" = 't' AND p."PARAM_KEY" = 'metadata_location'"""
+        ).fetchone()
+    assert row is not None
+    rows, props = read_iceberg(warehouse, row[0])
+    assert props["pgrecv.applied-lsn"] == str(0x2000)
+    assert {r["id"]: r["x"] for r in rows} == {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}
+    assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
+
+
 def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     newest_tcp_dsn: str, s3_server: Any, connector: Runner
 ) -> None:
