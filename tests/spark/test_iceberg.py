@@ -352,6 +352,25 @@ def jdbc_catalog(dsn: str, warehouse: str) -> tuple[str, list[str]]:
     })  # fmt: skip
 
 
+MERGED = {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}  # s.t after _insert_then_merge's files
+
+
+def _merge_through(connector: Runner, tmp_path: Path, name: str, conf: list[str]) -> None:
+    """_insert_then_merge's files through the named catalog ``name`` (its ``--conf`` arguments):
+    the table made, then MERGEd into (one update, one delete), then a re-run up to date; nothing
+    under --target but pgrecv's own state."""
+    args = ["--iceberg-catalog", name, *conf]
+    target = tmp_path / "state"
+    first, second = _insert_then_merge(tmp_path / "1.jsonl", tmp_path / "2.jsonl")
+    s1 = _run(connector, str(first), "--target", str(target), *args)
+    assert [(t["status"], t["applied_lsn"]) for t in s1["tables"]] == [("applied", "0/1000")]
+    s2 = _run(connector, str(first), str(second), "--target", str(target), *args)
+    assert [(t["status"], t["updates"], t["deletes"]) for t in s2["tables"]] == [("applied", 1, 1)]
+    again = _run(connector, str(first), str(second), "--target", str(target), *args)
+    assert [t["status"] for t in again["tables"]] == ["up to date"]
+    assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
+
+
 def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tcp_dsn: str) -> None:
     """--iceberg-catalog: a catalog of the session, here Iceberg's JDBC catalog with its pointers
     in PostgreSQL (over TCP, through the driver jvm/pom.xml fetches) and its warehouse a local
@@ -364,14 +383,8 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
     from pgrecv.spark.files import file_url
 
     name, args = jdbc_catalog(tcp_dsn, file_url(tmp_path / "warehouse"))
-    target = tmp_path / "state"
-    first, second = _insert_then_merge(tmp_path / "1.jsonl", tmp_path / "2.jsonl")
-    s1 = _run(connector, str(first), "--target", str(target), "--iceberg-catalog", name, *args)
-    assert s1["tables"][0]["applied_lsn"] == "0/1000"
-    s2 = _run(connector, str(first), str(second), "--target", str(target), "--iceberg-catalog", name, *args)
-    assert [(t["status"], t["updates"], t["deletes"]) for t in s2["tables"]] == [("applied", 1, 1)]
-    again = _run(connector, str(first), str(second), "--target", str(target), "--iceberg-catalog", name, *args)
-    assert [t["status"] for t in again["tables"]] == ["up to date"]
+    _merge_through(connector, tmp_path, name, args)
+    first = tmp_path / "1.jsonl"
     with psycopg.connect(tcp_dsn) as conn:
         found = conn.execute(
             "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 's' "
@@ -382,9 +395,7 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
     table = pyiceberg_table.StaticTable.from_metadata(found[0])
     snapshot = table.current_snapshot()
     assert snapshot is not None and snapshot.summary.additional_properties["pgrecv.applied-lsn"] == str(0x2000)
-    rows = {r["id"]: r["x"] for r in table.scan().to_arrow().to_pylist()}
-    assert rows == {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}
-    assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
+    assert {r["id"]: r["x"] for r in table.scan().to_arrow().to_pylist()} == MERGED
 
     missing = _proc(connector, str(first), "--target", str(tmp_path / "x"), "--iceberg-catalog", "nosuch")
     assert missing.returncode == 2 and b"--iceberg-catalog nosuch: the Spark session has no catalog" in missing.stderr
@@ -401,21 +412,11 @@ def test_a_rest_catalog(tmp_path: Path, connector: Runner, iceberg_rest: str) ->
     from pyiceberg.catalog.rest import RestCatalog
 
     name, conf = catalog({"type": "rest", "uri": iceberg_rest})
-    args = ["--iceberg-catalog", name, *conf]
-    target = tmp_path / "state"
-    first, second = _insert_then_merge(tmp_path / "1.jsonl", tmp_path / "2.jsonl")
-    s1 = _run(connector, str(first), "--target", str(target), *args)
-    assert [(t["status"], t["applied_lsn"]) for t in s1["tables"]] == [("applied", "0/1000")]
-    s2 = _run(connector, str(first), str(second), "--target", str(target), *args)
-    assert [(t["status"], t["updates"], t["deletes"]) for t in s2["tables"]] == [("applied", 1, 1)]
-    again = _run(connector, str(first), str(second), "--target", str(target), *args)
-    assert [t["status"] for t in again["tables"]] == ["up to date"]
+    _merge_through(connector, tmp_path, name, conf)
     table = RestCatalog("pyiceberg", uri=iceberg_rest).load_table(("s", "t"))
     snapshot = table.current_snapshot()
     assert snapshot is not None and snapshot.summary.additional_properties["pgrecv.applied-lsn"] == str(0x2000)
-    rows = {r["id"]: r["x"] for r in table.scan().to_arrow().to_pylist()}
-    assert rows == {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}
-    assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
+    assert {r["id"]: r["x"] for r in table.scan().to_arrow().to_pylist()} == MERGED
 
 
 def test_a_hive_catalog(tmp_path: Path, connector: Runner, newest_tcp_dsn: str) -> None:
@@ -444,15 +445,7 @@ def test_a_hive_catalog(tmp_path: Path, connector: Runner, newest_tcp_dsn: str) 
     name, conf = catalog(
         {"type": "hive", "warehouse": file_url(warehouse)} | {f"hadoop.{k}": v for k, v in hive.items()}
     )
-    args = ["--iceberg-catalog", name, *conf]
-    target = tmp_path / "state"
-    first, second = _insert_then_merge(tmp_path / "1.jsonl", tmp_path / "2.jsonl")
-    s1 = _run(connector, str(first), "--target", str(target), *args)
-    assert [(t["status"], t["applied_lsn"]) for t in s1["tables"]] == [("applied", "0/1000")]
-    s2 = _run(connector, str(first), str(second), "--target", str(target), *args)
-    assert [(t["status"], t["updates"], t["deletes"]) for t in s2["tables"]] == [("applied", 1, 1)]
-    again = _run(connector, str(first), str(second), "--target", str(target), *args)
-    assert [t["status"] for t in again["tables"]] == ["up to date"]
+    _merge_through(connector, tmp_path, name, conf)
     with psycopg.connect(newest_tcp_dsn) as conn:  # the metastore's pointer: the table's parameter
         row = conn.execute(
             'SELECT p."PARAM_VALUE" FROM "TABLE_PARAMS" p JOIN "TBLS" t ON t."TBL_ID" = p."TBL_ID" '
@@ -461,8 +454,7 @@ def test_a_hive_catalog(tmp_path: Path, connector: Runner, newest_tcp_dsn: str) 
     assert row is not None
     rows, props = read_iceberg(warehouse, row[0])
     assert props["pgrecv.applied-lsn"] == str(0x2000)
-    assert {r["id"]: r["x"] for r in rows} == {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}
-    assert sorted(p.name for p in target.iterdir()) == ["_pgrecv"]
+    assert {r["id"]: r["x"] for r in rows} == MERGED
 
 
 def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
