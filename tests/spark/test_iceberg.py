@@ -339,17 +339,18 @@ def catalog(props: dict[str, str]) -> tuple[str, list[str]]:
 def jdbc_catalog(dsn: str, warehouse: str) -> tuple[str, list[str]]:
     """:func:`catalog`: Iceberg's JDBC catalog in the PostgreSQL of ``dsn`` (over TCP: its password
     from the conninfo's passfile), its warehouse ``warehouse``."""
+    url, user, password = pg_jdbc(dsn)
+    return catalog({"type": "jdbc", "uri": url, "jdbc.user": user, "jdbc.password": password, "warehouse": warehouse})
+
+
+def pg_jdbc(dsn: str) -> tuple[str, str, str]:
+    """The JDBC URL, user and password of the PostgreSQL of a TCP ``dsn`` (its password from the
+    conninfo's passfile)."""
     import psycopg
 
     info = psycopg.conninfo.conninfo_to_dict(dsn)
     password = Path(str(info["passfile"])).read_text().strip().rsplit(":", 1)[1]
-    return catalog({
-        "type": "jdbc",
-        "uri": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
-        "jdbc.user": str(info["user"]),
-        "jdbc.password": password,
-        "warehouse": warehouse,
-    })  # fmt: skip
+    return f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}", str(info["user"]), password
 
 
 MERGED = {i: f"a{i}" for i in range(20) if i != 7} | {5: "new5"}  # s.t after _insert_then_merge's files
@@ -430,12 +431,11 @@ def test_a_hive_catalog(tmp_path: Path, connector: Runner, newest_tcp_dsn: str) 
 
     from pgrecv.spark.files import file_url
 
-    info = psycopg.conninfo.conninfo_to_dict(newest_tcp_dsn)
-    password = Path(str(info["passfile"])).read_text().strip().rsplit(":", 1)[1]
+    url, user, password = pg_jdbc(newest_tcp_dsn)
     hive = {
-        "javax.jdo.option.ConnectionURL": f"jdbc:postgresql://127.0.0.1:{info['port']}/{info['dbname']}",
+        "javax.jdo.option.ConnectionURL": url,
         "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
-        "javax.jdo.option.ConnectionUserName": str(info["user"]),
+        "javax.jdo.option.ConnectionUserName": user,
         "javax.jdo.option.ConnectionPassword": password,
         "datanucleus.schema.autoCreateAll": "true",
         "hive.metastore.schema.verification": "false",
