@@ -300,6 +300,14 @@ def run_frames(
             facts = {lean_table: lean_facts(plain)}
         elif plain is not None:
             facts = plain_facts(plain, applied)
+        # each table's rows in files of its own: several tables, the staged rules, or commits too
+        # many to broadcast to a join (each pass would sort and merge the input with them again)
+        joined = keep is None and not rp.broadcasts_commits(st)
+        staged = False
+        if facts is None and (len(wanted) > 1 or st.chunked or st.prepared or joined):
+            # written first, the facts' aggregates read those files: the committed changes' plan
+            # (the input joined to its commits) runs once, not once more for each aggregate
+            changes, staged = stage_changes(changes, by_table, spark), True
         if facts is None:
             facts = table_facts(changes, applied, spark)
         todo = [k for k in wanted if facts.get(k, {}).get("n_all", 0) > 0]
@@ -314,15 +322,10 @@ def run_frames(
             summary.tables_grouped = len(done)
             applied_here = {r.table for r in done}
             todo = [k for k in todo if f"{k[0]}.{k[1]}" not in applied_here]
-        # each table's rows in files of its own: several tables, the staged rules, or commits too
-        # many to broadcast to a join (each pass would sort and merge the input with them again)
-        joined = keep is None and not rp.broadcasts_commits(st)
         busy = [k for k in todo if facts[k]["n"]]  # the others need no Spark job
-        own_files = len(busy) > 1 or (len(busy) == 1 and (st.chunked or st.prepared or joined))
-        if own_files:
-            shape = changes.schema
-            changes.write.partitionBy("_tid").parquet(file_url(by_table))
-            changes = literal_read(spark).schema(shape).parquet(file_url(by_table))
+        own_files = staged or len(busy) > 1 or (len(busy) == 1 and (st.chunked or st.prepared or joined))
+        if own_files and not staged:
+            changes = stage_changes(changes, by_table, spark)
         # else one table of plain transactions: its few passes each redo a cheap filter (or a
         # semi-join to the broadcast commits) over the input, less work than writing every change
         # once more
@@ -454,3 +457,11 @@ def run_frames(
         remove_tree(stage)
         remove_tree(by_table)
         shutil.rmtree(links if isinstance(stage, Path) else links.parent, ignore_errors=True)
+
+
+def stage_changes(changes: DataFrame, by_table: TargetPath, spark: SparkSession) -> DataFrame:
+    """The run's committed changes written once as Parquet partitioned by table (``_tid``), and
+    read back: each table's passes then read its own rows only (partition pruning)."""
+    shape = changes.schema
+    changes.write.partitionBy("_tid").parquet(file_url(by_table))
+    return literal_read(spark).schema(shape).parquet(file_url(by_table))
