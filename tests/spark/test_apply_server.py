@@ -551,3 +551,60 @@ def test_a_column_added_between_runs_is_seen_by_readers(
         assert [t.status for t in summary.tables] == ["applied"], summary.tables
     rows = _read(target / table_dir_name("public", "grow"), fmt, spark)
     assert sorted((r["id"], r["v"], r.get("n")) for r in rows) == [(1, "a", None), (2, "c", 7), (3, "d", 9)]
+
+
+@pytest.mark.newest_server  # the subject is the replay's rounds; the server makes the input
+def test_chained_key_changes_with_unchanged_toast_values_match_postgres(
+    db_dsn: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Key changes that keep an unchanged TOAST value take it from the old key's row: a small batch
+    does one round without a Spark job of its own (events.fill_toast unchecked), and its probe sends
+    a chain of key changes (1 -> 2 -> 3 -> 4 in one transaction) to the rounds checked one by one.
+    Both modes give PostgreSQL's rows; the chained table took both ways, the single change one."""
+    from pgrecv.spark.replay import events
+
+    ways: list[bool] = []
+    fill = events._fill_toast
+
+    def spy(ev: Any, cols: list[str], max_rounds: int, checked: bool = True) -> Any:
+        ways.append(checked)
+        return fill(ev, cols, max_rounds, checked)
+
+    monkeypatch.setattr(events, "_fill_toast", spy)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for t in ("chain", "one"):
+            conn.execute(f"CREATE TABLE {t} (id integer PRIMARY KEY, v text, big text)")
+            conn.execute(f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL")
+    made = pgrecv("create", "-d", db_dsn, "--slot", "s", "--publication", "p")
+    assert made.returncode == 0, err(made)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for t in ("chain", "one"):
+            conn.execute(f"INSERT INTO {t} SELECT i, 'v', repeat(i::text, 3000) FROM generate_series(1, 3) i")
+    first = tmp_path / "a.jsonl"
+    _peek(db_dsn, first)
+    pgrecv("peek", "-d", db_dsn, "--slot", "s", "--consume", "-f", str(tmp_path / "consumed.jsonl"))
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("UPDATE chain SET id = 11, v = 'a' WHERE id = 1")
+            conn.execute("UPDATE chain SET id = 12, v = 'b' WHERE id = 11")
+            conn.execute("UPDATE chain SET id = 13, v = 'c' WHERE id = 12")
+            conn.execute("UPDATE one SET id = 11, v = 'a' WHERE id = 1")
+        conn.execute("UPDATE chain SET v = 'd' WHERE id = 2")
+    second = tmp_path / "b.jsonl"
+    _peek(db_dsn, second)
+    assert '"unchanged_toast":["big"]' in second.read_text(), "no unchanged TOAST value: this test shows nothing"
+    for mode, fmt in (("latest", "parquet"), ("history", "delta")):
+        for table, want_ways in (("chain", [False, True]), ("one", [False])):
+            target = tmp_path / f"{mode}-{table}"
+            for srcs in ((str(first),), (str(first), str(second))):
+                ways.clear()
+                cfg = ApplyConfig(srcs, target, fmt=fmt, mode=mode, tables=(f"public.{table}",))
+                summary = run_apply(cfg, spark=spark)
+                assert [t.status for t in summary.tables] == ["applied"], summary.tables
+            assert ways == want_ways, (mode, table)
+            with psycopg.connect(db_dsn) as conn:
+                want = sorted(conn.execute(f"SELECT id, v, big FROM {table}").fetchall())
+            rows = _read(target / table_dir_name("public", table), fmt, spark)
+            if mode == "history":
+                rows = [r for r in rows if r["_current"] and not r["_deleted"]]
+            assert sorted((r["id"], r["v"], r["big"]) for r in rows) == want, (mode, table)
