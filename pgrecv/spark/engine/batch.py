@@ -18,7 +18,7 @@ from pgrecv.spark.tables import Batch
 from pgrecv.spark.tables.rewrite import ONE_PASS_FAILED
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from pgrecv.spark.model import ApplyConfig, TableResult
     from pgrecv.spark.tables import Table
@@ -45,13 +45,6 @@ def one_pass_fits(facts: dict[str, Any], target: Table, config: ApplyConfig, toa
     return bool(most >= target.row_count(above=most))
 
 
-def _loose(frame: DataFrame) -> Column:
-    """The probe's ``loose``: an unchecked fill left a key change without its values."""
-    from pyspark.sql import functions as F
-
-    return (F.max("_loose") if "_loose" in frame.columns else F.lit(False)).alias("loose")
-
-
 def build_batch(
     changes: DataFrame,
     plan: TablePlan,
@@ -61,13 +54,10 @@ def build_batch(
     result: TableResult,
     config: ApplyConfig,
     one_pass: bool = False,
-    unchecked: bool = False,
 ) -> Batch:
     """The table's batch. ``one_pass``: where it fits (:func:`one_pass_fits`), the final events
     unpersisted and unprobed, for the writer's one job; what the probe would find fails that job
-    (tables.rewrite.ONE_PASS_FAILED), and the caller then calls again without ``one_pass``.
-    ``unchecked``: key changes lacking unchanged-TOAST values are resolved in one round without a
-    job of its own (:func:`pgrecv.spark.replay.events.fill_toast`, :func:`facts.unchecked_fill`)."""
+    (tables.rewrite.ONE_PASS_FAILED), and the caller then calls again without ``one_pass``."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -131,25 +121,17 @@ def build_batch(
             flat_key=bool(flat),
             pg_types=types,
         )
-    is_u = F.col("kind") == "U"
-    checked = not unchecked or not toast
-    while True:
-        kept = rev.final_changes(events, toast, moves=bool(facts["moves"]), checked=checked)
-        kept = kept.persist(StorageLevel.MEMORY_AND_DISK)
-        final = typed_rows(kept, plan)
-        # one pass for the three things that stop the table or need more work
-        probe = final.agg(
-            F.max(F.col("_problem").isNotNull()).alias("problem"),
-            F.max(~all_ok(names)).alias("bad"),
-            F.max(is_u & (F.size("need") > 0)).alias("need"),
-            _loose(final),
-        ).first()
-        assert probe is not None
-        if checked or not probe["loose"]:
-            break
-        kept.unpersist()  # a chain of key changes: round by round
-        checked = True
+    final = rev.final_changes(events, toast, moves=bool(facts["moves"])).persist(StorageLevel.MEMORY_AND_DISK)
+    final = typed_rows(final, plan)
+    # one pass for the three things that stop the table or need more work
     upserts = final.where("kind = 'U'")
+    is_u = F.col("kind") == "U"
+    probe = final.agg(
+        F.max(F.col("_problem").isNotNull()).alias("problem"),
+        F.max(~all_ok(names)).alias("bad"),
+        F.max(is_u & (F.size("need") > 0)).alias("need"),
+    ).first()
+    assert probe is not None
     if probe["problem"]:
         no_identity(final)
     if probe["bad"]:
@@ -182,7 +164,6 @@ def history_batch(
     spark: SparkSession,
     result: TableResult,
     config: ApplyConfig,
-    unchecked: bool = False,
 ) -> Batch:
     """``--mode history`` (SCD type 2): every event is a version row, ending where the next version
     of its key starts (``lead()`` over the key); a TRUNCATE adds a deleted version for each key
@@ -203,21 +184,15 @@ def history_batch(
     keys = plan.key_cols
     events = rev.table_changes(changes, plan, target.applied, None, history=True)
     toast = [c for c in facts["toast"] if c in plan.columns]
-    checked = not unchecked or not toast
-    while True:
-        ev = rev.fill_toast(events, toast, moves=bool(facts["moves"]), checked=checked)
-        ev = typed_rows(ev, plan).persist(StorageLevel.MEMORY_AND_DISK)
-        probe = ev.agg(
-            F.max(F.col("_problem").isNotNull()).alias("problem"),
-            F.max(~all_ok(names)).alias("bad"),
-            F.max((F.col("kind") == "U") & (F.size("need") > 0)).alias("need"),
-            _loose(ev),
-        ).first()
-        assert probe is not None
-        if checked or not probe["loose"]:
-            break
-        ev.unpersist()  # a chain of key changes: round by round
-        checked = True
+    ev = typed_rows(rev.fill_toast(events, toast, moves=bool(facts["moves"])), plan).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    probe = ev.agg(
+        F.max(F.col("_problem").isNotNull()).alias("problem"),
+        F.max(~all_ok(names)).alias("bad"),
+        F.max((F.col("kind") == "U") & (F.size("need") > 0)).alias("need"),
+    ).first()
+    assert probe is not None
     if probe["problem"]:
         no_identity(ev)
     if probe["bad"]:

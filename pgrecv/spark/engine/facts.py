@@ -180,16 +180,6 @@ def lean_settle(plain: direct.Plain, batch: Batch, result: TableResult) -> Calla
     return settle
 
 
-def unchecked_fill(facts: dict[str, Any]) -> bool:
-    """Whether a table's key changes lacking unchanged-TOAST values are resolved in one round
-    without a Spark job of its own, the batch's probe telling whether one was enough (else round
-    by round, each checked: :func:`pgrecv.spark.replay.events.fill_toast`): in a small batch (at
-    most :data:`SINGLE_TASK_CHANGES`), whose time is mostly the driver's planning of each action
-    (bench/NOTES.md); a larger one keeps each round's checkpoint, which spares the rounds after it
-    recomputing the ones before."""
-    return bool(facts["moves"]) and facts["n"] <= SINGLE_TASK_CHANGES
-
-
 def single_task(facts: dict[str, Any], target: Table) -> bool:
     """Whether a table's batch is replayed and written by one task: few changes (at most
     :data:`SINGLE_TASK_CHANGES`) onto a table that stays within one file. Each shuffle between the

@@ -33,7 +33,6 @@ from pgrecv.spark.engine.facts import (
     plain_facts,
     single_task,
     table_facts,
-    unchecked_fill,
 )
 from pgrecv.spark.engine.tuning import (
     PUSHDOWN,
@@ -373,11 +372,10 @@ def run_frames(
                     # its own files are few: one task reads them; else one shuffle of its rows
                     # (a coalesce would read the whole input in that task)
                     own = own.coalesce(1) if own_files else own.repartition(1)
-                unchecked = unchecked_fill(f)
                 if history:
-                    batch = history_batch(own, plan, target, f, spark, result, config, unchecked)
+                    batch = history_batch(own, plan, target, f, spark, result, config)
                 else:
-                    batch = build_batch(own, plan, target, f, spark, result, config, tuning.one_pass, unchecked)
+                    batch = build_batch(own, plan, target, f, spark, result, config, one_pass=tuning.one_pass)
                     batch.upserts_at_most = None if lean_one else f["insert"] + f["update"]
                 batch.single = single
                 if lean_one:
@@ -392,7 +390,7 @@ def run_frames(
                     if batch.final is None or not one_pass_failed(exc):
                         raise
                     # a problem the one pass cannot name: step by step, it is reported or handled
-                    batch = build_batch(own, plan, target, f, spark, result, config, unchecked=unchecked)
+                    batch = build_batch(own, plan, target, f, spark, result, config)
                     batch.upserts_at_most = f["insert"] + f["update"]
                     batch.single = single
                     result.bytes_written = target.write_frames(batch)

@@ -218,15 +218,12 @@ def final_changes(
     moves: bool = True,
     max_rounds: int = 8,
     by: tuple[Column, ...] | None = None,
-    checked: bool = True,
 ) -> DataFrame:
     """The last event per key. Unchanged-TOAST columns are filled from the latest earlier value of
     the same row in the batch, following primary-key changes; what the batch cannot supply is left
     to the target: ``need`` lists those columns and ``root`` is the key the row had before the
     batch, whose target row holds them. ``by``: the window partitioned by these columns (the
-    key's, :func:`key_columns`) instead of :func:`by_key`. ``checked``: as :func:`fill_toast`;
-    unchecked, ``_loose`` is true on the last event of a key any of whose events is a key change
-    left without its values."""
+    key's, :func:`key_columns`) instead of :func:`by_key`."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -245,28 +242,17 @@ def final_changes(
     problem = F.when(clash, F.lit(CLASH)).otherwise(F.col("_problem"))
     events = events.withColumn("_h", F.xxhash64("kind", "v", "has"))
     if toast_cols:
-        loose = F.max("_loose").over(Window.partitionBy(*(by or by_key())))
-        ev = fill_toast(events, toast_cols, moves, max_rounds, checked).withColumns(
-            {"_n": last, "_problem": problem, **({} if checked else {"_loose": loose})}
-        )
+        ev = fill_toast(events, toast_cols, moves, max_rounds).withColumns({"_n": last, "_problem": problem})
     else:  # fill_toast's two columns and the rank in one step
         ev = events.withColumns({**_nothing_to_fill(), "_n": last, "_problem": problem})
     return ev.where("_n = 1").drop("_n", "_h")
 
 
-def fill_toast(
-    events: DataFrame, toast_cols: list[str], moves: bool = True, max_rounds: int = 8, checked: bool = True
-) -> DataFrame:
+def fill_toast(events: DataFrame, toast_cols: list[str], moves: bool = True, max_rounds: int = 8) -> DataFrame:
     """Every event with its unchanged-TOAST columns filled from the batch where it can (``need``:
-    the columns left to the target's row of the key ``root``).
-
-    Key changes lacking values are resolved round by round, each round checked by a Spark job
-    (``checked``), or, unchecked, in one round without a job of its own: ``_loose`` then marks a
-    key change that one round left unresolved (a chain of key changes), and the caller, whose
-    probe finds it, fills again checked. A small table's batch is mostly the driver's work per
-    action (bench/NOTES.md), and chains are rare."""
+    the columns left to the target's row of the key ``root``)."""
     if toast_cols:
-        return _fill_toast(events, toast_cols, max_rounds if moves else 0, checked)
+        return _fill_toast(events, toast_cols, max_rounds if moves else 0)
     return events.withColumns(_nothing_to_fill())
 
 
@@ -277,7 +263,7 @@ def _nothing_to_fill() -> dict[str, Column]:
     return {"root": F.col("key"), "need": F.array().cast("array<string>")}
 
 
-def _fill_toast(ev: DataFrame, cols: list[str], max_rounds: int, checked: bool = True) -> DataFrame:
+def _fill_toast(ev: DataFrame, cols: list[str], max_rounds: int) -> DataFrame:
     """Round by round: a window pass along each key, then the key changes whose old key's state is
     known look it up there. Without key changes that lack a value, one pass does it all."""
     from pyspark.sql import functions as F
@@ -288,9 +274,7 @@ def _fill_toast(ev: DataFrame, cols: list[str], max_rounds: int, checked: bool =
     ev = ev.withColumn("root", F.when(moved, F.col("src")).otherwise(F.col("key")))
     if max_rounds == 0:  # no key change lacks a value: one pass along each key does it all
         ev = _carry(ev, cols)
-    elif not checked:  # one round, its loose ends marked (the carry is the same again once resolved)
-        ev = _carry(_resolve_moves(_carry(ev, cols), cols), cols)
-    for rounds in range(max_rounds if checked else 0):
+    for rounds in range(max_rounds):
         # each round cuts the lineage (a local checkpoint): the plan stays one round deep
         ev = _carry(ev, cols).localCheckpoint()
         if ev.where(F.col("_mv") & ~F.col("_res")).limit(1).count() == 0:
@@ -302,8 +286,6 @@ def _fill_toast(ev: DataFrame, cols: list[str], max_rounds: int, checked: bool =
             )
         ev = _resolve_moves(ev, cols)
     need = F.array_compact(F.array(*[F.when((F.col("kind") == "U") & ~F.col("has")[c], F.lit(c)) for c in cols]))
-    if not checked:
-        ev = ev.withColumn("_loose", F.col("_mv") & ~F.col("_res"))
     return ev.withColumn("need", need).drop("_mv", "_res")
 
 
