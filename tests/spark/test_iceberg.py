@@ -398,11 +398,54 @@ def test_a_jdbc_catalog_kept_in_postgresql(tmp_path: Path, connector: Runner, tc
     assert snapshot is not None and snapshot.summary.additional_properties["pgrecv.applied-lsn"] == str(0x2000)
     assert {r["id"]: r["x"] for r in table.scan().to_arrow().to_pylist()} == MERGED
 
+    _namespace_made_meanwhile(connector, tmp_path, tcp_dsn, name, args)
+
     missing = _proc(connector, str(first), "--target", str(tmp_path / "x"), "--iceberg-catalog", "nosuch")
     assert missing.returncode == 2 and b"--iceberg-catalog nosuch: the Spark session has no catalog" in missing.stderr
     other = pgrecv_here("spark-apply", str(first), "--target", str(tmp_path / "y"), "--format", "delta",
                   "--iceberg-catalog", name)  # fmt: skip
     assert other.returncode == 2 and b"--iceberg-catalog" in other.stderr and b"Traceback" not in other.stderr
+
+
+def _namespace_made_meanwhile(connector: Runner, tmp_path: Path, dsn: str, name: str, args: list[str]) -> None:
+    """Another process makes a new table's namespace between the JDBC catalog's check and its
+    insert, as when two runs make tables of one new schema at once: a trigger inserts the same row
+    first, in a session of its own (dblink, committed), so the catalog's insert fails on the key.
+    The run makes the namespace again (IF NOT EXISTS, which now sees it) and writes the table."""
+    import psycopg
+
+    url, user, password = pg_jdbc(dsn)
+    port, dbname = url.rsplit(":", 1)[1].split("/", 1)
+    other = f"host=127.0.0.1 port={port} dbname={dbname} user={user} password={password}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS dblink")
+        conn.execute(
+            "CREATE FUNCTION pgrecv_test_race() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "PERFORM dblink_exec(" + psycopg.sql.quote(other) + ", format('SET session_replication_role = replica; "
+            "INSERT INTO iceberg_namespace_properties (catalog_name, namespace, property_key, property_value) "
+            "VALUES (%L, %L, %L, %L)', NEW.catalog_name, NEW.namespace, NEW.property_key, NEW.property_value)); "
+            "RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER race BEFORE INSERT ON iceberg_namespace_properties FOR EACH ROW "
+            "WHEN (NEW.namespace = 'race') EXECUTE FUNCTION pgrecv_test_race()"
+        )
+    rel = {**_rel("u"), "schema": "race"}
+    source = _write(
+        tmp_path / "race.jsonl",
+        [rel, *_txn("0/3000", {**_row("insert", "u", "0/3000", "0/2F00", 1, "r"), "schema": "race"})],
+    )
+    summary = _run(connector, str(source), "--target", str(tmp_path / "race"), "--iceberg-catalog", name, *args)
+    assert [(t["status"], t["inserts"]) for t in summary["tables"]] == [("applied", 1)]
+    with psycopg.connect(dsn) as conn:
+        made = conn.execute(
+            "SELECT count(*) FROM iceberg_namespace_properties WHERE catalog_name = %s AND namespace = 'race'", (name,)
+        ).fetchone()
+        tables = conn.execute(
+            "SELECT count(*) FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 'race'", (name,)
+        ).fetchone()
+    assert made is not None and made[0] >= 1, "the trigger's row is not there"
+    assert tables == (1,)
 
 
 def test_a_rest_catalog(tmp_path: Path, connector: Runner, iceberg_rest: str) -> None:
