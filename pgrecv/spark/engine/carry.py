@@ -30,13 +30,24 @@ def carry_pending(
 
     if pending is None:
         return 0, None
-    count = pending.select("gid", "xid").distinct().count()
+
+    # one job for both (each action plans and runs the input's whole plan again, about a second
+    # on a small run): the transactions (a struct counts a NULL xid, as a distinct row does),
+    # and the tables of their row changes and of their TRUNCATEs (whose records name no table)
+    def pair(schema: Column, table: Column) -> Column:
+        return F.struct(schema.alias("schema"), table.alias("table"))
+
+    own = F.when(F.col("table").isNotNull(), F.array(pair(F.col("schema"), F.col("table"))))
+    listed = F.transform(F.col("tables"), lambda t: pair(t["schema"], t["table"]))
+    got = pending.agg(
+        F.count_distinct(F.struct("gid", "xid")).alias("n"),
+        F.flatten(F.collect_set(F.coalesce(own, listed))).alias("t"),
+    ).first()
+    count = int(got["n"]) if got is not None else 0
     if not count:
         return 0, None
-    # the tables of its row changes, and those its TRUNCATEs list (their records name no table)
-    named = pending.where(F.col("table").isNotNull()).select("schema", "table")
-    truncated = pending.where(F.col("tables").isNotNull()).select(F.inline("tables"))
-    tables = {(r["schema"], r["table"]) for r in named.unionByName(truncated).distinct().collect()}
+    assert got is not None
+    tables = {(r["schema"], r["table"]) for r in got["t"]}
     rel_lines = [
         orjson.dumps({"v": FORMAT_VERSION, "op": "relation", **rel}).decode()
         for k in sorted(tables)
