@@ -621,6 +621,7 @@ def spark_connect(s3_server: S3Server, s3a_jars_conf: str, spark_jars_conf: str)
     on its class path. Yields once it listens."""
     pyspark = pytest.importorskip("pyspark", reason="pip install 'pgrecv[spark]'")
     from pgrecv.spark.jars import DELTA_CATALOG, DELTA_EXTENSION
+    from pgrecv.spark.sparkops import DEFAULT_CONF
 
     spark_home = os.path.dirname(pyspark.__file__)
     base = Path(tempfile.mkdtemp(prefix="pgrecv-spark-connect-"))
@@ -645,6 +646,8 @@ def spark_connect(s3_server: S3Server, s3a_jars_conf: str, spark_jars_conf: str)
         "spark.connect.grpc.binding.port": str(port),
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
+        # pgrecv's own sessions get this from sparkops.DEFAULT_CONF; a server's static settings are its own
+        "spark.sql.codegen.cache.maxEntries": DEFAULT_CONF["spark.sql.codegen.cache.maxEntries"],
         "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
         "spark.driver.extraClassPath": f"{s3a_jars_conf},{spark_jars_conf}".replace(",", ":"),
         # Delta's connector set up as a server has it (--delta-engine spark through Connect)

@@ -55,6 +55,13 @@ DEFAULT_CONF = {
     "spark.ui.retainedJobs": "50",
     "spark.ui.retainedStages": "50",
     "spark.sql.ui.retainedExecutions": "20",
+    # Spark keeps the classes it compiles for generated code in a cache of 100 (a static setting,
+    # so only where pgrecv launches the JVM). One run of many tables compiles the same code for
+    # each table of a shape and evicted it before the next: 20 tables in a cold process took 10%
+    # less CPU with 5,000, and a session serving run after run (the tests') compiled 26-151
+    # classes a run instead of 556-701 (bench/NOTES.md, 2026-12-07). Same source, same class:
+    # only the time changes.
+    "spark.sql.codegen.cache.maxEntries": "5000",
 }
 
 # JDK 17's default collector, G1, takes much of a short batch job's time on a driver of a few

@@ -88,6 +88,27 @@ def test_the_driver_forgets_finished_work(spark: Any) -> None:
     assert store.executionsCount() > 0 and tracker.getJobIdsForGroup()  # the recent ones stay
 
 
+def test_generated_code_is_compiled_once_per_session(spark: Any) -> None:
+    """A JVM that pgrecv launches keeps more compiled classes than Spark's 100: a run of many
+    tables compiles the same code for each table of a shape, and with 100 it had evicted it by
+    the next (bench/NOTES.md, 2026-12-07). A plan is compiled, 150 other plans after it, then the
+    first again: with Spark's cache the first is compiled a second time."""
+    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    compiled = metrics.METRIC_COMPILATION_TIME().getCount
+
+    def run(expr: str) -> None:
+        spark.range(3).selectExpr(expr).collect()
+
+    run("id * 7919 + 104729")
+    before = compiled()
+    for i in range(150):  # a literal is part of the generated code: each a class of its own
+        run(f"id * {i} + 3")
+    assert compiled() - before >= 150, "the other plans were not compiled: the check below shows nothing"
+    after_others = compiled()
+    run("id * 7919 + 104729")
+    assert compiled() == after_others, "the first plan's class was compiled again (evicted from the cache)"
+
+
 def test_driver_memory_reaches_the_jvm_pgrecv_launches(spark: Any) -> None:
     """`--conf spark.driver.memory=...` (docs/spark-apply.md; the tests' session asks for more than
     Spark's 1 GB) sizes the heap of the JVM that start_session launches, as spark-submit's
