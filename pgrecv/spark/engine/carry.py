@@ -43,10 +43,10 @@ def carry_pending(
         F.count_distinct(F.struct("gid", "xid")).alias("n"),
         F.flatten(F.collect_set(F.coalesce(own, listed))).alias("t"),
     ).first()
-    count = int(got["n"]) if got is not None else 0
+    assert got is not None  # (an aggregate without groups has one row)
+    count = int(got["n"])
     if not count:
         return 0, None
-    assert got is not None
     tables = {(r["schema"], r["table"]) for r in got["t"]}
     rel_lines = [
         orjson.dumps({"v": FORMAT_VERSION, "op": "relation", **rel}).decode()
