@@ -360,6 +360,8 @@ def spark_cluster() -> Iterator[SparkCluster]:
         "PYSPARK_PYTHON": sys.executable,
         # no REST submission server (it would take the fixed port 6066)
         "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+        # the master and the worker serve a few runs: C1 only, as the tests' one-run JVMs
+        "SPARK_DAEMON_JAVA_OPTS": SHORT_JVM,
     }
     spark_class = os.path.join(spark_home, "bin", "spark-class")
     procs: list[subprocess.Popen[bytes]] = []
@@ -528,7 +530,9 @@ def iceberg_rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     where = tmp_path_factory.mktemp("iceberg-rest")
     launcher = root / "tests" / "spark" / "IcebergRestServer.java"
-    args = ["java", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", f"{jars}/*", str(launcher)]
+    # (a test's JVM: C1 only, as the tests' one-run Spark JVMs)
+    args = ["java", *SHORT_JVM.split(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", f"{jars}/*"]
+    args.append(str(launcher))
     args += [(where / "warehouse").as_uri(), str(where / "catalog.db")]
     log = (where / "server.log").open("wb")
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, start_new_session=True)

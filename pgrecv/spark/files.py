@@ -100,7 +100,8 @@ _URI_PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ
 def java_raw_path(path: str) -> str:
     """``new java.net.URI("file", null, path, null, null).getRawPath()``, as Hadoop's Path
     makes it: what java.net.URI quotes is quoted (as %XX of its UTF-8 bytes); other
-    non-ASCII characters stay, unless they are control or space characters."""
+    non-ASCII characters stay, unless they are control or space characters. For a path without
+    ``.`` or ``..`` segments (a listed file's), which Hadoop's Path would also drop or resolve."""
     import unicodedata
 
     out = []

@@ -45,7 +45,7 @@ GCS: Final = "gs://"  # Google Cloud Storage: a SOURCE only (a target's lock nee
 GCS_CLASS: Final = "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem"
 GCS_PACKAGE: Final = "com.google.cloud.bigdataoss:gcs-connector:4.0.4 (classifier shaded)"
 _GCS_HADOOP: Final = "spark.hadoop.fs.gs."
-GCS_RETRY_SECONDS: Final = 30  # how long the driver's Cloud Storage client retries a failing request
+GCS_RETRY_SECONDS: Final = 30.0  # how long the driver's Cloud Storage client retries (PGRECV_GCS_RETRY_SECONDS)
 
 
 def scheme_of(text: str) -> str:
@@ -235,7 +235,7 @@ def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
     from ``--conf spark.hadoop.fs.gs.storage.root.url`` else ``STORAGE_EMULATOR_HOST`` (the
     variable Google's SDKs take for an emulator), anonymous where the connector is
     (``fs.gs.auth.type=UNAUTHENTICATED``, or an emulator); else Google's default credentials.
-    Retries give up after :data:`GCS_RETRY_SECONDS`: Google's client otherwise retried an
+    Retries give up after :func:`gcs_retry_seconds`: Google's client otherwise retried an
     unreachable endpoint for minutes without a word (a cron run's next try is the retry)."""
     from datetime import timedelta
 
@@ -251,7 +251,17 @@ def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
     auth = conf.get(_GCS_HADOOP + "auth.type", "")
     if auth.upper() == "UNAUTHENTICATED" or (not auth and os.environ.get("STORAGE_EMULATOR_HOST")):
         kwargs["anonymous"] = True
-    return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS), **kwargs)
+    return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=gcs_retry_seconds()), **kwargs)
+
+
+def gcs_retry_seconds() -> float:
+    """How long the driver's Cloud Storage client retries a failing request: :data:`GCS_RETRY_SECONDS`,
+    or ``PGRECV_GCS_RETRY_SECONDS`` (at least 1; a value that is not a number: the default)."""
+    raw = os.environ.get("PGRECV_GCS_RETRY_SECONDS")
+    try:
+        return max(1.0, float(raw)) if raw else GCS_RETRY_SECONDS
+    except ValueError:
+        return GCS_RETRY_SECONDS
 
 
 def filesystem_for(source: str, conf: dict[str, str], made: dict[str, FileSystem]) -> FileSystem:

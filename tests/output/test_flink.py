@@ -27,6 +27,7 @@ import psycopg
 import pytest
 
 from pgrecv.output.debezium_values import UNAVAILABLE
+from tests.conftest import SHORT_JVM
 from tests.util import err, pgrecv
 
 REPLAY = Path(__file__).parent.parent / "flink" / "Replay.java"
@@ -195,7 +196,7 @@ def test_flink_reads_debezium_output(db_dsn: str, db_conn: psycopg.Connection[An
     script.write_text(_script(dirs))
     started = time.monotonic()
     run = subprocess.run(
-        [java, *JAVA_OPENS, "-cp", f"{lib}/*", str(REPLAY), str(script)],
+        [java, *SHORT_JVM.split(), *JAVA_OPENS, "-cp", f"{lib}/*", str(REPLAY), str(script)],
         capture_output=True, timeout=300, check=False,
     )  # fmt: skip
     flink_seconds = time.monotonic() - started
