@@ -256,12 +256,18 @@ def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
 
 def gcs_retry_seconds() -> float:
     """How long the driver's Cloud Storage client retries a failing request: :data:`GCS_RETRY_SECONDS`,
-    or ``PGRECV_GCS_RETRY_SECONDS`` (at least 1; a value that is not a number: the default)."""
-    raw = os.environ.get("PGRECV_GCS_RETRY_SECONDS")
+    or ``PGRECV_GCS_RETRY_SECONDS`` (at least 1)."""
+    return seconds_from_env("PGRECV_GCS_RETRY_SECONDS", GCS_RETRY_SECONDS, least=1.0)
+
+
+def seconds_from_env(name: str, default: float, least: float) -> float:
+    """A duration from the environment variable ``name``, at least ``least``; ``default`` when it
+    is unset or not a number."""
+    raw = os.environ.get(name)
     try:
-        return max(1.0, float(raw)) if raw else GCS_RETRY_SECONDS
+        return max(least, float(raw)) if raw else default
     except ValueError:
-        return GCS_RETRY_SECONDS
+        return default
 
 
 def filesystem_for(source: str, conf: dict[str, str], made: dict[str, FileSystem]) -> FileSystem:

@@ -37,7 +37,7 @@ from typing import Final
 from pgrecv.errors import OutputError, UsageError
 from pgrecv.output.store import ObjectStore, StoreURL, code_of, status_of
 from pgrecv.spark.model import STATE_DIR, ApplyConfig
-from pgrecv.spark.stores import StorePath, TargetPath, s3_client
+from pgrecv.spark.stores import StorePath, TargetPath, s3_client, seconds_from_env
 
 LOCK: Final = "lock"
 LEASE: Final = 60.0  # seconds a store lock holds without renewal (PGRECV_LOCK_LEASE_SECONDS)
@@ -134,11 +134,7 @@ class LocalTarget(Target):
 
 def lease_seconds() -> float:
     """The store lock's lease: :data:`LEASE`, or ``PGRECV_LOCK_LEASE_SECONDS`` (at least 4)."""
-    raw = os.environ.get("PGRECV_LOCK_LEASE_SECONDS")
-    try:
-        return max(4.0, float(raw)) if raw else LEASE
-    except ValueError:
-        return LEASE
+    return seconds_from_env("PGRECV_LOCK_LEASE_SECONDS", LEASE, least=4.0)
 
 
 def _boot_id() -> str:
