@@ -235,8 +235,9 @@ def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
     from ``--conf spark.hadoop.fs.gs.storage.root.url`` else ``STORAGE_EMULATOR_HOST`` (the
     variable Google's SDKs take for an emulator), anonymous where the connector is
     (``fs.gs.auth.type=UNAUTHENTICATED``, or an emulator); else Google's default credentials.
-    Retries give up after :func:`gcs_retry_seconds`: Google's client otherwise retried an
-    unreachable endpoint for minutes without a word (a cron run's next try is the retry)."""
+    Retries give up after :data:`GCS_RETRY_SECONDS` (``PGRECV_GCS_RETRY_SECONDS``, at least 1):
+    Google's client otherwise retried an unreachable endpoint for minutes without a word (a cron
+    run's next try is the retry)."""
     from datetime import timedelta
 
     from pyarrow import fs as pafs
@@ -251,13 +252,8 @@ def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
     auth = conf.get(_GCS_HADOOP + "auth.type", "")
     if auth.upper() == "UNAUTHENTICATED" or (not auth and os.environ.get("STORAGE_EMULATOR_HOST")):
         kwargs["anonymous"] = True
-    return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=gcs_retry_seconds()), **kwargs)
-
-
-def gcs_retry_seconds() -> float:
-    """How long the driver's Cloud Storage client retries a failing request: :data:`GCS_RETRY_SECONDS`,
-    or ``PGRECV_GCS_RETRY_SECONDS`` (at least 1)."""
-    return seconds_from_env("PGRECV_GCS_RETRY_SECONDS", GCS_RETRY_SECONDS, least=1.0)
+    retry = seconds_from_env("PGRECV_GCS_RETRY_SECONDS", GCS_RETRY_SECONDS, least=1.0)
+    return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=retry), **kwargs)
 
 
 def seconds_from_env(name: str, default: float, least: float) -> float:
