@@ -54,10 +54,11 @@ def slot_info(dsn: str, slot: str) -> dict[str, Any]:
     return {"confirmed": LSN.parse(rows[0][0]), "active_pid": rows[0][1]}
 
 
-def commit_ends(dsn: str, slot: str) -> list[LSN]:
-    """End LSNs of the pending transactions (test_decoding prints COMMIT at the commit's end)."""
-    rows = sql(dsn, "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL)", (slot,))
-    return [LSN.parse(lsn) for lsn, data in rows if data.startswith("COMMIT")]
+def commit_ends(dsn: str, slot: str, upto: int | None = None) -> list[LSN]:
+    """End LSNs of the pending transactions (test_decoding prints COMMIT at the commit's end); the
+    server stops decoding after the transaction that brings its lines to ``upto``."""
+    query = "SELECT lsn::text FROM pg_logical_slot_peek_changes(%s, NULL, %s) WHERE data LIKE 'COMMIT%%'"
+    return [LSN.parse(lsn) for (lsn,) in sql(dsn, query, (slot, upto))]
 
 
 @pytest.fixture
