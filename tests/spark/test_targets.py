@@ -147,3 +147,20 @@ def test_the_lock_sweeps_what_killed_runs_left(target: StoreTarget, s3_server: S
         pass
     listed = client.list_objects_v2(Bucket=bucket, Prefix="lake/").get("Contents", [])
     assert sorted(o["Key"][len("lake/") :] for o in listed) == sorted(kept)
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [(None, 60.0), ("", 60.0), ("7.5", 7.5), ("1", 4.0), ("soon", 60.0)],
+    ids=["unset", "empty", "set", "below-the-least", "not-a-number"],
+)
+def test_durations_from_the_environment(monkeypatch: pytest.MonkeyPatch, raw: str | None, want: float) -> None:
+    """The lease (and the Cloud Storage retry limit, read the same way): a number at least the
+    least, else the default, never an error from a stray value."""
+    from pgrecv.spark.targets import lease_seconds
+
+    if raw is None:
+        monkeypatch.delenv("PGRECV_LOCK_LEASE_SECONDS", raising=False)
+    else:
+        monkeypatch.setenv("PGRECV_LOCK_LEASE_SECONDS", raw)
+    assert lease_seconds() == want
