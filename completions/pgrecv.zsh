@@ -126,7 +126,7 @@ _pgrecv() {
         spark-apply)
             _arguments \
                 '--help[show help]' \
-                '--target[Directory holding one table per PostgreSQL table; for Delta and Parquet also s3\://BUCKET/PREFIX.]:path: ' \
+                '--target[Directory holding one table per PostgreSQL table, or s3\://BUCKET/PREFIX, or gs\://BUCKET/PREFIX (on gs\://\: Parquet, or Iceberg'\''s state with --iceberg-catalog; Delta not yet).]:path: ' \
                 '--format[Table format.]:value:(delta parquet iceberg)' \
                 '*--table[Only these tables (schema.table glob).]:glob: ' \
                 '--master[Spark master (default local\[*\], or spark-submit'\''s).]:url: ' \
@@ -188,7 +188,7 @@ _pgrecv() {
             _arguments \
                 '--help[show help]' \
                 '(-S --slot)'{-S,--slot}'[The slot spark-apply'\''s change files come from.]:slot: ' \
-                '--target[spark-apply'\''s --target (a directory or s3\://BUCKET/PREFIX).]:path: ' \
+                '--target[spark-apply'\''s --target (a directory, s3\://BUCKET/PREFIX or gs\://BUCKET/PREFIX).]:path: ' \
                 '--format[Table format.]:value:(delta parquet iceberg)' \
                 '--iceberg-catalog[--format iceberg\: the session'\''s Iceberg catalog NAME (set with --conf spark.sql.catalog.NAME=... and its type, uri, warehouse), tables NAME.SCHEMA.TABLE. Default\: a Hadoop catalog under --target.]:name: ' \
                 '*--table[Only these tables (schema.table glob).]:glob: ' \

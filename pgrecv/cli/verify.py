@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 @click.command("verify", cls=Command)
 @click.option("-S", "--slot", required=True, help="The slot spark-apply's change files come from.")
 @click.option(
-    "--target", required=True, metavar="PATH", help="spark-apply's --target (a directory or s3://BUCKET/PREFIX)."
+    "--target",
+    required=True,
+    metavar="PATH",
+    help="spark-apply's --target (a directory, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX).",
 )
 @click.option(
     "--format", "fmt", type=click.Choice(["delta", "parquet", "iceberg"]), required=True, help="Table format."

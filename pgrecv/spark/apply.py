@@ -49,7 +49,9 @@ def run_apply(
         if spark is None and has_input:
             on_stores = on_store or any(is_store_source(s) for s in config.sources)
             spark = open_session(config.master, config.remote, config.conf, config.fmt, config.engine, on_stores)
-        schemes = {f.scheme for f in files if isinstance(f, StoreFile)} | ({"s3"} if on_store else set())
+        schemes = {f.scheme for f in files if isinstance(f, StoreFile)}
+        if isinstance(config.target, stores.StorePath):
+            schemes.add(config.target.scheme)
         if spark is not None and has_input and schemes:
             stores.check_session(spark, schemes)
         from pgrecv.spark.engine.run import run_frames

@@ -1,5 +1,6 @@
-"""SOURCE on an object store (``s3://`` or ``s3a://``): what the driver lists and reads there, and
-what Spark is told to read.
+"""SOURCE and --target on an object store (``s3://``/``s3a://``, ``gs://``): what the driver
+lists and reads there, and what Spark is told to read (Cloud Storage's own settings:
+pgrecv/spark/gcs.py).
 
 The driver lists prefixes and reads a few bytes (the heads of files, snapshot manifests, a line
 for an error message) through pyarrow's S3 file system; Spark's tasks read the files through
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, BinaryIO, Final
 
 from pgrecv.errors import InputError, UsageError
 from pgrecv.output.store import SCHEMES, StoreURL, is_store_url
+from pgrecv.spark import gcs
+from pgrecv.spark.gcs import GCS, GCS_CLASS, GCS_PACKAGE
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,40 +43,27 @@ _HADOOP: Final = "spark.hadoop.fs.s3a."
 is_store_source = is_store_url  # a SOURCE on an object store: any ``scheme://`` but ``file://``
 
 
-GCS: Final = "gs://"  # Google Cloud Storage: a SOURCE only (a target's lock needs S3's conditional writes)
-GCS_CLASS: Final = "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem"
-GCS_PACKAGE: Final = "com.google.cloud.bigdataoss:gcs-connector:4.0.4 (classifier shaded)"
-_GCS_HADOOP: Final = "spark.hadoop.fs.gs."
-GCS_RETRY_SECONDS: Final = 30.0  # how long the driver's Cloud Storage client retries (PGRECV_GCS_RETRY_SECONDS)
-
-
 def scheme_of(text: str) -> str:
     """``s3`` (``s3://``, ``s3a://``) or ``gs``: the store a URL names."""
     return "gs" if text.startswith(GCS) else "s3"
 
 
 def check_scheme(text: str, what: str = "SOURCE") -> None:
-    if not text.startswith(SCHEMES + ((GCS,) if what == "SOURCE" else ())):
+    if not text.startswith((*SCHEMES, GCS)):
         scheme = text.split("://", 1)[0]
-        takes = "s3:// and s3a:// (any S3-compatible store)" + (" and gs://" if what == "SOURCE" else "")
         raise UsageError(
-            f"{what} {text}: spark-apply takes {takes}; {scheme}:// is not supported yet: "
-            + ("copy the files to S3 or to a local path" if what == "SOURCE" else "use S3 or a local path")
+            f"{what} {text}: spark-apply takes s3:// and s3a:// (any S3-compatible store) and gs://; {scheme}:// "
+            f"is not supported yet: {'copy the files to one of them' if what == 'SOURCE' else 'use one of them'} "
+            "or a local path"
         )
 
 
 def parse_source(text: str) -> tuple[str, str, str]:
-    """A store SOURCE's scheme (:func:`scheme_of`), bucket and prefix (no slash at either end)."""
-    if not text.startswith(GCS):
-        url = StoreURL.parse(text)
-        return "s3", url.bucket, url.prefix
-    bucket, _, prefix = text[len(GCS) :].partition("/")
-    if not _GCS_BUCKET_RE.fullmatch(bucket):
-        raise UsageError(f"{text}: {bucket!r} is not a Cloud Storage bucket name: give gs://BUCKET/PREFIX")
-    return "gs", bucket, prefix.strip("/")
-
-
-_GCS_BUCKET_RE: Final = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+    """A store URL's scheme (:func:`scheme_of`), bucket and prefix (no slash at either end)."""
+    if text.startswith(GCS):
+        return ("gs", *gcs.parse(text))
+    url = StoreURL.parse(text)
+    return "s3", url.bucket, url.prefix
 
 
 @dataclass(frozen=True)
@@ -231,29 +220,9 @@ def filesystem(conf: dict[str, str]) -> FileSystem:
 
 
 def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
-    """pyarrow's Cloud Storage file system, set up as Google's Hadoop connector is: its endpoint
-    from ``--conf spark.hadoop.fs.gs.storage.root.url`` else ``STORAGE_EMULATOR_HOST`` (the
-    variable Google's SDKs take for an emulator), anonymous where the connector is
-    (``fs.gs.auth.type=UNAUTHENTICATED``, or an emulator); else Google's default credentials.
-    Retries give up after :data:`GCS_RETRY_SECONDS` (``PGRECV_GCS_RETRY_SECONDS``, at least 1):
-    Google's client otherwise retried an unreachable endpoint for minutes without a word (a cron
-    run's next try is the retry)."""
-    from datetime import timedelta
-
-    from pyarrow import fs as pafs
-
-    root = conf.get(_GCS_HADOOP + "storage.root.url") or os.environ.get("STORAGE_EMULATOR_HOST")
-    kwargs: dict[str, object] = {}
-    if root:
-        if "://" not in root:
-            root = f"http://{root}"
-        kwargs["scheme"], _, rest = root.partition("://")
-        kwargs["endpoint_override"] = rest.strip("/")
-    auth = conf.get(_GCS_HADOOP + "auth.type", "")
-    if auth.upper() == "UNAUTHENTICATED" or (not auth and os.environ.get("STORAGE_EMULATOR_HOST")):
-        kwargs["anonymous"] = True
-    retry = seconds_from_env("PGRECV_GCS_RETRY_SECONDS", GCS_RETRY_SECONDS, least=1.0)
-    return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=retry), **kwargs)
+    """pyarrow's Cloud Storage file system (:func:`pgrecv.spark.gcs.filesystem`); its retries give
+    up after ``PGRECV_GCS_RETRY_SECONDS`` (at least 1)."""
+    return gcs.filesystem(conf, seconds_from_env("PGRECV_GCS_RETRY_SECONDS", gcs.RETRY_SECONDS, least=1.0))
 
 
 def seconds_from_env(name: str, default: float, least: float) -> float:
@@ -295,7 +264,7 @@ def s3_client(conf: dict[str, str]) -> object:
 # the run's settings (run_apply sets them) and the file system made from them, for the table
 # files the driver reads a footer of (an Iceberg warehouse on s3a://)
 _run: dict[str, str] = {}
-_run_fs: list[FileSystem] = []
+_run_fs: dict[str, FileSystem] = {}
 
 
 def use_conf(conf: dict[str, str]) -> None:
@@ -307,12 +276,10 @@ def use_conf(conf: dict[str, str]) -> None:
 
 def _on_run_fs(path: str) -> tuple[str, FileSystem | None]:
     """A table file's path as pyarrow takes it: a local path as it is (no file system), an
-    ``s3a://``/``s3://`` URL as its bucket and key on the run's store."""
-    if not path.startswith(SCHEMES):
+    ``s3a://``/``s3://``/``gs://`` URL as its bucket and key on the run's store."""
+    if not path.startswith((*SCHEMES, GCS)):
         return path, None
-    if not _run_fs:
-        _run_fs.append(filesystem(_run))
-    return path.split("://", 1)[1], _run_fs[0]
+    return path.split("://", 1)[1], filesystem_for(path, _run, _run_fs)
 
 
 def parquet_metadata(path: str) -> FileMetaData:
@@ -377,18 +344,19 @@ def session_conf(conf: dict[str, str]) -> dict[str, str]:
         out.setdefault(_HADOOP + "endpoint.region", region)
     # Hadoop finds a scheme's file system in its own defaults or through its class loader's
     # services, neither of which sees spark.jars: Google's connector is named here
-    out.setdefault(_GCS_HADOOP + "impl", GCS_CLASS)
+    out.setdefault(gcs.HADOOP + "impl", GCS_CLASS)
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
-    if emulator and _GCS_HADOOP + "storage.root.url" not in out:  # (Google's connector does not read it)
-        out[_GCS_HADOOP + "storage.root.url"] = emulator if "://" in emulator else f"http://{emulator}"
-        out.setdefault(_GCS_HADOOP + "auth.type", "UNAUTHENTICATED")
+    if emulator and gcs.HADOOP + "storage.root.url" not in out:  # (Google's connector does not read it)
+        out[gcs.HADOOP + "storage.root.url"] = emulator if "://" in emulator else f"http://{emulator}"
+        out.setdefault(gcs.HADOOP + "auth.type", "UNAUTHENTICATED")
+        out.setdefault(gcs.HADOOP + "operation.move.enable", "false")  # (an emulator's: no moveTo)
     return out
 
 
 # each store's Hadoop connector: its class, what the user calls it, its pom, and another way to get it
 _CONNECTORS: Final = {
-    "s3": (S3A_CLASS, "SOURCE on S3: Hadoop's S3A connector", "s3a", f"or --conf spark.jars.packages={S3A_PACKAGE}"),
-    "gs": (GCS_CLASS, "SOURCE on gs://: Google's Cloud Storage connector", "gcs", GCS_PACKAGE),
+    "s3": (S3A_CLASS, "s3:// paths: Hadoop's S3A connector", "s3a", f"or --conf spark.jars.packages={S3A_PACKAGE}"),
+    "gs": (GCS_CLASS, "gs:// paths: Google's Cloud Storage connector", "gcs", GCS_PACKAGE),
 }
 
 
@@ -454,31 +422,33 @@ def listing(d: StoreDir, source: str) -> list[StoreFile]:
 
 @dataclass(frozen=True)
 class StorePath:
-    """A key of a bucket (or the prefix of the keys under it) where a target's tables and state
-    are written: the part of :class:`pathlib.Path` that the writers use of a local directory
-    (``/``, ``name``, ``exists``, ``iterdir``, ``glob``, ``stat``, ``unlink``...), through pyarrow's
-    S3 file system. Directories do not exist on a store: ``mkdir`` makes nothing, and a prefix
-    exists while any object is under it. Spark and delta-rs take it by :attr:`spark_url`."""
+    """A key of a bucket (or the prefix of the keys under it) on store ``scheme`` where a target's
+    tables and state are written: the part of :class:`pathlib.Path` that the writers use of a
+    local directory (``/``, ``name``, ``exists``, ``iterdir``, ``glob``, ``stat``, ``unlink``...),
+    through pyarrow's file system of the store. Directories do not exist on a store: ``mkdir``
+    makes nothing, and a prefix exists while any object is under it. Spark and delta-rs take it
+    by :attr:`spark_url`."""
 
     bucket: str
     key: str  # no slash at either end ('' for the bucket's top)
     fs: FileSystem = field(compare=False, repr=False)
+    scheme: str = "s3"
 
     @classmethod
     def of(cls, text: str, fs: FileSystem) -> StorePath:
-        url = StoreURL.parse(text)
-        return cls(url.bucket, url.prefix, fs)
+        scheme, bucket, key = parse_source(text)
+        return cls(bucket, key, fs, scheme)
 
     def __truediv__(self, name: str) -> StorePath:
         name = name.strip("/")
-        return StorePath(self.bucket, f"{self.key}/{name}" if self.key else name, self.fs)
+        return StorePath(self.bucket, f"{self.key}/{name}" if self.key else name, self.fs, self.scheme)
 
     def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.key}" if self.key else f"s3://{self.bucket}"
+        return f"{self.scheme}://{self._path}"
 
     @property
     def spark_url(self) -> str:
-        return f"s3a://{self.bucket}/{self.key}" if self.key else f"s3a://{self.bucket}"
+        return f"{SPARK_SCHEMES[self.scheme]}://{self._path}"
 
     @property
     def name(self) -> str:
@@ -486,7 +456,7 @@ class StorePath:
 
     @property
     def parent(self) -> StorePath:
-        return StorePath(self.bucket, self.key.rpartition("/")[0], self.fs)
+        return StorePath(self.bucket, self.key.rpartition("/")[0], self.fs, self.scheme)
 
     def with_name(self, name: str) -> StorePath:
         return self.parent / name
@@ -543,8 +513,10 @@ class StorePath:
                 raise
 
     def remove_tree(self) -> None:
-        """Every object under the prefix (none: nothing)."""
-        with contextlib.suppress(FileNotFoundError):
+        """Every object under the prefix (none: nothing), then its marker object if a writer made
+        one (pyarrow's Cloud Storage delete_dir fails on a prefix without one)."""
+        self.fs.delete_dir_contents(self._path, missing_dir_ok=True)
+        with contextlib.suppress(OSError):
             self.fs.delete_dir(self._path)
 
     def copy_to(self, other: StorePath) -> None:
@@ -573,7 +545,7 @@ class StorePath:
             raise _trouble(str(self), exc) from None
         return sorted(
             (
-                StorePath(self.bucket, i.path.partition("/")[2], self.fs)
+                StorePath(self.bucket, i.path.partition("/")[2], self.fs, self.scheme)
                 for i in infos
                 if i.type == pafs.FileType.File and fnmatchcase(i.base_name, pattern)
             ),
@@ -597,4 +569,4 @@ def remove_tree(path: TargetPath) -> None:
 
 def as_source(path: TargetPath) -> SourceFile:
     """A file the target keeps (a carried transaction) as the read path takes it."""
-    return StoreFile(path.bucket, path.key, -1, path.fs) if isinstance(path, StorePath) else path
+    return StoreFile(path.bucket, path.key, -1, path.fs, path.scheme) if isinstance(path, StorePath) else path

@@ -2,17 +2,19 @@
 lets one run at a time apply to it, and small state objects (the record of what it applied,
 pgrecv/spark/ledger.py).
 
-A target is a local directory (or a mount every executor shares), or a prefix of an S3 bucket
-(``s3://BUCKET/PREFIX``, any S3-compatible store). A local target's lock is an advisory lock on
-``_pgrecv/lock``, which the kernel lets go when the process dies. An object store has no locks:
-there the lock is the object ``_pgrecv/lock``, created with ``If-None-Match: *`` (S3 refuses it
-when it exists) and held as a lease: the holder rewrites it every :data:`LEASE` / 4 seconds with
-``If-Match`` on the ETag it last wrote, and deletes it when it ends. A holder that died leaves it
-behind; another run takes it over (``If-Match`` on the ETag it saw: of two such runs one wins)
+A target is a local directory (or a mount every executor shares), or a prefix of a bucket
+(``s3://BUCKET/PREFIX`` on any S3-compatible store, ``gs://BUCKET/PREFIX`` on Cloud Storage). A
+local target's lock is an advisory lock on ``_pgrecv/lock``, which the kernel lets go when the
+process dies. An object store has no locks: there the lock is the object ``_pgrecv/lock``,
+created only if there is none (S3's ``If-None-Match: *``, Cloud Storage's ``ifGenerationMatch=0``:
+pgrecv/spark/objects.py) and held as a lease: the holder rewrites it every :data:`LEASE` / 4
+seconds on the condition that it is still the version it last wrote, and deletes it when it
+ends. A holder that died leaves it behind; another run takes it over (on the condition that it
+is the version it saw: of two such runs one wins)
 
 - at once, when the holder ran on this machine since its last boot and its process is gone;
-- else once the object is older than its lease, by the store's own clock (the response's
-  ``Date`` against the object's ``Last-Modified``: the machines' clocks do not matter).
+- else once the object is older than its lease (by S3's own clock; on Cloud Storage, by this
+  machine's against the object's time: objects.py).
 
 A holder that could not renew its lease in time (someone took the lock over, or the store was
 out of reach) has lost it: :meth:`Lock.check` raises before its next commit.
@@ -30,14 +32,13 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Final
 
 from pgrecv.errors import OutputError, UsageError
-from pgrecv.output.store import ObjectStore, StoreURL, code_of, status_of
 from pgrecv.spark.model import STATE_DIR, ApplyConfig
-from pgrecv.spark.stores import StorePath, TargetPath, s3_client, seconds_from_env
+from pgrecv.spark.objects import Objects, Refused, objects_for
+from pgrecv.spark.stores import StorePath, TargetPath, filesystem_for, seconds_from_env
 
 LOCK: Final = "lock"
 LEASE: Final = 60.0  # seconds a store lock holds without renewal (PGRECV_LOCK_LEASE_SECONDS)
@@ -157,8 +158,8 @@ def _started(pid: int) -> str:
 class StoreLock(Lock):
     """The lease on ``_pgrecv/lock`` of a store target (see the module's docstring)."""
 
-    def __init__(self, store: ObjectStore, target: StoreTarget) -> None:
-        self._store = store
+    def __init__(self, objects: Objects, target: StoreTarget) -> None:
+        self._objects = objects
         self._target = target
         self._name = f"{STATE_DIR}/{LOCK}"
         self.lease = lease_seconds()
@@ -174,7 +175,7 @@ class StoreLock(Lock):
                 "lease": self.lease,
             }
         ).encode()
-        self._etag: str | None = None
+        self._token: str | None = None
         self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -188,10 +189,10 @@ class StoreLock(Lock):
                 if self._put(None):
                     break
                 continue
-            body, etag, age = seen
+            body, token, age = seen
             if not self._dead(body, age):
                 raise OutputError(self._busy(body, age))
-            if self._put(etag):
+            if self._put(token):
                 break
         else:
             raise OutputError(busy_message(self._target))
@@ -202,12 +203,10 @@ class StoreLock(Lock):
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self._lost is None and self._etag is not None:
+        if self._lost is None and self._token is not None:
             # only while it is still ours: a run that took it over keeps it
             with contextlib.suppress(Exception):
-                self._store.client.delete_object(
-                    Bucket=self._store.url.bucket, Key=self._store.url.key(self._name), IfMatch=self._etag
-                )
+                self._objects.delete(self._name, self._token)
 
     def check(self) -> None:
         if self._lost is not None:
@@ -223,9 +222,9 @@ class StoreLock(Lock):
         last = time.monotonic()
         while not self._stop.wait(every):
             try:
-                self._etag = self._write(self._etag)
+                self._token = self._write(self._token)
                 last = time.monotonic()
-            except _Taken:
+            except Refused:
                 self._lost = "another run took it over"
                 return
             except Exception as exc:  # the store out of reach: the lease runs out meanwhile
@@ -233,48 +232,37 @@ class StoreLock(Lock):
                     self._lost = f"it could not be renewed: {type(exc).__name__}"
                     return
 
-    def _put(self, etag: str | None) -> bool:
-        """Creates (``etag`` None) or takes over the lock; False when another run was first."""
+    def _put(self, token: str | None) -> bool:
+        """Creates (``token`` None) or takes over the lock; False when another run was first."""
         try:
-            self._etag = self._write(etag)
-        except _Taken:
+            self._token = self._write(token)
+        except Refused:
             return False
         return True
 
-    def _write(self, etag: str | None) -> str:
-        cond = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+    def _write(self, token: str | None) -> str:
         try:
-            put = self._store.client.put_object(
-                Bucket=self._store.url.bucket, Key=self._store.url.key(self._name), Body=self._me, **cond
-            )
+            return self._objects.put(self._name, self._me, token)
+        except Refused:
+            raise
         except Exception as exc:
-            if status_of(exc) in (404, 409, 412):
-                raise _Taken from None
             raise self._fail(exc, "write") from None
-        return str(put["ETag"])
 
     def _look(self) -> tuple[dict[str, object], str, float] | None:
-        """The lock's holder, ETag and age in seconds by the store's clock; None: not held."""
+        """The lock's holder, token and age in seconds; None: not held."""
         try:
-            got = self._store.client.get_object(Bucket=self._store.url.bucket, Key=self._store.url.key(self._name))
+            seen = self._objects.get(self._name)
         except Exception as exc:
-            if status_of(exc) == 404:
-                return None
             raise self._fail(exc, "read") from None
-        raw = got["Body"].read()
+        if seen is None:
+            return None
         try:
-            body = json.loads(raw)
+            body = json.loads(seen.data)
             if not isinstance(body, dict):
                 raise ValueError
         except ValueError:
             body = {}
-        headers = got.get("ResponseMetadata", {}).get("HTTPHeaders", {})
-        try:
-            now = parsedate_to_datetime(headers["date"]).timestamp()
-            age = max(0.0, now - got["LastModified"].timestamp())
-        except (KeyError, TypeError, ValueError):
-            age = 0.0  # no clock to go by: only the holder's own end frees it
-        return body, str(got["ETag"]), age
+        return body, seen.token, seen.age
 
     def _dead(self, holder: dict[str, object], age: float) -> bool:
         """Whether the holder is gone: its lease ran out, or it ran here and its process is gone."""
@@ -296,42 +284,28 @@ class StoreLock(Lock):
 
     def _fail(self, exc: Exception, doing: str) -> OutputError:
         return OutputError(
-            f"cannot {doing} the target's lock {self._target}/{self._name}: {_short(exc)}; nothing was applied: "
-            "check the bucket, the credentials and AWS_ENDPOINT_URL, and run again"
+            f"cannot {doing} the target's lock {self._objects.where(self._name)}: {self._objects.short(exc)}; "
+            f"nothing was applied: check the bucket, the credentials and {self._objects.endpoint}, and run again"
         )
-
-
-class _Taken(Exception):
-    """The lock object changed under a conditional write: another run has it."""
-
-
-def _short(exc: Exception) -> str:
-    return code_of(exc) or type(exc).__name__
 
 
 @dataclass(frozen=True)
 class StoreTarget(Target):
-    url: StoreURL
-    store: ObjectStore
+    objects: Objects
 
     @classmethod
-    def of(cls, text: str) -> StoreTarget:
-        url = StoreURL.parse(text)
-        return cls(url, ObjectStore(url))
+    def of(cls, text: str, conf: dict[str, str] | None = None) -> StoreTarget:
+        conf = conf or {}
+        return cls(objects_for(StorePath.of(text, filesystem_for(text, conf, {})), conf))
 
     def __str__(self) -> str:
-        return str(self.url)
-
-    @property
-    def spark_url(self) -> str:
-        """Spark's (Hadoop's S3A connector's) URL of the target."""
-        return f"s3a://{self.url.bucket}/{self.url.prefix}" if self.url.prefix else f"s3a://{self.url.bucket}"
+        return self.objects.where()
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[Lock]:
         """The lease on ``_pgrecv/lock``; holding it, the run also removes what runs that were
         killed left under ``_pgrecv/`` (their staged input, a carried file half made)."""
-        held = StoreLock(self.store, self)
+        held = StoreLock(self.objects, self)
         held.acquire()
         try:
             self._sweep()
@@ -340,45 +314,34 @@ class StoreTarget(Target):
             held.release()
 
     def _sweep(self) -> None:
-        client, bucket = self.store.client, self.url.bucket
         for left in (f"{STATE_DIR}/stage-", f"{STATE_DIR}/prepared/.tmp-"):
             with contextlib.suppress(Exception):  # (best effort: the next run tries again)
-                pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=self.url.key(left))
-                for page in pages:
-                    keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-                    if keys:
-                        client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+                self.objects.remove_under(left)
 
     def read_state(self, name: str) -> bytes | None:
         try:
-            got = self.store.client.get_object(Bucket=self.url.bucket, Key=self.url.key(f"{STATE_DIR}/{name}"))
-            return bytes(got["Body"].read())
+            seen = self.objects.get(f"{STATE_DIR}/{name}")
         except Exception as exc:
-            if status_of(exc) == 404:
-                return None
             raise OutputError(
-                f"cannot read {self.url}/{STATE_DIR}/{name}: {_short(exc)}: check the bucket, the credentials and "
-                "AWS_ENDPOINT_URL; nothing was applied"
+                f"cannot read {self.objects.where(STATE_DIR + '/' + name)}: {self.objects.short(exc)}: check the "
+                f"bucket, the credentials and {self.objects.endpoint}; nothing was applied"
             ) from None
+        return None if seen is None else seen.data
 
     def write_state(self, name: str, data: bytes, what: str) -> None:
-        key = self.url.key(f"{STATE_DIR}/{name}")
         try:
-            self.store.client.put_object(Bucket=self.url.bucket, Key=key, Body=data)
+            self.objects.write(f"{STATE_DIR}/{name}", data)
         except Exception as exc:
             raise OutputError(
-                f"cannot write {what} {self.url}/{STATE_DIR}/{name}: {_short(exc)}: check the bucket and the "
-                "credentials; the tables are applied, and the next run reads their files again"
+                f"cannot write {what} {self.objects.where(STATE_DIR + '/' + name)}: {self.objects.short(exc)}: check "
+                "the bucket and the credentials; the tables are applied, and the next run reads their files again"
             ) from None
 
 
 def target_of(config: ApplyConfig) -> Target:
     """The run's target: a local directory, or a prefix of a bucket."""
     t = config.target
-    if isinstance(t, StorePath):
-        url = StoreURL(t.bucket, t.key)
-        return StoreTarget(url, ObjectStore(url, s3_client(config.conf)))
-    return LocalTarget(t)
+    return StoreTarget(objects_for(t, config.conf)) if isinstance(t, StorePath) else LocalTarget(t)
 
 
 def check_store(target: TargetPath, fmt: str, catalog: str | None) -> None:
@@ -391,6 +354,13 @@ def check_store(target: TargetPath, fmt: str, catalog: str | None) -> None:
             f"--target {target}: Iceberg's Hadoop catalog cannot be on an object store (it commits by "
             "renaming a file): name an Iceberg catalog of the session whose warehouse is there "
             "(--iceberg-catalog, for example Iceberg's JDBC catalog), or use --format delta or parquet"
+        )
+    if fmt == "delta" and target.scheme == "gs":
+        # (delta-rs, which reads a Delta table's log for the record of what was applied, does not
+        # list a Cloud Storage emulator's bucket: no test could show it right)
+        raise UsageError(
+            f"--target {target}: --format delta is not supported on Cloud Storage yet: use --format parquet "
+            "(or iceberg with --iceberg-catalog) there, or a --target on S3 or a local path"
         )
     # --delta-engine spark is taken: Delta's connector commits on S3 through its single-driver log
     # store, which the target's lock makes true for pgrecv's runs (docs/spark-apply.md names the

@@ -209,15 +209,16 @@ def _confirmed(conn: psycopg.Connection[Any], slot: str) -> int | None:
 
 
 def _session(config: VerifyConfig) -> SparkSession:
-    """spark-apply's session for the same lake: with the store's settings when it is on S3, and its
-    S3A connector checked (else each task would fail on its first file with a Java stack)."""
+    """spark-apply's session for the same lake: with the store's settings when it is on a store, and
+    its Hadoop connector checked (else each task would fail on its first file with a Java stack)."""
     from pgrecv.spark import stores
     from pgrecv.spark.apply import open_session
 
-    on_store = isinstance(config.target, stores.StorePath)
+    target = config.target
+    on_store = isinstance(target, stores.StorePath)
     spark = open_session(config.master, config.remote, config.conf, config.fmt, "auto", on_store)
-    if on_store:
-        stores.check_session(spark)
+    if isinstance(target, stores.StorePath):
+        stores.check_session(spark, (target.scheme,))
     return spark
 
 

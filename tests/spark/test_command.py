@@ -236,12 +236,12 @@ def test_parquet_run_keeps_spark_quiet(tmp_path: Path) -> None:
 @contextlib.contextmanager
 def held_target(target: Path | str, env: dict[str, str] | None = None) -> Iterator[int]:
     """``target``'s lock held by another process (as a run holds it) while the block runs: a
-    local directory, or an ``s3://`` URL (the store found through ``env``); yields its pid."""
+    local directory, or an ``s3://`` or ``gs://`` URL (the store found through ``env``); yields its pid."""
     hold = (
         "import sys, pathlib\n"
         "from pgrecv.spark.targets import LocalTarget, StoreTarget\n"
         "where = sys.argv[1]\n"
-        "target = StoreTarget.of(where) if where.startswith('s3://') else LocalTarget(pathlib.Path(where))\n"
+        "target = StoreTarget.of(where) if '://' in where else LocalTarget(pathlib.Path(where))\n"
         "with target.lock():\n"
         "    print('held', flush=True)\n"
         "    sys.stdin.read()\n"

@@ -1,5 +1,6 @@
 """The target's lock and state on an object store (pgrecv/spark/targets.py), against a real S3
-server on 127.0.0.1 (moto's, which implements S3's conditional writes)."""
+server on 127.0.0.1 (moto's, which implements S3's conditional writes) and a real Cloud Storage
+emulator (fake-gcs-server, which implements ``ifGenerationMatch`` on uploads)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from pgrecv.errors import OutputError
 from pgrecv.spark import ledger
+from pgrecv.spark.stores import StorePath, filesystem_for
 from pgrecv.spark.targets import StoreTarget
 from tests.conftest import S3Server
 
@@ -27,11 +29,12 @@ HOLD = (
 )
 
 
-@pytest.fixture
-def target(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> StoreTarget:
-    for k, v in s3_server.env.items():
+@pytest.fixture(params=["s3", "gs"])
+def target(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> StoreTarget:
+    server = request.getfixturevalue("s3_server" if request.param == "s3" else "gcs_server")
+    for k, v in server.env.items():
         monkeypatch.setenv(k, v)
-    return StoreTarget.of(f"s3://{s3_server.bucket()}/lake")
+    return StoreTarget.of(f"{request.param}://{server.bucket()}/lake")
 
 
 def _holder(target: StoreTarget) -> subprocess.Popen[bytes]:
@@ -118,23 +121,28 @@ def test_the_record_of_what_was_applied_lives_on_the_store(target: StoreTarget) 
     assert ledger.load(target, {**options, "mode": "history"}) is None
 
 
-def test_an_unreachable_store_is_one_line_naming_the_lock(monkeypatch: pytest.MonkeyPatch, s3_server: S3Server) -> None:
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_an_unreachable_store_is_one_line_naming_the_lock(
+    monkeypatch: pytest.MonkeyPatch, s3_server: S3Server, scheme: str
+) -> None:
     for k, v in s3_server.env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    target = StoreTarget.of("s3://no-such-bucket/lake")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+    monkeypatch.setenv("PGRECV_GCS_RETRY_SECONDS", "1")
+    target = StoreTarget.of(f"{scheme}://no-such-bucket/lake")
     with pytest.raises(OutputError) as err, target.lock():
         pass
     text = str(err.value)
-    assert text.startswith("cannot read the target's lock s3://no-such-bucket/lake/_pgrecv/lock: ")
+    assert text.startswith(f"cannot read the target's lock {scheme}://no-such-bucket/lake/_pgrecv/lock: "), text
+    assert ("AWS_ENDPOINT_URL" if scheme == "s3" else "the store's endpoint") in text
     assert "\n" not in text and "pgrecv-test-secret" not in text
 
 
-def test_the_lock_sweeps_what_killed_runs_left(target: StoreTarget, s3_server: S3Server) -> None:
+def test_the_lock_sweeps_what_killed_runs_left(target: StoreTarget) -> None:
     """Staged input and a half-made carried file of a killed run go when the next run takes the
     lock; the record and the carried transactions stay."""
-    client, bucket = s3_server.client(), target.url.bucket
     left = [
         "_pgrecv/stage-1/part-0.parquet",
         "_pgrecv/stage-1-changes/_tid=0/x.parquet",
@@ -142,11 +150,11 @@ def test_the_lock_sweeps_what_killed_runs_left(target: StoreTarget, s3_server: S
     ]
     kept = ["_pgrecv/applied.json", "_pgrecv/prepared/3.jsonl", "public.t/_delta_log/00000000000000000000.json"]
     for k in left + kept:
-        client.put_object(Bucket=bucket, Key=f"lake/{k}", Body=b"x")
+        target.objects.write(k, b"x")
     with target.lock():
         pass
-    listed = client.list_objects_v2(Bucket=bucket, Prefix="lake/").get("Contents", [])
-    assert sorted(o["Key"][len("lake/") :] for o in listed) == sorted(kept)
+    lake = StorePath.of(str(target), filesystem_for(str(target), {}, {}))
+    assert sorted(p.key[len("lake/") :] for p in lake.rglob("*")) == sorted(kept)
 
 
 @pytest.mark.parametrize(
