@@ -231,15 +231,21 @@ def s3a_jars_conf() -> str:
 
 @pytest.fixture(scope="session")
 def connector(
-    spark_jars_conf: str, s3a_jars_conf: str, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
+    spark_jars_conf: str,
+    s3a_jars_conf: str,
+    s3_server: S3Server,
+    gcs_jars_conf: str,
+    gcs_server: GcsServer,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Any]:
     """One process with a SparkSession that has Delta's Spark connector (its jars, extension and
     catalog) and Iceberg's runtime, running ``pgrecv`` commands one at a time
     (tests/spark/connector_runner.py): a JVM start with the jars costs half a minute, and the test
-    session's own SparkSession stays without them (delta-rs). Hadoop's S3A connector is on its
-    class path, set up for :func:`s3_server` as a spark-submit user sets it up (give a command
-    ``env=s3_server.env`` for the driver's own clients). Started by the first test of a worker
-    that asks for it."""
+    session's own SparkSession stays without them (delta-rs). Hadoop's S3A connector and Google's
+    Cloud Storage connector are on its class path, set up for :func:`s3_server` and
+    :func:`gcs_server` as a spark-submit user sets them up (give a command ``env=...`` of the
+    server for the driver's own clients). Started by the first test of a worker that asks for it."""
+    from pgrecv.spark.stores import session_conf
     from tests.spark.connector_runner import Runner
 
     # Delta rebuilds a snapshot of its log in 50 tasks by default: two are plenty for test tables
@@ -247,8 +253,12 @@ def connector(
     # PostgreSQL's JDBC driver on the class path too, as a deployment puts a Hive metastore's
     # database driver there (DataNucleus finds it through DriverManager, which spark.jars' loader hides)
     pg_driver = [j for j in spark_jars_conf.split(",") if Path(j).name.startswith("postgresql-")]
-    conf += (f"spark.driver.extraClassPath={':'.join([*s3a_jars_conf.split(','), *pg_driver])}",)
+    jars = [*s3a_jars_conf.split(","), *gcs_jars_conf.split(","), *pg_driver]
+    conf += (f"spark.driver.extraClassPath={':'.join(jars)}",)
     conf += tuple(f"spark.hadoop.fs.s3a.{k}={v}" for k, v in s3a_settings(s3_server).items())
+    with pytest.MonkeyPatch.context() as env:  # (pgrecv's settings for Google's connector and an emulator)
+        env.setenv("STORAGE_EMULATOR_HOST", gcs_server.env["STORAGE_EMULATOR_HOST"])
+        conf += tuple(f"{k}={v}" for k, v in session_conf({}).items() if k.startswith("spark.hadoop.fs.gs."))
     runner = Runner(spark_jars_conf, tmp_path_factory.mktemp("connector") / "runner.log", "local[2]", conf)
     yield runner
     runner.close()

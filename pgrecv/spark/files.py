@@ -71,11 +71,11 @@ def file_url(path: Path | StorePath) -> str:
 
 def data_file_url(name: str) -> str:
     """A table's data file for Spark, as a writer lists it: a local path, or an object's
-    ``s3://``/``s3a://`` URL (the writers' own names for files on a store target)."""
+    ``s3://``/``s3a://``/``gs://`` URL (the writers' own names for files on a store target)."""
     for scheme in SCHEMES:
         if name.startswith(scheme):
             return "s3a://" + name[len(scheme) :]
-    return file_url(Path(name))
+    return name if name.startswith(_SPARK_STORES) else file_url(Path(name))
 
 
 # the URL schemes Spark reads a store's objects with (stores.StoreFile.spark_url)

@@ -15,7 +15,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Final
 
-from pgrecv.errors import UsageError
+from pgrecv.errors import OutputError, UsageError
 
 if TYPE_CHECKING:
     from google.cloud.storage import Client
@@ -64,10 +64,12 @@ def filesystem(conf: dict[str, str], retry_seconds: float) -> FileSystem:
     return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=retry_seconds), **kwargs)
 
 
-def client(conf: dict[str, str]) -> Client:
-    """Google's Cloud Storage client, set up as :func:`filesystem` is."""
+def client(conf: dict[str, str], where: str) -> Client:
+    """Google's Cloud Storage client for ``where`` (a URL, for messages), set up as
+    :func:`filesystem` is."""
     try:
         from google.auth.credentials import AnonymousCredentials
+        from google.auth.exceptions import DefaultCredentialsError
         from google.cloud import storage
     except ImportError:
         raise UsageError(
@@ -80,4 +82,10 @@ def client(conf: dict[str, str]) -> Client:
     if anonymous:
         kwargs["credentials"] = AnonymousCredentials()  # type: ignore[no-untyped-call]
         kwargs["project"] = "pgrecv"  # (an anonymous client names no project; none is used)
-    return storage.Client(**kwargs)
+    try:
+        return storage.Client(**kwargs)
+    except DefaultCredentialsError:
+        raise OutputError(
+            f"{where}: no Google credentials found: set GOOGLE_APPLICATION_CREDENTIALS (or run `gcloud auth "
+            "application-default login`), or name an emulator with STORAGE_EMULATOR_HOST; nothing was applied"
+        ) from None

@@ -205,5 +205,5 @@ class GcsObjects(Objects):
 def objects_for(path: StorePath, conf: dict[str, str]) -> Objects:
     """The objects under ``path``, reached with ``conf``'s settings (else the store's environment)."""
     if path.scheme == "gs":
-        return GcsObjects(path, gcs.client(conf))
+        return GcsObjects(path, gcs.client(conf, str(path)))
     return S3Objects(StoreURL(path.bucket, path.key), s3_client(conf))

@@ -102,6 +102,8 @@ def run_verify(
     if config.fmt not in ("delta", "parquet", "iceberg"):
         raise UsageError(f"verify compares --format delta, parquet or iceberg tables, not {config.fmt}")
     check_store(config.target, config.fmt, config.catalog)
+    if isinstance(config.target, stores.StorePath) and config.target.scheme == "gs":
+        raise UsageError(f"--target {config.target}: verify does not read a lake on gs:// yet (S3 and local ones: yes)")
     stores.use_conf(config.conf)  # (the store's settings, for the table files the driver reads a footer of)
     if not config.target.is_dir():
         where = "no such directory" if isinstance(config.target, Path) else "nothing under that prefix"

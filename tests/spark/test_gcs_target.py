@@ -8,6 +8,8 @@ run's. (The lock's rules alone, on both stores: tests/spark/test_targets.py.)"""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +141,76 @@ def test_a_target_on_gcs_is_one_run_at_a_time(gcs_server: GcsServer, tmp_path: P
     assert len(lines) == 1 and f"{lake}: another spark-apply run is applying" in lines[0], lines
     assert f"process {holder}" in lines[0]
     assert keys_under(gcs_server, bucket, "lake") == []  # the holder deleted its lock; the refused run wrote nothing
+
+
+@pytest.mark.newest_server  # the subject is the writer's atomicity on the store, not the server
+def test_killed_runs_on_gcs_then_a_full_run_give_postgresqls_tables(
+    db_dsn: str, gcs_server: GcsServer, gcs_jars_conf: str, spark: Any, tmp_path: Path
+) -> None:
+    """Runs SIGKILLed (the JVM too) at random moments after their first write under the target (a
+    Parquet pointer is pgrecv's own protocol), then one run to the end: each table is
+    PostgreSQL's. A killed run leaves its lock object behind; the next run on this machine takes
+    it over at once (its process is gone). A table keeps only the versions its pointer and the
+    one before name."""
+    import random
+    import signal
+    import time
+
+    from tests.spark.test_apply_server import _assert_equal
+    from tests.spark.test_kill import make_workload_files
+
+    first, second = make_workload_files(db_dsn, tmp_path)
+    bucket = gcs_server.bucket()
+    lake = f"gs://{bucket}/lake"
+    base = apply_gcs(gcs_server, gcs_jars_conf, [str(first)], lake, "--format", "parquet")  # an existing state
+    assert base.returncode == 0, err(base)
+    rng = random.Random(f"gcs-kill-{db_dsn}")
+    args = [sys.executable, "-m", "pgrecv", "spark-apply", str(first), str(second), "--target", lake]
+    args += ["--format", "parquet", "--master", "local[1]", "--conf", f"spark.jars={gcs_jars_conf}"]
+    kills = 0
+    for _ in range(2):
+        before = keys_under(gcs_server, bucket, "lake")
+        proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            env={**os.environ, **gcs_server.env},
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and keys_under(gcs_server, bucket, "lake") == before and time.monotonic() < deadline:
+            time.sleep(0.05)  # (its lock object is its first write)
+        try:
+            proc.wait(timeout=rng.uniform(0.0, 4.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        assert proc.stderr is not None
+        stderr = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert proc.returncode in (0, -signal.SIGKILL), stderr
+    assert kills >= 1, "no run was killed: delays do not fit this machine"
+    done = apply_gcs(gcs_server, gcs_jars_conf, [str(first), str(second)], lake, "--format", "parquet")
+    assert done.returncode == 0, err(done)
+    copy = tmp_path / "copy"
+    download(gcs_server, bucket, "lake", copy)
+    _assert_equal(db_dsn, copy, "parquet", spark)
+    pointers = list(copy.glob("*/_pgrecv_table.json"))
+    assert pointers
+    for pointer in pointers:
+        versions = {p.name for p in (pointer.parent / "_versions").iterdir()}
+        assert 1 <= len(versions) <= 2, versions  # the current version and at most the one before
+
+
+def test_a_target_on_gcs_without_credentials_is_one_line(tmp_path: Path) -> None:
+    """No emulator and no Google credentials (none in the environment, no gcloud configuration, no
+    metadata server looked for): one line naming the target and where credentials come from,
+    before any JVM; nothing written."""
+    f = tmp_path / "0000000000000010-0000000000000020.jsonl"
+    f.write_bytes(b'{"v":1,"op":"begin","xid":1,"lsn":"0/10","commit_lsn":"0/20"}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "STORAGE_EMULATOR", "CLOUDSDK_"))}
+    env |= {"CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud"), "NO_GCE_CHECK": "True"}
+    args = [sys.executable, "-m", "pgrecv", "spark-apply", str(f), "--target", "gs://bucket/lake"]
+    args += ["--format", "parquet"]
+    proc = subprocess.run(args, capture_output=True, env=env, timeout=120, check=False)
+    assert proc.returncode == ExitCode.OUTPUT, err(proc)
+    lines = err(proc).strip().splitlines()
+    assert len(lines) == 1 and "gs://bucket/lake: no Google credentials found" in lines[0], lines

@@ -559,6 +559,54 @@ def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     assert state == [], state
 
 
+def test_a_jdbc_catalog_with_its_warehouse_source_and_target_on_gcs(
+    newest_tcp_dsn: str, gcs_server: Any, connector: Runner, tmp_path: Path
+) -> None:
+    """The same path on Cloud Storage (a real emulator): the change files, the warehouse (``gs://``,
+    through Google's Hadoop connector) and --target, which holds pgrecv's lock (conditional writes
+    on object generations) while a run lasts. A run after the snapshot creates the table, a run
+    after the stream MERGEs into it; pyiceberg reads it from the store as PostgreSQL's table."""
+    import psycopg
+
+    from tests.spark.test_gcs_target import keys_under
+    from tests.spark.test_s3_source import changes_to_s3
+    from tests.util import sql
+
+    bucket = gcs_server.bucket()
+    name, args = jdbc_catalog(newest_tcp_dsn, f"gs://{bucket}/warehouse")
+    local = tmp_path / "cdc"
+
+    def apply() -> dict[str, Any]:
+        gcs_server.upload(bucket, "cdc", sorted(p for p in local.iterdir() if p.is_file()))
+        cmd = [f"gs://{bucket}/cdc", "--target", f"gs://{bucket}/state", "--iceberg-catalog", name, *args]
+        cmd += ["--table", "public.t", "--format", "iceberg", "--json"]
+        return _ok(connector.run(["spark-apply", *cmd], 900, env=gcs_server.env))
+
+    runs = []
+    changes_to_s3(newest_tcp_dsn, None, str(local), after_snapshot=lambda: runs.append(apply()))
+    assert [(t["table"], t["status"]) for t in runs[0]["tables"]] == [("public.t", "applied")]
+    last = apply()["tables"]
+    assert [t["status"] for t in last] == ["applied"]
+    assert LSN.parse(runs[0]["tables"][0]["applied_lsn"]) < LSN.parse(last[0]["applied_lsn"])
+    with psycopg.connect(newest_tcp_dsn) as conn:
+        found = conn.execute(
+            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 'public' "
+            "AND table_name = 't'",
+            (name,),
+        ).fetchone()
+    assert found is not None and found[0].startswith(f"gs://{bucket}/warehouse/"), found
+    io = {"gcs.service.host": gcs_server.env["STORAGE_EMULATOR_HOST"], "gcs.project-id": "test"}
+    io |= {"gcs.oauth2.token": "emulator", "gcs.oauth2.token-expires-at": str(int(time.time() + 3600) * 1000)}
+    table = pyiceberg_table.StaticTable.from_metadata(found[0], properties=io)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert lsn_str(int(snapshot.summary.additional_properties["pgrecv.applied-lsn"])) == last[0]["applied_lsn"]
+    rows = sorted((r["id"], r["v"]) for r in table.scan().to_arrow().to_pylist())
+    assert rows == sorted(tuple(r) for r in sql(newest_tcp_dsn, "SELECT id, v FROM t")), "not PostgreSQL's table"
+    assert len(rows) > 20
+    assert keys_under(gcs_server, bucket, "state") == []  # the lock went with its run, no staging left
+
+
 def catalog_pointers(dsn: str, catalog: str) -> dict[tuple[str, str], str]:
     """Each table's current metadata file, as Iceberg's JDBC catalog ``catalog`` in the PostgreSQL
     of ``dsn`` points to it, by (namespace, table)."""

@@ -342,7 +342,8 @@ def test_spark_apply_names_object_store_paths_as_not_supported(tmp_path: Path, w
         # here went to Google's servers, and waited out the test's 2 minutes in stop 75's CI)
         source = "abfss://cdc@account.dfs.core.windows.net/cdc"
     else:
-        target = "gs://bucket/lake"  # (s3:// is written: tests/spark/test_s3_target.py)
+        # (s3:// and gs:// are written: tests/spark/test_s3_target.py, test_gcs_target.py)
+        target = "abfss://lake@account.dfs.core.windows.net/lake"
     proc = pgrecv("spark-apply", source, "--target", target, "--format", "parquet")
     assert proc.returncode == ExitCode.USAGE and "not supported yet" in err(proc), err(proc)
     assert len(err(proc).strip().splitlines()) == 1

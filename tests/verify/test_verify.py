@@ -47,7 +47,7 @@ ROW = (
 )
 
 
-def _verify(dsn: str, src: Path, lake: Path, fmt: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+def _verify(dsn: str, src: Path, lake: Path | str, fmt: str, *extra: str) -> tuple[int, dict[str, Any], str]:
     """``pgrecv verify ... --json`` in this process, on the test session's SparkSession (no JVM start per run)."""
     proc = pgrecv_here(
         "verify", "-d", dsn, "--slot", "s", "--target", str(lake), "--format", fmt, "--source", str(src),
@@ -318,3 +318,12 @@ def test_a_lake_on_s3(db_dsn: str, tmp_path: Path, s3_server: S3Server, s3_here:
     assert (_tables(doc)["public.c"]["status"], _tables(doc)["public.b"]["status"]) == ("missing", "equal"), doc
     code, doc, text = verify(f"s3://{bucket}/nothing", "--no-catch-up")
     assert code == ExitCode.USAGE and text.count("\n") == 1 and "nothing under that prefix" in text, text
+
+
+def test_a_lake_on_gcs_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """spark-apply writes Parquet tables onto gs://, but verify does not read them yet: one line
+    (exit 2) before it connects to anything (the DSN names no server)."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+    code, _, text = _verify("host=/nonexistent", tmp_path, "gs://bucket/lake", "parquet")
+    assert code == ExitCode.USAGE and text.count("\n") == 1, text
+    assert "--target gs://bucket/lake: verify does not read a lake on gs:// yet" in text, text
