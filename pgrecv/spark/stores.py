@@ -523,14 +523,18 @@ class StorePath:
         self.fs.copy_file(self._path, other._path)
 
     def iterdir(self) -> list[StorePath]:
-        """The objects and prefixes directly under it (none when there is nothing)."""
+        """The objects and prefixes directly under it (none when there is nothing). On Cloud
+        Storage from a recursive listing: pyarrow's lists a prefix's prefixes only where a marker
+        object names them, so a killed run's version prefix went unseen and was never removed."""
         from pyarrow import fs as pafs
 
+        deep = self.scheme == "gs"
         try:
-            infos = self.fs.get_file_info(pafs.FileSelector(self._path, allow_not_found=True))
+            infos = self.fs.get_file_info(pafs.FileSelector(self._path, allow_not_found=True, recursive=deep))
         except OSError as exc:
             raise _trouble(str(self), exc) from None
-        return sorted((self / i.base_name for i in infos), key=lambda p: p.key)
+        names = {i.path[len(self._path) + 1 :].split("/", 1)[0] for i in infos}
+        return sorted((self / n for n in names if n), key=lambda p: p.key)
 
     def glob(self, pattern: str) -> list[StorePath]:
         return [p for p in self.iterdir() if fnmatchcase(p.name, pattern)]

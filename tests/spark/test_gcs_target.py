@@ -72,33 +72,6 @@ def read_parquet_on_gcs(gcs: GcsServer, bucket: str, table: str) -> list[dict[st
     return pa.concat_tables(parts).to_pylist() if parts else []
 
 
-@pytest.mark.newest_server  # the subject is the store
-def test_postgresql_to_parquet_tables_on_gcs(
-    db_dsn: str, gcs_server: GcsServer, gcs_jars_conf: str, tmp_path: Path
-) -> None:
-    """Change files on Cloud Storage, applied to a target there (a prefix holding a space): a
-    reader following the pointer object reads PostgreSQL's table. The lock is gone after the run,
-    the record is on the store, and a second run skips every file by its name."""
-    local = tmp_path / "cdc"
-    changes_to_s3(db_dsn, None, str(local))
-    bucket = gcs_server.bucket()
-    gcs_server.upload(bucket, "cdc", sorted(p for p in local.iterdir() if p.is_file()))
-    source, lake = f"gs://{bucket}/cdc", f"gs://{bucket}/lake one"
-    first = apply_gcs(gcs_server, gcs_jars_conf, [source], lake, "--format", "parquet")
-    assert first.returncode == 0, err(first)
-    summary = orjson.loads(first.stdout)
-    assert summary["files"] > 3 and summary["engine"] == "parquet/spark", summary
-    got = read_parquet_on_gcs(gcs_server, bucket, f"lake one/{table_dir_name('public', 't')}")
-    rows = sorted((r["id"], r["v"]) for r in got)
-    assert rows == sorted(tuple(r) for r in sql(db_dsn, "SELECT id, v FROM t")), "the lake is not PostgreSQL's table"
-    assert len(rows) > 20
-    state = [k for k in keys_under(gcs_server, bucket, "lake one") if k.startswith("_pgrecv/")]
-    assert state == ["_pgrecv/applied.json"], state  # the lock deleted, no staging left
-    again = apply_gcs(gcs_server, gcs_jars_conf, [source], lake, "--format", "parquet")
-    assert again.returncode == 0, err(again)
-    assert orjson.loads(again.stdout)["files_skipped"] == summary["files"]
-
-
 @pytest.fixture(scope="module")
 def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gen, list[Path]]:
     where = tmp_path_factory.mktemp("gcs-target-stream")
@@ -143,39 +116,49 @@ def test_a_target_on_gcs_is_one_run_at_a_time(gcs_server: GcsServer, tmp_path: P
     assert keys_under(gcs_server, bucket, "lake") == []  # the holder deleted its lock; the refused run wrote nothing
 
 
-@pytest.mark.newest_server  # the subject is the writer's atomicity on the store, not the server
-def test_killed_runs_on_gcs_then_a_full_run_give_postgresqls_tables(
-    db_dsn: str, gcs_server: GcsServer, gcs_jars_conf: str, spark: Any, tmp_path: Path
+@pytest.mark.newest_server  # the subject is the store
+def test_postgresql_to_parquet_on_gcs_through_killed_runs(
+    db_dsn: str, gcs_server: GcsServer, gcs_jars_conf: str, tmp_path: Path
 ) -> None:
-    """Runs SIGKILLed (the JVM too) at random moments after their first write under the target (a
-    Parquet pointer is pgrecv's own protocol), then one run to the end: each table is
-    PostgreSQL's. A killed run leaves its lock object behind; the next run on this machine takes
-    it over at once (its process is gone). A table keeps only the versions its pointer and the
-    one before name."""
+    """Change files of the real tool on Cloud Storage, applied onto a target there (a prefix holding
+    a space): a run after the snapshot makes the table; runs SIGKILLed (the JVM too) at random
+    moments after their first write under the target, then one run to the end, apply the stream
+    onto it. A reader following the pointer object reads PostgreSQL's table. A killed run leaves
+    its lock object behind, which the next run on this machine takes over at once (its process is
+    gone); the last run's lock is gone with it, the record is on the store, the table keeps only
+    the versions its pointer and the one before name, and a further run skips every file by its
+    name, without Spark."""
     import random
     import signal
     import time
 
-    from tests.spark.test_apply_server import _assert_equal
-    from tests.spark.test_kill import make_workload_files
-
-    first, second = make_workload_files(db_dsn, tmp_path)
+    local = tmp_path / "cdc"
     bucket = gcs_server.bucket()
-    lake = f"gs://{bucket}/lake"
-    base = apply_gcs(gcs_server, gcs_jars_conf, [str(first)], lake, "--format", "parquet")  # an existing state
-    assert base.returncode == 0, err(base)
+    source, lake = f"gs://{bucket}/cdc", f"gs://{bucket}/lake one"
+
+    def upload() -> None:
+        gcs_server.upload(bucket, "cdc", sorted(p for p in local.iterdir() if p.is_file()))
+
+    def base() -> None:
+        upload()
+        proc = apply_gcs(gcs_server, gcs_jars_conf, [source], lake, "--format", "parquet")
+        assert proc.returncode == 0, err(proc)
+
+    changes_to_s3(db_dsn, None, str(local), after_snapshot=base)
+    upload()
     rng = random.Random(f"gcs-kill-{db_dsn}")
-    args = [sys.executable, "-m", "pgrecv", "spark-apply", str(first), str(second), "--target", lake]
-    args += ["--format", "parquet", "--master", "local[1]", "--conf", f"spark.jars={gcs_jars_conf}"]
+    args = [sys.executable, "-m", "pgrecv", "spark-apply", source, "--target", lake, "--format", "parquet"]
+    args += ["--master", "local[1]", "--conf", f"spark.jars={gcs_jars_conf}"]
     kills = 0
     for _ in range(2):
-        before = keys_under(gcs_server, bucket, "lake")
+        before = keys_under(gcs_server, bucket, "lake one")
         proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
             env={**os.environ, **gcs_server.env},
         )  # fmt: skip
         deadline = time.monotonic() + 120
-        while proc.poll() is None and keys_under(gcs_server, bucket, "lake") == before and time.monotonic() < deadline:
+        while proc.poll() is None and keys_under(gcs_server, bucket, "lake one") == before:
+            assert time.monotonic() < deadline, "the run wrote nothing under the target"
             time.sleep(0.05)  # (its lock object is its first write)
         try:
             proc.wait(timeout=rng.uniform(0.0, 4.0))
@@ -188,16 +171,21 @@ def test_killed_runs_on_gcs_then_a_full_run_give_postgresqls_tables(
         proc.stderr.close()
         assert proc.returncode in (0, -signal.SIGKILL), stderr
     assert kills >= 1, "no run was killed: delays do not fit this machine"
-    done = apply_gcs(gcs_server, gcs_jars_conf, [str(first), str(second)], lake, "--format", "parquet")
+    done = apply_gcs(gcs_server, gcs_jars_conf, [source], lake, "--format", "parquet")
     assert done.returncode == 0, err(done)
-    copy = tmp_path / "copy"
-    download(gcs_server, bucket, "lake", copy)
-    _assert_equal(db_dsn, copy, "parquet", spark)
-    pointers = list(copy.glob("*/_pgrecv_table.json"))
-    assert pointers
-    for pointer in pointers:
-        versions = {p.name for p in (pointer.parent / "_versions").iterdir()}
-        assert 1 <= len(versions) <= 2, versions  # the current version and at most the one before
+    summary = orjson.loads(done.stdout)
+    assert summary["engine"] == "parquet/spark", summary
+    table = f"lake one/{table_dir_name('public', 't')}"
+    rows = sorted((r["id"], r["v"]) for r in read_parquet_on_gcs(gcs_server, bucket, table))
+    assert rows == sorted(tuple(r) for r in sql(db_dsn, "SELECT id, v FROM t")), "the lake is not PostgreSQL's table"
+    assert len(rows) > 20
+    keys = keys_under(gcs_server, bucket, "lake one")
+    assert [k for k in keys if k.startswith("_pgrecv/")] == ["_pgrecv/applied.json"], keys  # no lock, no staging
+    versions = {k.split("/")[2] for k in keys if k.startswith(f"{table_dir_name('public', 't')}/_versions/")}
+    assert 1 <= len(versions) <= 2, versions  # the current version and at most the one before
+    again = apply_gcs(gcs_server, gcs_jars_conf, [source], lake, "--format", "parquet")
+    assert again.returncode == 0, err(again)
+    assert orjson.loads(again.stdout)["files_skipped"] == summary["files"] + summary["files_skipped"] > 3
 
 
 def test_a_target_on_gcs_without_credentials_is_one_line(tmp_path: Path) -> None:
@@ -214,3 +202,21 @@ def test_a_target_on_gcs_without_credentials_is_one_line(tmp_path: Path) -> None
     assert proc.returncode == ExitCode.OUTPUT, err(proc)
     lines = err(proc).strip().splitlines()
     assert len(lines) == 1 and "gs://bucket/lake: no Google credentials found" in lines[0], lines
+
+
+def test_a_prefix_lists_the_prefixes_under_it(gcs_server: GcsServer) -> None:
+    """A table's version prefixes have no marker objects (Spark's commit leaves none): listing
+    ``_versions`` must name them all, or a killed run's version is never removed. pyarrow's own
+    listing of a Cloud Storage prefix named only the objects directly under it."""
+    from pgrecv.spark.stores import StorePath
+
+    bucket = gcs_server.bucket()
+    fs = gcs_server.filesystem()
+    for key in ("t/_versions/v1/a.parquet", "t/_versions/v2-x/_temporary/0/part.parquet", "t/_versions/top"):
+        with fs.open_output_stream(f"{bucket}/{key}") as out:
+            out.write(b"x")
+    versions = StorePath(bucket, "t/_versions", fs, "gs")
+    assert [p.name for p in versions.iterdir()] == ["top", "v1", "v2-x"]
+    (versions / "v2-x").remove_tree()
+    assert [p.name for p in versions.iterdir()] == ["top", "v1"]
+    assert StorePath(bucket, "nothing", fs, "gs").iterdir() == []
