@@ -207,7 +207,8 @@ def test_a_target_on_gcs_without_credentials_is_one_line(tmp_path: Path) -> None
 def test_a_prefix_lists_the_prefixes_under_it(gcs_server: GcsServer) -> None:
     """A table's version prefixes have no marker objects (Spark's commit leaves none): listing
     ``_versions`` must name them all, or a killed run's version is never removed. pyarrow's own
-    listing of a Cloud Storage prefix named only the objects directly under it."""
+    listing of a Cloud Storage prefix named only the objects directly under it. (And the copy a
+    carried transaction is put into place with.)"""
     from pgrecv.spark.stores import StorePath
 
     bucket = gcs_server.bucket()
@@ -220,3 +221,7 @@ def test_a_prefix_lists_the_prefixes_under_it(gcs_server: GcsServer) -> None:
     (versions / "v2-x").remove_tree()
     assert [p.name for p in versions.iterdir()] == ["top", "v1"]
     assert StorePath(bucket, "nothing", fs, "gs").iterdir() == []
+    # a carried prepared transaction is put into place by a copy of Spark's part file
+    (versions / "v1" / "a.parquet").copy_to(versions / "carried.jsonl")
+    carried = versions / "carried.jsonl"
+    assert carried.read_bytes() == b"x" and versions.glob("*.jsonl") == [carried]
