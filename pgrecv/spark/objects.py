@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Final
 
 from pgrecv.output.store import ObjectStore, S3Client, StoreURL, code_of, status_of
 from pgrecv.spark import gcs
-from pgrecv.spark.stores import StorePath, s3_client, seconds_from_env
+from pgrecv.spark.stores import StorePath, gcs_retry_seconds, s3_client
 
 if TYPE_CHECKING:
     from google.cloud.storage import Bucket, Client
@@ -145,8 +145,7 @@ class GcsObjects(Objects):
 
         self._path = path
         self._bucket: Bucket = client.bucket(path.bucket)
-        limit = seconds_from_env("PGRECV_GCS_RETRY_SECONDS", gcs.RETRY_SECONDS, least=1.0)
-        self._retry = DEFAULT_RETRY.with_timeout(limit)
+        self._retry = DEFAULT_RETRY.with_timeout(gcs_retry_seconds())
 
     def where(self, name: str = "") -> str:
         return str(self._path / name) if name else str(self._path)

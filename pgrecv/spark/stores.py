@@ -220,9 +220,13 @@ def filesystem(conf: dict[str, str]) -> FileSystem:
 
 
 def gcs_filesystem(conf: dict[str, str]) -> FileSystem:
-    """pyarrow's Cloud Storage file system (:func:`pgrecv.spark.gcs.filesystem`); its retries give
-    up after ``PGRECV_GCS_RETRY_SECONDS`` (at least 1)."""
-    return gcs.filesystem(conf, seconds_from_env("PGRECV_GCS_RETRY_SECONDS", gcs.RETRY_SECONDS, least=1.0))
+    """pyarrow's Cloud Storage file system (:func:`pgrecv.spark.gcs.filesystem`)."""
+    return gcs.filesystem(conf, gcs_retry_seconds())
+
+
+def gcs_retry_seconds() -> float:
+    """How long the driver's Cloud Storage clients retry: ``PGRECV_GCS_RETRY_SECONDS`` (at least 1)."""
+    return seconds_from_env("PGRECV_GCS_RETRY_SECONDS", gcs.RETRY_SECONDS, least=1.0)
 
 
 def seconds_from_env(name: str, default: float, least: float) -> float:
