@@ -129,8 +129,8 @@ def test_postgresql_to_parquet_on_gcs_through_killed_runs(
     the versions its pointer and the one before name, and a further run skips every file by its
     name, without Spark."""
     import random
-    import signal
-    import time
+
+    from tests.spark.test_s3_target import kill_runs
 
     local = tmp_path / "cdc"
     bucket = gcs_server.bucket()
@@ -149,27 +149,7 @@ def test_postgresql_to_parquet_on_gcs_through_killed_runs(
     rng = random.Random(f"gcs-kill-{db_dsn}")
     args = [sys.executable, "-m", "pgrecv", "spark-apply", source, "--target", lake, "--format", "parquet"]
     args += ["--master", "local[1]", "--conf", f"spark.jars={gcs_jars_conf}"]
-    kills = 0
-    for _ in range(2):
-        before = keys_under(gcs_server, bucket, "lake one")
-        proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-            env={**os.environ, **gcs_server.env},
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and keys_under(gcs_server, bucket, "lake one") == before:
-            assert time.monotonic() < deadline, "the run wrote nothing under the target"
-            time.sleep(0.05)  # (its lock object is its first write)
-        try:
-            proc.wait(timeout=rng.uniform(0.0, 4.0))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            kills += 1
-        assert proc.stderr is not None
-        stderr = proc.stderr.read().decode()
-        proc.stderr.close()
-        assert proc.returncode in (0, -signal.SIGKILL), stderr
+    kills = kill_runs(args, gcs_server.env, lambda: keys_under(gcs_server, bucket, "lake one"), 2, rng)
     assert kills >= 1, "no run was killed: delays do not fit this machine"
     done = apply_gcs(gcs_server, gcs_jars_conf, [source], lake, "--format", "parquet")
     assert done.returncode == 0, err(done)

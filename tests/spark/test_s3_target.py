@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +248,36 @@ def test_a_prepared_transaction_waits_on_the_store_for_its_outcome(
     assert carried() == []
 
 
+def kill_runs(
+    args: list[str], env: dict[str, str], state: Callable[[], object], rounds: int, rng: random.Random
+) -> int:
+    """``rounds`` runs of ``args``, each SIGKILLed (with its JVM: its process group) at a random
+    moment once ``state()`` (what is under the target) changed: its lock object is its first
+    write. A run that ends first must end well. The number killed."""
+    kills = 0
+    for _ in range(rounds):
+        before = state()
+        proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            env={**os.environ, **env},
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and state() == before:
+            assert time.monotonic() < deadline, "the run wrote nothing under the target"
+            time.sleep(0.05)
+        try:
+            proc.wait(timeout=rng.uniform(0.0, 4.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        assert proc.stderr is not None
+        stderr = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert proc.returncode in (0, -signal.SIGKILL), stderr
+    return kills
+
+
 # Parquet's pointer protocol is pgrecv's own; Delta's commit is delta-rs's conditional write (its
 # refusal to overwrite is also shown alone below), or Delta's connector's commit through its
 # single-driver S3 log store, with the app transaction in the commit; Iceberg's is test_iceberg's
@@ -271,10 +305,6 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
     table keeps only the versions its pointer and the one before name. Delta's connector's
     tables (deletion vectors on: the second file's updates merge into files the first wrote)
     record the applied position in their commits, and a run after the full one changes nothing."""
-    import random
-    import signal
-    import time
-
     from tests.spark.test_apply_server import _assert_equal
     from tests.spark.test_kill import make_workload_files
 
@@ -304,28 +334,9 @@ def test_killed_runs_on_s3_then_a_full_run_give_postgresqls_tables(
     rng = random.Random(f"s3-kill-{fmt}-{db_dsn}")
     args = [sys.executable, "-m", "pgrecv", "spark-apply", str(first), str(second), "--target", lake]
     args += [*writer, "--master", "local[1]", "--conf", f"spark.jars={jars}"]
-    kills = 0
     # (each round's moment is random, and so is the seed, with the server's port: 3 rounds of each
     # writer took 201 s of CI; the Parquet pointer, pgrecv's own protocol, keeps 2)
-    for _ in range(rounds):
-        before = objects()
-        proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-            env={**os.environ, **s3_server.env},
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and objects() == before and time.monotonic() < deadline:
-            time.sleep(0.05)  # (its lock object is its first write)
-        try:
-            proc.wait(timeout=rng.uniform(0.0, 4.0))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            kills += 1
-        assert proc.stderr is not None
-        stderr = proc.stderr.read().decode()
-        proc.stderr.close()
-        assert proc.returncode in (0, -signal.SIGKILL), stderr
+    kills = kill_runs(args, s3_server.env, objects, rounds, rng)
     assert kills >= 1, "no run was killed: delays do not fit this machine"
     done = apply(first, second)
     assert done.returncode == 0, err(done)
