@@ -518,10 +518,7 @@ def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     is on the store too: it holds only pgrecv's lock while a run lasts. On one PostgreSQL
     version: the other test of the JDBC catalog runs on each."""
 
-    import psycopg
-
     from tests.spark.test_s3_source import changes_to_s3
-    from tests.util import sql
 
     bucket = s3_server.bucket()
     name, args = jdbc_catalog(newest_tcp_dsn, f"s3a://{bucket}/warehouse")
@@ -535,24 +532,9 @@ def test_a_jdbc_catalog_with_its_warehouse_and_source_on_s3(
     # (the catalog's own tables are in the same database, so in the publication too: --table)
     runs = []
     changes_to_s3(newest_tcp_dsn, s3_server, f"s3://{bucket}/cdc", after_snapshot=lambda: runs.append(apply()))
-    assert [(t["table"], t["status"]) for t in runs[0]["tables"]] == [("public.t", "applied")]
-    last = apply()["tables"]
-    assert [t["status"] for t in last] == ["applied"]
-    assert LSN.parse(runs[0]["tables"][0]["applied_lsn"]) < LSN.parse(last[0]["applied_lsn"])
-    with psycopg.connect(newest_tcp_dsn) as conn:
-        found = conn.execute(
-            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 'public' "
-            "AND table_name = 't'",
-            (name,),
-        ).fetchone()
-    assert found is not None and found[0].startswith(f"s3a://{bucket}/warehouse/"), found
-    table = pyiceberg_table.StaticTable.from_metadata(found[0], properties=s3_io(s3_server))
-    snapshot = table.current_snapshot()
-    assert snapshot is not None
-    assert lsn_str(int(snapshot.summary.additional_properties["pgrecv.applied-lsn"])) == last[0]["applied_lsn"]
-    rows = sorted((r["id"], r["v"]) for r in table.scan().to_arrow().to_pylist())
-    assert rows == sorted(tuple(r) for r in sql(newest_tcp_dsn, "SELECT id, v FROM t")), "not PostgreSQL's table"
-    assert len(rows) > 20
+    assert_two_runs_made_postgresqls_table(
+        newest_tcp_dsn, name, runs[0], apply(), f"s3a://{bucket}/warehouse/", s3_io(s3_server)
+    )
     listed = client.list_objects_v2(Bucket=bucket, Prefix="state/").get("Contents", [])
     state = [o["Key"] for o in listed if not o["Key"].endswith("/")]  # (not the empty markers of prefixes)
     # the lock went with its run, no staging left; the positions are in the tables' snapshots
@@ -566,11 +548,9 @@ def test_a_jdbc_catalog_with_its_warehouse_source_and_target_on_gcs(
     through Google's Hadoop connector) and --target, which holds pgrecv's lock (conditional writes
     on object generations) while a run lasts. A run after the snapshot creates the table, a run
     after the stream MERGEs into it; pyiceberg reads it from the store as PostgreSQL's table."""
-    import psycopg
 
     from tests.spark.test_gcs_target import keys_under
     from tests.spark.test_s3_source import changes_to_s3
-    from tests.util import sql
 
     bucket = gcs_server.bucket()
     name, args = jdbc_catalog(newest_tcp_dsn, f"gs://{bucket}/warehouse")
@@ -584,27 +564,34 @@ def test_a_jdbc_catalog_with_its_warehouse_source_and_target_on_gcs(
 
     runs = []
     changes_to_s3(newest_tcp_dsn, None, str(local), after_snapshot=lambda: runs.append(apply()))
-    assert [(t["table"], t["status"]) for t in runs[0]["tables"]] == [("public.t", "applied")]
-    last = apply()["tables"]
-    assert [t["status"] for t in last] == ["applied"]
-    assert LSN.parse(runs[0]["tables"][0]["applied_lsn"]) < LSN.parse(last[0]["applied_lsn"])
-    with psycopg.connect(newest_tcp_dsn) as conn:
-        found = conn.execute(
-            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 'public' "
-            "AND table_name = 't'",
-            (name,),
-        ).fetchone()
-    assert found is not None and found[0].startswith(f"gs://{bucket}/warehouse/"), found
     io = {"gcs.service.host": gcs_server.env["STORAGE_EMULATOR_HOST"], "gcs.project-id": "test"}
     io |= {"gcs.oauth2.token": "emulator", "gcs.oauth2.token-expires-at": str(int(time.time() + 3600) * 1000)}
-    table = pyiceberg_table.StaticTable.from_metadata(found[0], properties=io)
+    assert_two_runs_made_postgresqls_table(newest_tcp_dsn, name, runs[0], apply(), f"gs://{bucket}/warehouse/", io)
+    assert keys_under(gcs_server, bucket, "state") == []  # the lock went with its run, no staging left
+
+
+def assert_two_runs_made_postgresqls_table(
+    dsn: str, catalog: str, first: dict[str, Any], last: dict[str, Any], warehouse: str, io: dict[str, str]
+) -> None:
+    """A run after the snapshot made ``public.t`` and a later run applied the stream onto it
+    (their summaries ``first`` and ``last``); the metadata the JDBC ``catalog`` points to is under
+    ``warehouse``, and pyiceberg (with the store's ``io`` settings) reads PostgreSQL's table there,
+    at the position the last run reported."""
+    from tests.util import sql
+
+    assert [(t["table"], t["status"]) for t in first["tables"]] == [("public.t", "applied")]
+    assert [t["status"] for t in last["tables"]] == ["applied"]
+    applied = last["tables"][0]["applied_lsn"]
+    assert LSN.parse(first["tables"][0]["applied_lsn"]) < LSN.parse(applied)
+    found = catalog_pointers(dsn, catalog).get(("public", "t"))
+    assert found is not None and found.startswith(warehouse), found
+    table = pyiceberg_table.StaticTable.from_metadata(found, properties=io)
     snapshot = table.current_snapshot()
     assert snapshot is not None
-    assert lsn_str(int(snapshot.summary.additional_properties["pgrecv.applied-lsn"])) == last[0]["applied_lsn"]
+    assert lsn_str(int(snapshot.summary.additional_properties["pgrecv.applied-lsn"])) == applied
     rows = sorted((r["id"], r["v"]) for r in table.scan().to_arrow().to_pylist())
-    assert rows == sorted(tuple(r) for r in sql(newest_tcp_dsn, "SELECT id, v FROM t")), "not PostgreSQL's table"
+    assert rows == sorted(tuple(r) for r in sql(dsn, "SELECT id, v FROM t")), "not PostgreSQL's table"
     assert len(rows) > 20
-    assert keys_under(gcs_server, bucket, "state") == []  # the lock went with its run, no staging left
 
 
 def catalog_pointers(dsn: str, catalog: str) -> dict[tuple[str, str], str]:
